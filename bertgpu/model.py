@@ -1,0 +1,297 @@
+"""BERT in plain PyTorch (Devlin et al. 2019), parameter for parameter the model of transformers.
+
+Module and parameter names are exactly those of transformers' ``BertModel``,
+``BertForPreTraining`` and ``BertForSequenceClassification``, so a state dict moves between the two
+unchanged (``bertgpu.checkpoint`` does the file side). Everything here is pure computation: no
+files, no processes, no distribution.
+
+One BERT layer (post-LayerNorm, as in the paper)::
+
+    x = LayerNorm(x + Dropout(Wo · Attention(Wq x, Wk x, Wv x)))
+    x = LayerNorm(x + Dropout(W2 · act(W1 x)))
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+
+# The names of config.ACTIVATIONS. "gelu" is the exact erf GELU of the original BERT; "gelu_new" is
+# GPT-2's tanh approximation, which transformers computes by hand and PyTorch computes identically.
+ACT_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": F.gelu,
+    "gelu_new": partial(F.gelu, approximate="tanh"),
+    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "swish": F.silu,
+}
+
+
+class BertEmbeddings(nn.Module):
+    """Sum of word, position and segment embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.word_embeddings = nn.Embedding(config.vocab_size, h, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, h)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, h)
+        self.LayerNorm = nn.LayerNorm(h, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
+        positions = torch.arange(input_ids.size(1), device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+        if token_type_ids is None:  # segment A everywhere: add row 0 without building a zeros tensor
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head self-attention through PyTorch's fused scaled_dot_product_attention."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.query = nn.Linear(h, h)
+        self.key = nn.Linear(h, h)
+        self.value = nn.Linear(h, h)
+        self.dropout_p = config.attention_probs_dropout_prob
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        B, L, H = x.shape
+        # [B, L, H] -> [B, heads, L, head_dim]
+        q, k, v = (p(x).view(B, L, self.num_heads, -1).transpose(1, 2) for p in (self.query, self.key, self.value))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0)
+        return y.transpose(1, 2).reshape(B, L, H)
+
+
+class BertDenseAddNorm(nn.Module):
+    """Project, dropout, add the residual, LayerNorm: the tail of both BERT sublayers.
+
+    transformers calls it BertSelfOutput after attention and BertOutput after the FFN; the
+    parameter names (``dense``, ``LayerNorm``) are the same.
+    """
+
+    def __init__(self, config: ModelConfig, in_features: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(in_features, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(residual + self.dropout(self.dense(x)))
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.self = BertSelfAttention(config)  # the name transformers uses: attention.self.query...
+        self.output = BertDenseAddNorm(config, config.hidden_size)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.output(self.self(x, mask), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = ACT_FNS[config.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertDenseAddNorm(config, config.intermediate_size)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        x = self.attention(x, mask)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        for layer in self.layer:
+            x = layer(x, mask)
+        return x
+
+
+class BertPooler(nn.Module):
+    """tanh(W · h_[CLS]): the sequence summary that NSP and classification read."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(x[:, 0]))
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """transformers' BertPreTrainedModel._init_weights, for use with ``Module.apply``."""
+    if isinstance(module, nn.Linear):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Embedding):
+        nn.init.normal_(module.weight, mean=0.0, std=std)
+        if module.padding_idx is not None:
+            module.weight.data[module.padding_idx].zero_()
+    elif isinstance(module, nn.LayerNorm):
+        nn.init.ones_(module.weight)
+        nn.init.zeros_(module.bias)
+
+
+class BertModel(nn.Module):
+    """The encoder: embeddings, N layers and (optionally) the pooler."""
+
+    def __init__(self, config: ModelConfig, add_pooling_layer: bool = True) -> None:
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.apply(partial(init_weights, std=config.initializer_range))
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Return (sequence_output [B, L, H], pooled_output [B, H] or None without a pooler)."""
+        # Key-padding mask, True = attend, broadcast over heads and query positions. None lets
+        # SDPA pick its fastest kernel when there is no padding at all.
+        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        x = self.encoder(self.embeddings(input_ids, token_type_ids), mask)
+        return x, (self.pooler(x) if self.pooler is not None else None)
+
+
+class BertPredictionHeadTransform(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = ACT_FNS[config.hidden_act]
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(x)))
+
+
+class BertLMPredictionHead(nn.Module):
+    """Transform, then score every vocabulary word with the (tied) input embedding matrix."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder.bias = self.bias  # one tensor under two names, as in transformers
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(x))
+
+
+class BertPreTrainingHeads(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.predictions = BertLMPredictionHead(config)
+        self.seq_relationship = nn.Linear(config.hidden_size, 2)
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with the masked-LM and next-sentence heads."""
+
+    # alias -> source: the parameters that are one tensor (stored once on disk, like transformers).
+    tied_weights = {
+        "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+        "cls.predictions.decoder.bias": "cls.predictions.bias",
+    }
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        self.cls = BertPreTrainingHeads(config)
+        self.cls.apply(partial(init_weights, std=config.initializer_range))
+        # Tie after init, so the decoder's own random init does not overwrite the embedding.
+        self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        mlm_positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (mlm_logits, nsp_logits [B, 2]).
+
+        mlm_logits is [B, P, V] at ``mlm_positions`` [B, P] when given: only the ~15% masked slots
+        go through the transform and the H×V decoder, the largest matmul of a small BERT.
+        Otherwise it is [B, L, V].
+        """
+        x, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        if mlm_positions is not None:
+            x = torch.gather(x, 1, mlm_positions.unsqueeze(-1).expand(-1, -1, x.size(-1)))
+        return self.cls.predictions(x), self.cls.seq_relationship(pooled)
+
+
+class BertForSequenceClassification(nn.Module):
+    """BERT with a linear classifier on the pooled [CLS] output."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        init_weights(self.classifier, config.initializer_range)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Return logits [B, num_labels]."""
+        _, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        return self.classifier(self.dropout(pooled))
+
+
+def training_flops_per_sequence(config: ModelConfig, seq_len: int, num_predictions: int) -> float:
+    """Model FLOPs of one pretraining step for one sequence, matmuls only, for MFU.
+
+    With h = hidden, i = intermediate, L = seq_len, V = vocab, P = num_predictions, n = layers and
+    2 FLOPs per multiply-add::
+
+        per layer, per token:  QKV 3·2h² + attention output 2h² + FFN 2·2hi + scores and weighted sum 2·2Lh
+        forward = n·L·(8h² + 4hi + 4Lh) + pooler 2h² + NSP 2·2h + P·(transform 2h² + decoder 2hV)
+        training = 3 × forward   (the backward pass costs twice the forward)
+
+    Embedding lookups, LayerNorm, softmax and activations are not counted.
+    """
+    h, i, L, V = config.hidden_size, config.intermediate_size, seq_len, config.vocab_size
+    per_token = 8 * h * h + 4 * h * i + 4 * L * h
+    forward = config.num_hidden_layers * L * per_token + 2 * h * h + 4 * h + num_predictions * (2 * h * h + 2 * h * V)
+    return 3.0 * forward
