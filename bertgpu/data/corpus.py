@@ -1,0 +1,144 @@
+"""Raw text in the original BERT sample format: one sentence per line, a blank line between documents.
+
+A new file also starts a new document. Inputs may be files, directories (read recursively) or globs;
+``.gz`` files are decompressed on the fly. Reading streams, so memory does not grow with the corpus.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import os
+import zlib
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from ..errors import UserError
+
+_SNIFF_BYTES = 8192  # a NUL byte in this many leading bytes marks a file as binary
+
+
+def resolve_inputs(patterns: Iterable[str | os.PathLike]) -> list[Path]:
+    """Expand files, directories (recursively, hidden entries skipped) and globs into a sorted file list.
+
+    Each pattern must match something, so that a typo is an error rather than a silently smaller corpus.
+    A file named twice is read once.
+    """
+    files: list[Path] = []
+    for pattern in patterns:
+        text = os.path.expanduser(str(pattern))
+        path = Path(text)
+        if path.is_file():
+            matched = [path]
+        elif path.is_dir():
+            matched = _files_below(path)
+            if not matched:
+                raise UserError(f"{text}: directory contains no files")
+        else:
+            matched = []
+            for hit in sorted(glob.glob(text, recursive=True)):
+                hit_path = Path(hit)
+                matched.extend(_files_below(hit_path) if hit_path.is_dir() else [hit_path])
+            if not matched:
+                raise UserError(f"{text}: no such file or directory, and no file matches it as a glob")
+        files.extend(matched)
+    if not files:
+        raise UserError("no input files given")
+    return list(dict.fromkeys(files))
+
+
+def _files_below(directory: Path) -> list[Path]:
+    """Regular files under ``directory``, recursively and sorted, skipping hidden files and folders."""
+    found = []
+    for root, dirs, names in os.walk(directory):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        found.extend(Path(root, n) for n in names if not n.startswith(".") and Path(root, n).is_file())
+    return sorted(found)
+
+
+class CorpusReader:
+    """Streams documents (or lines) from corpus files and counts what it read.
+
+    Undecodable bytes are replaced rather than fatal, since one bad byte should not stop a large job;
+    they are counted in ``bad_lines`` with the first place in ``first_bad`` (``file:line``) so the
+    caller can warn once at the end (``bad_lines_warning``); ``strict=True`` makes them a UserError.
+    ``bytes_read`` against ``total_bytes`` drives a progress bar; for ``.gz`` files both count
+    compressed bytes.
+    """
+
+    def __init__(self, paths: Iterable[Path], strict: bool = False):
+        self.paths = [Path(p) for p in paths]
+        self.strict = strict
+        self.total_bytes = sum(p.stat().st_size for p in self.paths)
+        self.documents_read = 0
+        self.lines_read = 0
+        self.bad_lines = 0
+        self.first_bad: str | None = None
+        self._done_bytes = 0
+        self._raw: BinaryIO | None = None
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of input consumed so far (compressed bytes for ``.gz`` files)."""
+        raw = self._raw
+        return self._done_bytes + (raw.tell() if raw is not None and not raw.closed else 0)
+
+    @property
+    def bad_lines_warning(self) -> str | None:
+        """A one-line warning about replaced non-UTF-8 bytes, or None if every line decoded cleanly."""
+        if not self.bad_lines:
+            return None
+        return (
+            f"{self.bad_lines:,} line(s) were not valid UTF-8 and had bytes replaced by U+FFFD "
+            f"(first at {self.first_bad})"
+        )
+
+    def documents(self) -> Iterator[list[str]]:
+        """Yield each document as its list of stripped, non-empty lines."""
+        for path in self.paths:
+            document: list[str] = []
+            for line in self._file_lines(path):
+                if line:
+                    document.append(line)
+                elif document:
+                    self.documents_read += 1
+                    yield document
+                    document = []
+            if document:
+                self.documents_read += 1
+                yield document
+
+    def lines(self) -> Iterator[str]:
+        """Yield every non-empty stripped line, ignoring document boundaries (for vocabulary training)."""
+        for path in self.paths:
+            yield from filter(None, self._file_lines(path))
+
+    def _file_lines(self, path: Path) -> Iterator[str]:
+        """Stripped lines of one file, blank ones included (they separate documents)."""
+        try:
+            with open(path, "rb") as raw:
+                stream: BinaryIO = gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw  # type: ignore
+                if b"\0" in stream.read(_SNIFF_BYTES):
+                    raise UserError(f"{path}: is a binary file (NUL bytes), not UTF-8 text with one sentence per line")
+                stream.seek(0)
+                self._raw = raw
+                for number, data in enumerate(stream, start=1):
+                    try:
+                        line = data.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        if self.strict:
+                            raise UserError(
+                                f"{path}:{number}: not valid UTF-8 (byte 0x{data[e.start]:02x} at column {e.start + 1})"
+                            ) from None
+                        line = data.decode("utf-8", errors="replace")
+                        self.bad_lines += 1
+                        if self.first_bad is None:
+                            self.first_bad = f"{path}:{number}"
+                    self.lines_read += 1
+                    yield line.strip()
+        except (OSError, EOFError, zlib.error) as e:  # unreadable, or a corrupt or truncated .gz
+            raise UserError(f"{path}: cannot be read: {e}") from None
+        finally:
+            self._raw = None
+        self._done_bytes += path.stat().st_size

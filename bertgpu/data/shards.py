@@ -1,0 +1,400 @@
+"""Corpus → memory-mapped token shards (``bertgpu prepare``), and the reader training uses.
+
+Tokenizing once up front keeps the training loop free of text processing. Layout of a prepared
+directory:
+
+- ``meta.json``: counts, the vocab fingerprint and the shard list;
+- ``vocab.txt``: a copy of the vocab the ids refer to;
+- per shard ``shard-NNNNN.tokens`` (raw uint16, or uint32 for vocabs over 65,535 tokens),
+  ``shard-NNNNN.sentences`` (int64 cumulative token offsets, one per sentence plus a leading 0) and
+  ``shard-NNNNN.documents`` (int64 cumulative sentence offsets, one per document plus a leading 0).
+
+A document never crosses a shard, so a training example drawn from one document reads one file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import time
+import warnings
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from functools import cached_property
+from itertools import chain
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from ..errors import UserError
+from .corpus import CorpusReader, resolve_inputs
+from .tokenizer import Tokenizer, vocab_sha256
+
+FORMAT = "bertgpu-shards"
+VERSION = 1
+CHUNK_CHARS = 2 * 2**20  # text per work item: large enough to amortize pickling, small enough to stream
+
+# (tokens, sentence lengths, sentences per document) of one chunk of documents
+Chunk = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def _token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
+
+
+def _tokenize_chunk(tokenizer: Tokenizer, documents: list[list[str]]) -> Chunk:
+    """Tokenize whole documents in one ``encode_batch``; drop sentences (then documents) left without tokens."""
+    sentences = list(chain.from_iterable(documents))
+    ids = tokenizer.encode_batch(sentences)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    tokens = np.fromiter(chain.from_iterable(ids), dtype=_token_dtype(tokenizer.vocab_size), count=int(lengths.sum()))
+    kept = lengths > 0
+    doc_of_sentence = np.repeat(np.arange(len(documents)), [len(d) for d in documents])
+    per_document = np.bincount(doc_of_sentence[kept], minlength=len(documents))
+    return tokens, lengths[kept].astype(np.int32), per_document[per_document > 0].astype(np.int32)
+
+
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _init_worker(tokenizer: Tokenizer) -> None:
+    """Runs once per worker process: one single-threaded tokenizer; Ctrl-C is the parent's to handle."""
+    global _worker_tokenizer
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker_tokenizer = tokenizer
+    tokenizer.backend  # build it now, not inside the first chunk
+
+
+def _tokenize_in_worker(documents: list[list[str]]) -> Chunk:
+    assert _worker_tokenizer is not None, "worker not initialized"
+    return _tokenize_chunk(_worker_tokenizer, documents)
+
+
+def _chunks(documents: Iterator[list[str]]) -> Iterator[list[list[str]]]:
+    """Group documents into work items of about ``CHUNK_CHARS`` characters of text."""
+    chunk: list[list[str]] = []
+    size = 0
+    for document in documents:
+        chunk.append(document)
+        size += sum(map(len, document))
+        if size >= CHUNK_CHARS:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _tokenized_chunks(reader: CorpusReader, tokenizer: Tokenizer, workers: int) -> Iterator[Chunk]:
+    """Tokenized chunks in input order, on ``workers`` processes (in this one for ``workers=1``).
+
+    At most ``2 * workers`` chunks are in flight, so memory stays flat however large the corpus.
+    """
+    chunks = _chunks(reader.documents())
+    if workers == 1:
+        for chunk in chunks:
+            yield _tokenize_chunk(tokenizer, chunk)
+        return
+    pool = ProcessPoolExecutor(
+        workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(tokenizer,)
+    )
+    pending: deque[Future[Chunk]] = deque()
+    try:
+        for chunk in chunks:
+            pending.append(pool.submit(_tokenize_in_worker, chunk))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _ShardWriter:
+    """Appends tokenized documents to shard files, starting a new shard when the next document would overflow."""
+
+    def __init__(self, directory: Path, shard_tokens: int):
+        self.directory = directory
+        self.shard_tokens = shard_tokens
+        self.shards: list[dict] = []
+        self._files: tuple | None = None
+
+    def add(self, chunk: Chunk) -> None:
+        tokens, sentence_lengths, per_document = chunk
+        if not len(per_document):
+            return
+        doc_tokens = np.add.reduceat(sentence_lengths.astype(np.int64), np.cumsum(per_document) - per_document)
+        doc_ends = np.cumsum(doc_tokens)
+        first_doc = first_sentence = first_token = 0
+        while first_doc < len(per_document):
+            if self._files is None:
+                self._open_next()
+            filled = self.shards[-1]["tokens"]
+            fits = int(np.searchsorted(doc_ends[first_doc:] - first_token, self.shard_tokens - filled, side="right"))
+            if not fits:
+                if filled:
+                    self._open_next()
+                    continue
+                fits = 1  # a document longer than a shard gets a shard of its own
+            last_doc = first_doc + fits
+            last_sentence = first_sentence + int(per_document[first_doc:last_doc].sum())
+            last_token = int(doc_ends[last_doc - 1])
+            self._append(
+                tokens[first_token:last_token],
+                sentence_lengths[first_sentence:last_sentence],
+                per_document[first_doc:last_doc],
+            )
+            first_doc, first_sentence, first_token = last_doc, last_sentence, last_token
+
+    def _append(self, tokens: np.ndarray, sentence_lengths: np.ndarray, per_document: np.ndarray) -> None:
+        shard = self.shards[-1]
+        tokens_file, sentences_file, documents_file = self._files
+        tokens_file.write(tokens.tobytes())
+        sentences_file.write((shard["tokens"] + np.cumsum(sentence_lengths, dtype=np.int64)).tobytes())
+        documents_file.write((shard["sentences"] + np.cumsum(per_document, dtype=np.int64)).tobytes())
+        shard["documents"] += len(per_document)
+        shard["sentences"] += len(sentence_lengths)
+        shard["tokens"] += len(tokens)
+
+    def _open_next(self) -> None:
+        self.close()
+        name = f"shard-{len(self.shards):05d}"
+        self.shards.append({"name": name, "documents": 0, "sentences": 0, "tokens": 0})
+        kinds = ("tokens", "sentences", "documents")
+        self._files = tuple(open(self.directory / f"{name}.{kind}", "wb") for kind in kinds)
+        zero = np.zeros(1, dtype=np.int64).tobytes()
+        self._files[1].write(zero)
+        self._files[2].write(zero)
+
+    def close(self) -> None:
+        for f in self._files or ():
+            f.close()
+        self._files = None
+
+
+def prepare(
+    inputs: list[str],
+    vocab: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    workers: int = 1,
+    lowercase: bool = True,
+    shard_tokens: int = 32 * 2**20,
+    overwrite: bool = False,
+    progress: bool = True,
+    strict: bool = False,
+) -> dict:
+    """Tokenize a corpus into shards in ``out_dir`` and return its meta dict.
+
+    The result appears all at once (built in a hidden sibling directory, then renamed), so an
+    interrupted run never leaves a directory that looks usable. The output is identical for any
+    number of ``workers``. ``progress`` shows a bar (on a terminal) and prints a summary line.
+    Non-UTF-8 bytes are replaced, counted in the meta and warned about, or with ``strict`` an error.
+    """
+    if workers < 1:
+        raise UserError(f"workers must be at least 1, not {workers}")
+    if shard_tokens < 1:
+        raise UserError(f"shard_tokens must be at least 1, not {shard_tokens}")
+    paths = resolve_inputs(inputs)
+    tokenizer = Tokenizer(vocab, lowercase=lowercase)
+    out = Path(os.path.abspath(out_dir))  # absolute, so that even "." has a sibling to build in
+    _check_replaceable(out, overwrite)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    started = time.perf_counter()
+    try:
+        meta = _write_shards(CorpusReader(paths, strict), tokenizer, tmp, workers, shard_tokens, progress)
+        if not meta["tokens"]:
+            raise UserError(f"no tokens in {', '.join(map(str, inputs))}: the corpus is empty")
+        shutil.copyfile(vocab, tmp / "vocab.txt")
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        _replace_directory(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if progress:
+        rate = meta["tokens"] / max(time.perf_counter() - started, 1e-9)
+        print(
+            f"prepared {meta['documents']:,} documents, {meta['sentences']:,} sentences, {meta['tokens']:,} tokens "
+            f"in {len(meta['shards'])} shard(s) at {rate:,.0f} tokens/s -> {out}"
+        )
+    return meta
+
+
+def _check_replaceable(out: Path, overwrite: bool) -> None:
+    """Refuse to clobber data: only an empty directory, or a prepared corpus with ``overwrite``, may be replaced."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UserError(f"output {out} exists and is not a directory")
+    if not any(out.iterdir()):
+        return
+    if not overwrite:
+        raise UserError(f"output directory {out} already exists and is not empty (--overwrite replaces it)")
+    if not (out / "meta.json").is_file():
+        raise UserError(
+            f"output directory {out} is not a prepared corpus (no meta.json); not replacing it even with --overwrite"
+        )
+
+
+def _replace_directory(new: Path, out: Path) -> None:
+    """Move ``new`` to ``out``, replacing what is there with as short a gap as two renames allow."""
+    if not out.exists():
+        new.rename(out)
+        return
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    out.rename(old)
+    try:
+        new.rename(out)
+    except BaseException:
+        old.rename(out)
+        raise
+    shutil.rmtree(old)
+
+
+def _write_shards(
+    reader: CorpusReader, tokenizer: Tokenizer, directory: Path, workers: int, shard_tokens: int, progress: bool
+) -> dict:
+    """Tokenize the corpus into shards in ``directory`` and return the meta dict describing them."""
+    writer = _ShardWriter(directory, shard_tokens)
+    bar = tqdm(total=reader.total_bytes, unit="B", unit_scale=True, desc="prepare", disable=None if progress else True)
+    try:
+        for chunk in _tokenized_chunks(reader, tokenizer, workers):
+            writer.add(chunk)
+            bar.update(reader.bytes_read - bar.n)
+    finally:
+        writer.close()
+        bar.close()
+    if reader.bad_lines_warning:
+        warnings.warn(reader.bad_lines_warning, stacklevel=3)
+    shards = writer.shards
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "vocab_sha256": tokenizer.sha256,
+        "vocab_size": tokenizer.vocab_size,
+        "lowercase": tokenizer.lowercase,
+        "token_dtype": _token_dtype(tokenizer.vocab_size).name,
+        "documents": sum(s["documents"] for s in shards),
+        "sentences": sum(s["sentences"] for s in shards),
+        "tokens": sum(s["tokens"] for s in shards),
+        "shards": shards,
+        "inputs": [os.path.abspath(p) for p in reader.paths],
+        "bad_lines": reader.bad_lines,
+    }
+
+
+class ShardedCorpus:
+    """A prepared directory, read-only: sentence lengths and document bounds in memory, tokens memory-mapped.
+
+    Pickles as its directory alone, so DataLoader workers reopen the files themselves instead of
+    receiving copies of the index arrays.
+    """
+
+    def __init__(self, data_dir: str | os.PathLike):
+        self.data_dir = Path(data_dir)
+        self.meta = _read_meta(self.data_dir)
+        self.vocab_path = self.data_dir / "vocab.txt"
+        self.vocab_sha256: str = self.meta["vocab_sha256"]
+        self.vocab_size: int = self.meta["vocab_size"]
+        self.num_documents: int = self.meta["documents"]
+        self.num_sentences: int = self.meta["sentences"]
+        self.num_tokens: int = self.meta["tokens"]
+        self._dtype = _token_dtype(self.vocab_size)
+        self._check_files()
+        counts = [s["sentences"] for s in self.meta["shards"]]
+        self._shard_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._maps: list[tuple[np.memmap, np.memmap]] | None = None
+
+    def __getstate__(self) -> dict:
+        return {"data_dir": self.data_dir}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["data_dir"])
+
+    def _path(self, shard: dict, kind: str) -> Path:
+        return self.data_dir / f"{shard['name']}.{kind}"
+
+    def _check_files(self) -> None:
+        """Catch a truncated or mixed-up directory here rather than as garbage tokens mid-training."""
+        if vocab_sha256(self.vocab_path) != self.vocab_sha256:
+            raise UserError(
+                f"{self.vocab_path} does not match the vocab in {self.data_dir / 'meta.json'}; re-run `bertgpu prepare`"
+            )
+        for shard in self.meta["shards"]:
+            expected = {
+                "tokens": shard["tokens"] * self._dtype.itemsize,
+                "sentences": (shard["sentences"] + 1) * 8,
+                "documents": (shard["documents"] + 1) * 8,
+            }
+            for kind, size in expected.items():
+                path = self._path(shard, kind)
+                actual = path.stat().st_size if path.is_file() else None
+                if actual != size:
+                    found = "is missing" if actual is None else f"has {actual:,} bytes, expected {size:,}"
+                    raise UserError(
+                        f"{path} {found}: the prepared corpus is incomplete or damaged; re-run `bertgpu prepare`"
+                    )
+
+    @cached_property
+    def sentence_lengths(self) -> np.ndarray:
+        """Tokens per sentence (int32), over all shards in order."""
+        parts = [np.diff(np.fromfile(self._path(s, "sentences"), dtype=np.int64)) for s in self.meta["shards"]]
+        return np.concatenate(parts).astype(np.int32)
+
+    @cached_property
+    def doc_offsets(self) -> np.ndarray:
+        """Global sentence index where each document starts, plus the total (int64, ``num_documents + 1``)."""
+        parts = [
+            np.fromfile(self._path(s, "documents"), dtype=np.int64)[:-1] + start
+            for s, start in zip(self.meta["shards"], self._shard_starts)
+        ]
+        return np.concatenate([*parts, [self.num_sentences]]).astype(np.int64)
+
+    def tokens(self, start_sentence: int, end_sentence: int) -> np.ndarray:
+        """Token ids (int64) of global sentences ``[start, end)``, which must lie in one shard.
+
+        Any range inside one document does, since documents never cross shards.
+        """
+        shard = int(np.searchsorted(self._shard_starts, start_sentence, side="right")) - 1
+        if not (0 <= shard < len(self.meta["shards"])) or not (
+            start_sentence < end_sentence <= self._shard_starts[shard + 1]
+        ):
+            raise IndexError(f"sentences [{start_sentence}, {end_sentence}) are empty, out of range or span two shards")
+        if self._maps is None:
+            self._maps = [
+                (np.memmap(self._path(s, "tokens"), dtype=self._dtype, mode="r"),
+                 np.memmap(self._path(s, "sentences"), dtype=np.int64, mode="r"))
+                for s in self.meta["shards"]
+            ]
+        tokens, offsets = self._maps[shard]
+        base = self._shard_starts[shard]
+        return tokens[offsets[start_sentence - base] : offsets[end_sentence - base]].astype(np.int64)
+
+
+def _read_meta(data_dir: Path) -> dict:
+    """``meta.json`` of a prepared directory, checked for the format this code reads."""
+    path = data_dir / "meta.json"
+    if not data_dir.is_dir():
+        raise UserError(f"prepared data directory {data_dir} does not exist; create it with `bertgpu prepare`")
+    if not path.is_file():
+        raise UserError(f"{data_dir} is not a prepared corpus (no meta.json); create it with `bertgpu prepare`")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not valid JSON ({e}); re-run `bertgpu prepare`") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise UserError(f"{path}: not a {FORMAT} meta file; create the directory with `bertgpu prepare`")
+    if meta.get("version") != VERSION:
+        raise UserError(
+            f"{path}: format version {meta.get('version')}, this bertgpu reads version {VERSION}; "
+            "re-run `bertgpu prepare`"
+        )
+    return meta

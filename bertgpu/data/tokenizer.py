@@ -1,0 +1,233 @@
+"""WordPiece with BERT's semantics, on Hugging Face ``tokenizers`` for speed.
+
+BERT's basic tokenizer (clean control characters, split CJK characters and punctuation, lowercase
+and strip accents when uncased) followed by greedy longest-match WordPiece with ``##`` continuations,
+so ids match ``transformers.BertTokenizer`` and the original Google implementation on the same vocab.
+Special tokens written literally in the text (``[MASK]``) are split like any other text, as in the
+original pretraining data pipeline, so corpus text can never forge a special token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import tokenizers
+from tokenizers import decoders, normalizers, pre_tokenizers, processors, trainers
+from tokenizers.models import WordPiece
+
+from ..errors import UserError
+from .corpus import CorpusReader, resolve_inputs
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+_UNUSED = 99  # bert-base-uncased: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103
+_FIRST_LEARNED = 1 + _UNUSED + 4
+MIN_LEARNED_TOKENS = 100  # fewer cannot even hold the alphabet of an English corpus
+
+
+def load_vocab(path: str | os.PathLike) -> list[str]:
+    """Read a BERT ``vocab.txt`` (one token per line, the line number is the id) and check it is usable."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"vocab file {path} does not exist") from None
+    except OSError as e:
+        raise UserError(f"vocab file {path} cannot be read: {e.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UserError(f"{path}:{line}: vocab file is not valid UTF-8") from None
+    tokens = [t.removesuffix("\r") for t in text.split("\n")]
+    if tokens and tokens[-1] == "":
+        tokens.pop()  # the final newline
+    if not tokens:
+        raise UserError(f"vocab file {path} is empty")
+    first_line: dict[str, int] = {}
+    for line, token in enumerate(tokens, start=1):
+        if not token:
+            raise UserError(f"{path}:{line}: empty line in vocab file (each line must hold one token)")
+        if token in first_line:
+            raise UserError(f"{path}:{line}: duplicate vocab entry {token!r}, already on line {first_line[token]}")
+        first_line[token] = line
+    missing = [t for t in SPECIAL_TOKENS if t not in first_line]
+    if missing:
+        raise UserError(f"vocab file {path} lacks the special token(s) {', '.join(missing)}")
+    return tokens
+
+
+def vocab_sha256(path: str | os.PathLike) -> str:
+    """Fingerprint of the token list (not the file bytes, so CRLF and LF copies agree)."""
+    return _tokens_sha256(load_vocab(path))
+
+
+def vocab_is_cased(path: str | os.PathLike) -> bool:
+    """Whether a vocab keeps case, judged by its tokens: uncased vocabs (bert-base-uncased) hold no capitals.
+
+    A few capitalized entries (domain words put into [unusedN] slots) do not make a vocab cased;
+    more than 1% of tokens do (a cased vocab trained on English has about 10%).
+    """
+    tokens = [t for t in load_vocab(path) if not (t.startswith("[") and t.endswith("]"))]
+    return sum(t != t.lower() for t in tokens) > 0.01 * len(tokens)
+
+
+def _tokens_sha256(tokens: Sequence[str]) -> str:
+    return hashlib.sha256("".join(t + "\n" for t in tokens).encode("utf-8")).hexdigest()
+
+
+def _bert_pipeline(model: tokenizers.models.Model, lowercase: bool) -> tokenizers.Tokenizer:
+    """A ``tokenizers.Tokenizer`` doing BERT's basic tokenization in front of ``model``."""
+    backend = tokenizers.Tokenizer(model)
+    backend.normalizer = normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
+    )
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    return backend
+
+
+class Tokenizer:
+    """BERT WordPiece tokenizer over a ``vocab.txt``.
+
+    Pickles as its vocab path and flag (the file is re-read on unpickling) and builds the Rust
+    tokenizer lazily on first use, so sending one to a worker process is cheap and safe.
+    """
+
+    def __init__(self, vocab_path: str | os.PathLike, lowercase: bool = True):
+        self.vocab = load_vocab(vocab_path)
+        self.vocab_path = Path(os.path.abspath(vocab_path))  # absolute, so a worker with another cwd finds it
+        self.lowercase = lowercase
+        ids = {token: i for i, token in enumerate(self.vocab)}
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (ids[t] for t in SPECIAL_TOKENS)
+        self.is_subword = np.array([t.startswith("##") and len(t) > 2 for t in self.vocab], dtype=bool)
+        self._backend: tokenizers.Tokenizer | None = None
+        self._pair_backend: tokenizers.Tokenizer | None = None
+
+    def __reduce__(self) -> tuple:
+        return Tokenizer, (self.vocab_path, self.lowercase)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    @property
+    def sha256(self) -> str:
+        return _tokens_sha256(self.vocab)
+
+    @property
+    def backend(self) -> tokenizers.Tokenizer:
+        """The Rust tokenizer without special tokens or truncation (built on first use)."""
+        if self._backend is None:
+            model = WordPiece({t: i for i, t in enumerate(self.vocab)}, unk_token="[UNK]", max_input_chars_per_word=100)
+            self._backend = _bert_pipeline(model, self.lowercase)
+        return self._backend
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Token ids of each text, without special tokens, in one call into Rust."""
+        return [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def encode_pair(self, a: str, b: str | None = None, max_length: int = 128) -> dict[str, list[int]]:
+        """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` with segment ids and attention mask, at most ``max_length``.
+
+        Truncation is longest-first (as in BERT and ``transformers``), so with ``max_length >= 5`` neither
+        segment of a pair is ever dropped entirely.
+        """
+        least = 3 if b is None else 5
+        if max_length < least:
+            what = "text" if b is None else "pair"
+            raise UserError(f"max_length {max_length} is too short: a {what} needs at least {least}")
+        if self._pair_backend is None:
+            self._pair_backend = tokenizers.Tokenizer.from_str(self.backend.to_str())
+            self._pair_backend.post_processor = processors.BertProcessing(
+                ("[SEP]", self.sep_id), ("[CLS]", self.cls_id)
+            )
+        backend = self._pair_backend
+        if (backend.truncation or {}).get("max_length") != max_length:
+            backend.enable_truncation(max_length, strategy="longest_first")
+        encoding = backend.encode(a, b)
+        return {
+            "input_ids": encoding.ids,
+            "token_type_ids": encoding.type_ids,
+            "attention_mask": encoding.attention_mask,
+        }
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """Text of ``ids`` with ``##`` pieces joined (lowercased and accent-free if the tokenizer is)."""
+        ids = [int(i) for i in ids]
+        if skip_special_tokens:
+            special = {self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id}
+            ids = [i for i in ids if i not in special]
+        return self.backend.decode(ids, skip_special_tokens=False)
+
+
+def train_vocab(
+    inputs: list[str], size: int, out: str | os.PathLike, cased: bool = False, progress: bool = True
+) -> Path:
+    """Learn a WordPiece vocab of ``size`` tokens from a corpus and write it to ``out`` (a ``vocab.txt``).
+
+    Ids follow bert-base-uncased ([PAD]=0, [unused0..98], [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103),
+    so the unused slots stay free for later additions as in Google's vocabs. The file appears only when
+    complete (written to a temporary file, then renamed). Training the same corpus twice may give
+    slightly different vocabs: the ``tokenizers`` trainer breaks ties in hash-map order
+    (huggingface/tokenizers#1794), so keep the file rather than expecting to regenerate it.
+    """
+    reader = CorpusReader(resolve_inputs(inputs))
+    if size < _FIRST_LEARNED + MIN_LEARNED_TOKENS:
+        raise UserError(f"vocab size {size} is too small: it must be at least {_FIRST_LEARNED + MIN_LEARNED_TOKENS}")
+    learned_slots = size - _FIRST_LEARNED
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=learned_slots + len(SPECIAL_TOKENS),
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        # Every character needs a slot (twice for Latin: "a" and "##a"); the default of 1,000 would
+        # turn most of a Chinese corpus into [UNK].
+        limit_alphabet=learned_slots // 2,
+        continuing_subword_prefix="##",
+        show_progress=progress and sys.stderr.isatty(),  # off a terminal it only prints blank lines
+    )
+    backend = _bert_pipeline(WordPiece(unk_token="[UNK]"), lowercase=not cased)
+    backend.train_from_iterator(_batches(reader.lines()), trainer=trainer)
+    learned = [t for t, _ in sorted(backend.get_vocab().items(), key=lambda kv: kv[1]) if t not in SPECIAL_TOKENS]
+    if not learned:
+        raise UserError(f"no text to learn a vocab from in {', '.join(map(str, inputs))}: the corpus is empty")
+    if reader.bad_lines_warning:
+        warnings.warn(reader.bad_lines_warning, stacklevel=2)
+    tokens = ["[PAD]", *(f"[unused{i}]" for i in range(_UNUSED)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokens += learned[:learned_slots]
+    if len(tokens) < size:
+        warnings.warn(
+            f"the corpus only supports {len(tokens):,} vocab entries, fewer than the {size:,} asked for", stacklevel=2
+        )
+    return _write_atomically(Path(out), "".join(t + "\n" for t in tokens))
+
+
+def _batches(lines: Iterator[str], batch: int = 1000) -> Iterator[list[str]]:
+    """Group lines so the Rust trainer crosses the Python boundary once per batch, not per line."""
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == batch:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _write_atomically(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` so that a crash leaves either the old file or the complete new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
