@@ -71,3 +71,13 @@ def run_cli(*args: str, check: bool = True, env: dict | None = None, timeout: fl
             f"bertgpu {' '.join(map(str, args))} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
         )
     return proc
+
+
+@pytest.fixture(scope="session")
+def english_data(tmp_path_factory, english_corpus, uncased_vocab) -> Path:
+    """The English corpus prepared into shards with the real bert-base-uncased vocab."""
+    from bertgpu.data.shards import prepare
+
+    out = tmp_path_factory.mktemp("data") / "english"
+    prepare([str(english_corpus)], str(uncased_vocab), str(out), workers=1, lowercase=True, progress=False)
+    return out

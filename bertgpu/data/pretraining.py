@@ -1,0 +1,274 @@
+"""Pretraining instances, as the original BERT's create_pretraining_data defines them, made dynamic.
+
+Per epoch, from prepared shards:
+
+1. ``build_instance_spans`` walks every document as the original does (a target length of
+   max_seq_length - 3, shortened with probability ``short_seq_prob``; sentences gathered into a chunk
+   until the target is reached; segment A = a random number of the chunk's sentences; with
+   probability 0.5, or when the chunk has one sentence, B is random text and the chunk's unused
+   sentences are put back for the next instance). The walk runs over all documents at once, in numpy,
+   seeded by (seed, epoch).
+2. ``PretrainingDataset[index]`` turns span ``index`` into a training example with a generator seeded
+   by (seed, epoch, index): the random document for B, truncation of the pair from the front or back,
+   and masked-LM masking (15% of tokens, 80% [MASK] / 10% a random word piece / 10% unchanged;
+   whole words with ``wwm``). Any example can be rebuilt on its own, so a run resumes anywhere without replay.
+3. ``GlobalBatchSampler`` cuts one global order per epoch into global batches; rank r takes every
+   world-th instance of each (as DistributedSampler does) and splits its share into micro-batches, so
+   step k trains on the same instances whatever the number of processes or accumulation steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..config import DataConfig
+from ..errors import UserError
+from .shards import ShardedCorpus
+
+IGNORE_INDEX = -100  # label of positions that are not predicted (as in transformers)
+
+# Tags that keep the random streams of one (seed, epoch) apart.
+_TAG_INSTANCE, _TAG_SPANS, _TAG_ORDER = 0, 1, 2
+
+
+def build_instance_spans(
+    sentence_lengths: np.ndarray,
+    doc_offsets: np.ndarray,
+    max_num_tokens: int,
+    short_seq_prob: float,
+    nsp: bool,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """The chunking walk of create_instances_from_document over all documents at once.
+
+    Returns an int64 array [n, 5] of (a_start, a_end, b_end, target_length, doc): sentences
+    [a_start, a_end) are segment A; B is [a_end, b_end) when it is the actual continuation, and
+    b_end == -1 when B must be random text (drawn per instance). Without NSP, A is the whole chunk
+    and b_end == a_end.
+    """
+    cum = np.zeros(len(sentence_lengths) + 1, dtype=np.int64)
+    np.cumsum(sentence_lengths, out=cum[1:])
+    n_docs = len(doc_offsets) - 1
+    # One target length per document, as in the original.
+    target = np.full(n_docs, max_num_tokens, dtype=np.int64)
+    short = rng.random(n_docs) < short_seq_prob
+    target[short] = rng.integers(2, max_num_tokens + 1, size=int(short.sum()))
+    pos = doc_offsets[:-1].astype(np.int64)
+    end = doc_offsets[1:].astype(np.int64)
+    docs = np.flatnonzero(pos < end)
+    spans = []
+    while docs.size:
+        p, e, t = pos[docs], end[docs], target[docs]
+        # The chunk ends with the first sentence that brings it to the target, or at the document's end.
+        chunk_end = np.minimum(np.maximum(np.searchsorted(cum, cum[p] + t, side="left"), p + 1), e)
+        n = chunk_end - p
+        if nsp:
+            a_count = np.ones_like(n)
+            multi = n >= 2
+            a_count[multi] = rng.integers(1, n[multi])  # uniform in [1, n - 1]
+            coin = rng.random(docs.size) < 0.5
+            is_random = ~multi | coin
+            a_end = p + a_count
+            b_end = np.where(is_random, -1, chunk_end)
+            nxt = np.where(is_random, a_end, chunk_end)  # random B: unused sentences go back
+        else:
+            a_end = b_end = nxt = chunk_end
+        spans.append(np.stack([p, a_end, b_end, t, docs], axis=1))
+        pos[docs] = nxt
+        docs = docs[nxt < e]
+    if not spans:
+        return np.zeros((0, 5), dtype=np.int64)
+    out = np.concatenate(spans)
+    return out[np.lexsort((out[:, 0], out[:, 4]))]  # document order
+
+
+def truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random.Generator):
+    """Truncate the pair to max_tokens, each token taken from the longer side (ties: B), and from its
+    front or back with probability 1/2: the original truncate_seq_pair, drawn in closed form."""
+    la, lb = len(a), len(b)
+    excess = la + lb - max_tokens
+    if excess <= 0:
+        return a, b
+    if la > lb:
+        d = min(excess, la - lb)
+        la, excess = la - d, excess - d
+    elif lb > la:
+        d = min(excess, lb - la)
+        lb, excess = lb - d, excess - d
+    lb -= (excess + 1) // 2
+    la -= excess // 2
+
+    def cut(x: np.ndarray, keep: int) -> np.ndarray:
+        removed = len(x) - keep
+        front = int(rng.binomial(removed, 0.5)) if removed else 0
+        return x[front : front + keep]
+
+    return cut(a, la), cut(b, lb)
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    pad: int
+    cls: int
+    sep: int
+    mask: int
+    vocab_size: int
+
+    @classmethod
+    def from_vocab(cls, vocab: list[str]) -> "SpecialIds":
+        return cls(pad=vocab.index("[PAD]"), cls=vocab.index("[CLS]"), sep=vocab.index("[SEP]"),
+                   mask=vocab.index("[MASK]"), vocab_size=len(vocab))
+
+
+class PretrainingDataset(torch.utils.data.Dataset):
+    """Instances of one epoch; call ``set_epoch`` before iterating a new epoch."""
+
+    def __init__(self, corpus: ShardedCorpus, cfg: DataConfig, seed: int, vocab: list[str]):
+        self.corpus, self.cfg, self.seed = corpus, cfg, seed
+        self.special = SpecialIds.from_vocab(vocab)
+        self.is_subword = np.array([t.startswith("##") for t in vocab])
+        # The 10% random replacements are real word pieces: never [CLS], [SEP], [PAD], [MASK] or
+        # [unusedN] (the original draws from the whole vocab, which can plant a [SEP] mid-text).
+        self.random_ids = np.array([i for i, t in enumerate(vocab) if not (t.startswith("[") and t.endswith("]"))])
+        self.max_num_tokens = cfg.max_seq_length - (3 if cfg.nsp else 2)
+        if cfg.nsp:
+            doc_sizes = np.diff(corpus.doc_offsets)
+            if len(doc_sizes) < 2:
+                raise UserError(f"{corpus.data_dir}: next-sentence prediction needs at least 2 documents, "
+                                "the data has 1; use --no-nsp")
+            if doc_sizes.max() < 2:
+                raise UserError(f"{corpus.data_dir}: every document has a single sentence, so next-sentence "
+                                "prediction cannot be built (are documents separated by blank lines?); use --no-nsp")
+        self._cum = np.zeros(corpus.num_sentences + 1, dtype=np.int64)
+        np.cumsum(corpus.sentence_lengths, out=self._cum[1:])
+        self.epoch = -1
+        self.set_epoch(0)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch == self.epoch:
+            return
+        self.epoch = epoch
+        rng = np.random.default_rng([self.seed, epoch, _TAG_SPANS])
+        self.spans = build_instance_spans(self.corpus.sentence_lengths, self.corpus.doc_offsets,
+                                          self.max_num_tokens, self.cfg.short_seq_prob, self.cfg.nsp, rng)
+
+    def __len__(self) -> int:
+        return len(self.spans)
+
+    def _random_segment(self, doc: int, target_len: int, rng: np.random.Generator) -> np.ndarray:
+        """Text for a random B: from a random other document, at a random sentence, until target_len."""
+        n_docs = len(self.corpus.doc_offsets) - 1
+        other = int(rng.integers(n_docs - 1))
+        other += other >= doc  # any document but this one
+        start, end = int(self.corpus.doc_offsets[other]), int(self.corpus.doc_offsets[other + 1])
+        s = int(rng.integers(start, end))
+        stop = int(np.searchsorted(self._cum, self._cum[s] + max(target_len, 1), side="left"))
+        return self.corpus.tokens(s, min(max(stop, s + 1), end))
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        a_start, a_end, b_end, target, doc = (int(v) for v in self.spans[index])
+        rng = np.random.default_rng([self.seed, self.epoch, _TAG_INSTANCE, index])
+        a = self.corpus.tokens(a_start, a_end)
+        if not self.cfg.nsp:
+            b = a[:0]
+            is_random = 0
+        elif b_end < 0:
+            b = self._random_segment(doc, target - len(a), rng)
+            is_random = 1
+        else:
+            b = self.corpus.tokens(a_end, b_end)
+            is_random = 0
+        a, b = truncate_pair(a, b, self.max_num_tokens, rng)
+        return self._encode(a, b, is_random, rng)
+
+    def _encode(self, a: np.ndarray, b: np.ndarray, is_random: int, rng: np.random.Generator) -> dict:
+        sp, cfg = self.special, self.cfg
+        L = cfg.max_seq_length
+        n_a = len(a) + 2
+        n = n_a + (len(b) + 1 if cfg.nsp else 0)
+        ids = np.full(L, sp.pad, dtype=np.int64)
+        ids[0] = sp.cls
+        ids[1:n_a - 1] = a
+        ids[n_a - 1] = sp.sep
+        types = np.zeros(L, dtype=np.int64)
+        if cfg.nsp:
+            ids[n_a:n - 1] = b
+            ids[n - 1] = sp.sep
+            types[n_a:n] = 1
+        attention = np.zeros(L, dtype=np.int64)
+        attention[:n] = 1
+
+        # Masked LM: candidates are the real tokens (never [CLS], [SEP] or padding).
+        cand = np.ones(n, dtype=bool)
+        cand[0] = cand[n_a - 1] = cand[n - 1] = False
+        cand_pos = np.flatnonzero(cand)
+        num_to_predict = min(cfg.max_predictions, max(1, int(round(n * cfg.masked_lm_prob))))
+        if cfg.wwm:
+            chosen = self._choose_whole_words(ids, cand_pos, num_to_predict, rng)
+        else:
+            chosen = np.sort(rng.permutation(cand_pos)[:num_to_predict])
+        labels = ids[chosen].copy()
+        r = rng.random(len(chosen))
+        to_mask = r < 0.8
+        to_random = r >= 0.9
+        ids[chosen[to_mask]] = sp.mask
+        ids[chosen[to_random]] = self.random_ids[rng.integers(len(self.random_ids), size=int(to_random.sum()))]
+
+        positions = np.zeros(cfg.max_predictions, dtype=np.int64)
+        mlm_labels = np.full(cfg.max_predictions, IGNORE_INDEX, dtype=np.int64)
+        positions[: len(chosen)] = chosen
+        mlm_labels[: len(chosen)] = labels
+        return {
+            "input_ids": ids,
+            "token_type_ids": types,
+            "attention_mask": attention,
+            "mlm_positions": positions,
+            "mlm_labels": mlm_labels,
+            "nsp_label": np.int64(is_random),  # transformers' convention: 0 = B follows A, 1 = random
+        }
+
+    def _choose_whole_words(self, ids, cand_pos, num_to_predict, rng) -> np.ndarray:
+        """Group candidates into words (a ## piece joins the piece before it) and take whole words in
+        random order while they fit, as the original does with do_whole_word_mask."""
+        cont = self.is_subword[ids[cand_pos]]
+        cont[0] = False
+        cont[1:] &= np.diff(cand_pos) == 1  # a piece after [SEP] starts a word
+        starts = np.flatnonzero(~cont)
+        words = np.split(cand_pos, starts[1:])
+        chosen: list[int] = []
+        for w in rng.permutation(len(words)):
+            if len(chosen) >= num_to_predict:
+                break
+            if len(chosen) + len(words[w]) > num_to_predict:
+                continue
+            chosen.extend(words[w])
+        return np.sort(np.asarray(chosen, dtype=np.int64))
+
+
+class GlobalBatchSampler(torch.utils.data.Sampler):
+    """Yields this rank's micro-batches (lists of indices) for the steps of one epoch.
+
+    Global batch k of an epoch is ``order[k*G:(k+1)*G]`` with G = batch × world × accum; rank r takes
+    ``global_batch[r::world]`` and yields it as ``accum`` micro-batches of ``batch``.
+    """
+
+    def __init__(self, num_instances: int, batch_size: int, world_size: int, rank: int, grad_accum: int,
+                 seed: int, epoch: int, start_step: int = 0):
+        self.b, self.world, self.rank, self.accum = batch_size, world_size, rank, grad_accum
+        self.global_batch = batch_size * world_size * grad_accum
+        self.steps = num_instances // self.global_batch
+        self.order = np.random.default_rng([seed, epoch, _TAG_ORDER]).permutation(num_instances)
+        self.start_step = start_step
+
+    def __len__(self) -> int:
+        return (self.steps - self.start_step) * self.accum
+
+    def __iter__(self):
+        G, b = self.global_batch, self.b
+        for k in range(self.start_step, self.steps):
+            mine = self.order[k * G:(k + 1) * G][self.rank::self.world]
+            for m in range(self.accum):
+                yield mine[m * b:(m + 1) * b].tolist()
