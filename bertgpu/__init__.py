@@ -1,3 +1,47 @@
-"""bertgpu: BERT from raw text to a fine-tuned classifier, on one CPU, one GPU or many."""
+"""bertgpu: BERT from raw text to a fine-tuned classifier, on one CPU, one GPU or many.
+
+The Python API mirrors the commands::
+
+    from bertgpu import train_vocab, prepare, pretrain, PretrainConfig, DataConfig, OptimConfig
+    train_vocab(["corpus/"], size=30522, out="vocab.txt")
+    prepare(["corpus/"], vocab="vocab.txt", out_dir="data")
+    pretrain(PretrainConfig(model="tiny", out="run", data=DataConfig(data="data")))
+
+Names are imported lazily, so ``import bertgpu`` stays cheap.
+"""
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "ModelConfig": "bertgpu.config",
+    "PretrainConfig": "bertgpu.config",
+    "DataConfig": "bertgpu.config",
+    "OptimConfig": "bertgpu.config",
+    "UserError": "bertgpu.errors",
+    "train_vocab": "bertgpu.data.tokenizer",
+    "Tokenizer": "bertgpu.data.tokenizer",
+    "prepare": "bertgpu.data.shards",
+    "ShardedCorpus": "bertgpu.data.shards",
+    "BertModel": "bertgpu.model",
+    "BertForPreTraining": "bertgpu.model",
+    "BertForSequenceClassification": "bertgpu.model",
+    "load_pretrained": "bertgpu.checkpoint",
+    "save_pretrained": "bertgpu.checkpoint",
+}
+
+__all__ = [*_EXPORTS, "pretrain", "__version__"]
+
+
+def pretrain(cfg):
+    """Run `bertgpu pretrain` from Python with a PretrainConfig (starts cfg.nproc workers if asked)."""
+    from .tasks.pretrain import run
+
+    return run(cfg)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'bertgpu' has no attribute {name!r}")

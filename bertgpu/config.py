@@ -123,3 +123,143 @@ class ModelConfig:
 
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
+
+
+# ---------------------------------------------------------------------------------------------
+# Task configs: one dataclass per command. The CLI flags are generated from these fields.
+
+
+def _auto_workers() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+@dataclass
+class VocabConfig:
+    """`bertgpu vocab`: train a BERT WordPiece vocabulary on a corpus."""
+
+    corpus: list[str] = opt([], "corpus files, folders or globs (plain or .gz)", positional=True)
+    size: int = opt(30522, "vocabulary size, special and [unusedN] tokens included")
+    out: str = opt("vocab.txt", "where to write vocab.txt")
+    cased: bool = opt(False, "keep case and accents (default: lower-case and strip accents, as BERT uncased)")
+
+
+@dataclass
+class PrepareConfig:
+    """`bertgpu prepare`: tokenize a corpus into memory-mapped pretraining shards."""
+
+    corpus: list[str] = opt([], "corpus files, folders or globs (plain or .gz)", positional=True)
+    vocab: str = opt("", "vocab.txt to tokenize with", required=True)
+    out: str = opt("", "output data directory", required=True)
+    workers: int = opt(0, "tokenizer processes (0: one per core, at most 8)")
+    cased: bool | None = opt(None, "treat the vocab as cased (default: detected from the vocab)")
+    overwrite: bool = opt(False, "replace an existing output directory")
+    strict: bool = opt(False, "fail on non-UTF-8 bytes instead of replacing them (and warning)")
+
+    def __post_init__(self) -> None:
+        if self.workers <= 0:
+            self.workers = _auto_workers()
+
+
+@dataclass
+class DataConfig:
+    """How pretraining instances are drawn from prepared shards (the original BERT recipe)."""
+
+    data: str = opt("", "data directory written by `bertgpu prepare`", required=True)
+    max_seq_length: int = opt(128, "tokens per instance, [CLS] and [SEP]s included")
+    max_predictions: int = opt(20, "masked positions per instance at most (prediction slots)")
+    masked_lm_prob: float = opt(0.15, "fraction of tokens to mask")
+    short_seq_prob: float = opt(0.1, "probability of a shorter target length for a document")
+    wwm: bool = opt(False, "whole-word masking: mask all pieces of a ## word together")
+    nsp: bool = opt(True, "next-sentence prediction (--no-nsp: single segments, MLM only)", flag="--no-nsp")
+    loader_workers: int = opt(2, "DataLoader worker processes per training process (0: in-process)")
+
+    def __post_init__(self) -> None:
+        if self.max_seq_length < 8:
+            raise UserError(f"--max-seq-length must be at least 8, got {self.max_seq_length}")
+        if self.max_predictions < 1:
+            raise UserError(f"--max-predictions must be at least 1, got {self.max_predictions}")
+        if not 0 < self.masked_lm_prob < 1:
+            raise UserError(f"--masked-lm-prob must be in (0, 1), got {self.masked_lm_prob}")
+
+
+@dataclass
+class OptimConfig:
+    """Optimizer and learning-rate schedule: linear warmup, then linear decay to zero."""
+
+    lr: float = opt(1e-4, "peak learning rate")
+    warmup: float = opt(0.01, "warmup: steps if >= 1, else a fraction of --steps")
+    steps: int = opt(1000, "optimizer steps to train")
+    weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)")
+    clip: float = opt(1.0, "clip the global gradient norm to this (0: no clipping)")
+    adam_beta1: float = opt(0.9, "AdamW beta1")
+    adam_beta2: float = opt(0.999, "AdamW beta2")
+    adam_eps: float = opt(1e-6, "AdamW epsilon")
+
+    def __post_init__(self) -> None:
+        if self.steps < 1:
+            raise UserError(f"--steps must be at least 1, got {self.steps}")
+        if self.lr <= 0:
+            raise UserError(f"--lr must be positive, got {self.lr}")
+
+    @property
+    def warmup_steps(self) -> int:
+        return int(self.warmup) if self.warmup >= 1 else int(self.warmup * self.steps)
+
+
+@dataclass
+class PretrainConfig:
+    """`bertgpu pretrain`: masked LM + next-sentence prediction, data parallel over processes."""
+
+    model: str = opt("", "a preset (tiny, mini, small, medium, base, large), a config.json, or a BERT "
+                     "directory to continue from", required=True)
+    out: str = opt("", "run directory (checkpoints, logs, TensorBoard events)", required=True)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    nproc: int = opt(0, "processes to start (0: one per GPU, or 1 on CPU); ignored under torchrun")
+    device: str = opt("auto", "where to train", choices=["auto", "cpu", "cuda"])
+    batch_size: int = opt(32, "sequences per process per micro-step")
+    grad_accum: int = opt(1, "micro-steps per optimizer step")
+    precision: str = opt("auto", "auto: bf16 on GPUs that support it, else fp32",
+                         choices=["auto", "fp32", "bf16", "fp16"])
+    seed: int = opt(42, "seed for data order, masking, pairing and initialisation")
+    dropout: float | None = opt(None, "set the model's dropout probabilities (0 makes parity checks exact)")
+    save_every: int = opt(1000, "write a checkpoint every N steps (and at the end)")
+    log_every: int = opt(10, "log every K steps")
+    keep: int = opt(3, "checkpoints to keep (the newest)")
+    resume: bool = opt(False, "continue from the latest complete checkpoint in --out")
+    overwrite: bool = opt(False, "start afresh in a non-empty run directory, deleting what is there")
+    max_restarts: int = opt(0, "restart the local workers this many times after a failure (they resume from "
+                                "the latest checkpoint); under torchrun use its --max-restarts")
+    max_bad_steps: int = opt(10, "stop after this many non-finite losses in a row (each is skipped)")
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.grad_accum < 1:
+            raise UserError(f"--grad-accum must be at least 1, got {self.grad_accum}")
+        if self.save_every < 1 or self.log_every < 1:
+            raise UserError("--save-every and --log-every must be at least 1")
+        if self.dropout is not None and not 0 <= self.dropout < 1:
+            raise UserError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.resume and self.overwrite:
+            raise UserError("--resume and --overwrite contradict each other: choose one")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(cls: type, d: dict[str, Any]) -> Any:
+    """Rebuild a (nested) config dataclass from ``to_dict`` output."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in d:
+            continue
+        value = d[f.name]
+        if dataclasses.is_dataclass(hints[f.name]) and isinstance(value, dict):
+            value = from_dict(hints[f.name], value)
+        kwargs[f.name] = value
+    return cls(**kwargs)

@@ -1,0 +1,125 @@
+"""The `bertgpu` command. Its flags are generated from the config dataclasses (bertgpu.config), so an
+option is documented in one place only: the field's ``help``.
+
+Nothing imports this module; it only turns argv into configs and calls the tasks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import types
+import typing
+import warnings
+from typing import Any, Callable
+
+from . import __version__
+from .config import PrepareConfig, PretrainConfig, VocabConfig
+from .errors import UserError
+
+
+def _unwrap_optional(t: Any) -> tuple[Any, bool]:
+    if typing.get_origin(t) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return t, False
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
+    """One flag per dataclass field (nested dataclasses flattened), from the field's metadata."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        if dataclasses.is_dataclass(t):
+            add_config_arguments(parser, t)
+            continue
+        meta = f.metadata
+        help_text = meta.get("help", "")
+        if meta.get("positional"):
+            parser.add_argument(f.name, nargs="+", help=help_text)
+            continue
+        flag = meta.get("flag") or "--" + f.name.replace("_", "-")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        base, optional = _unwrap_optional(t)
+        kwargs: dict[str, Any] = {"dest": f.name, "help": help_text, "default": default}
+        if base is bool:
+            if optional:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["action"] = "store_false" if default else "store_true"
+        else:
+            kwargs["type"] = base
+            if meta.get("choices"):
+                kwargs["choices"] = meta["choices"]
+            if meta.get("required"):
+                kwargs["required"] = True
+                kwargs.pop("default")
+            elif default not in (None, "", []):
+                kwargs["help"] += f" (default: {default})"
+        parser.add_argument(flag, **kwargs)
+
+
+def build_config(cls: type, ns: argparse.Namespace) -> Any:
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        kwargs[f.name] = build_config(t, ns) if dataclasses.is_dataclass(t) else getattr(ns, f.name)
+    return cls(**kwargs)
+
+
+def _vocab(cfg: VocabConfig) -> None:
+    from .data.tokenizer import train_vocab
+
+    path = train_vocab(cfg.corpus, cfg.size, cfg.out, cased=cfg.cased)
+    print(f"vocab: {path}")
+
+
+def _prepare(cfg: PrepareConfig) -> None:
+    from .data.shards import prepare
+    from .data.tokenizer import vocab_is_cased
+
+    cased = vocab_is_cased(cfg.vocab) if cfg.cased is None else cfg.cased
+    prepare(cfg.corpus, cfg.vocab, cfg.out, workers=cfg.workers, lowercase=not cased, overwrite=cfg.overwrite,
+            strict=cfg.strict)
+
+
+def _pretrain(cfg: PretrainConfig) -> None:
+    from .tasks import pretrain
+
+    pretrain.run(cfg)
+
+
+COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
+    "vocab": (VocabConfig, _vocab, "train a BERT WordPiece vocab on a corpus"),
+    "prepare": (PrepareConfig, _prepare, "tokenize a corpus into memory-mapped pretraining shards"),
+    "pretrain": (PretrainConfig, _pretrain, "pretrain BERT (masked LM + next-sentence prediction)"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bertgpu", description="BERT from raw text to a classifier, "
+                                     "on one CPU, one GPU, all GPUs of a machine, or many machines.")
+    parser.add_argument("--version", action="version", version=f"bertgpu {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (cls, _, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=(cls.__doc__ or "").strip(),
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter if False else argparse.HelpFormatter)
+        add_config_arguments(p, cls)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    warnings.formatwarning = lambda message, *args, **kwargs: f"bertgpu: warning: {message}\n"
+    args = build_parser().parse_args(argv)
+    cls, fn, _ = COMMANDS[args.command]
+    try:
+        fn(build_config(cls, args))
+    except UserError as e:
+        print(f"bertgpu: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("bertgpu: interrupted", file=sys.stderr)
+        sys.exit(130)

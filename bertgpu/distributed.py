@@ -1,0 +1,137 @@
+"""Distributed set-up, kept apart from the model and the training loop.
+
+PyTorch's own stack is the engine: ``launch`` starts local workers through torch's elastic launcher
+(the machinery behind ``torchrun``), and every worker, whether started by us or by ``torchrun``
+(single or multi-node), reads RANK / WORLD_SIZE / LOCAL_RANK from the environment and joins one
+process group: NCCL on CUDA, gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from .errors import UserError
+
+# A worker exits with this code after printing a UserError, so the launcher stays quiet about it.
+USER_ERROR_EXIT = 3
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def launched_externally() -> bool:
+    """True inside a worker of torchrun (or of our own launcher)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA GPU is available here")
+    return device
+
+
+def resolve_nproc(nproc: int, device: str) -> int:
+    """How many local processes to start: one per GPU by default, 1 on CPU."""
+    if device == "cuda":
+        gpus = torch.cuda.device_count()
+        if nproc > gpus:
+            raise UserError(f"--nproc {nproc} is more than the {gpus} GPU(s) present")
+        return nproc or gpus
+    return nproc or 1
+
+
+def launch(fn: Callable[..., Any], args: tuple, nproc: int, max_restarts: int = 0) -> None:
+    """Run ``fn(*args)`` in ``nproc`` local worker processes with torch's elastic launcher.
+
+    A worker that failed on a user error has already printed its one line; any other failure is
+    reported with the failing rank, its exit code and where its traceback went.
+    """
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"bertgpu-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",  # like torchrun --standalone: a free port on this machine
+        max_restarts=max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    try:
+        elastic_launch(config, fn)(*args)
+    except ChildFailedError as e:
+        codes = {f.exitcode for f in e.failures.values()}
+        if codes == {USER_ERROR_EXIT}:
+            raise SystemExit(2) from None
+        rank, failure = e.get_first_failure()
+        raise SystemExit(f"bertgpu: error: worker rank {rank} failed with exit code {failure.exitcode} "
+                         f"(its traceback is printed above)") from None
+
+
+def init(device: str) -> DistEnv:
+    """Join the process group if there is more than one process; pick this process's device."""
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+        # Share the cores between the local processes instead of oversubscribing them.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", device_id=dev if device == "cuda" else None)
+    return DistEnv(rank, world, local_rank, local_world, dev)
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over all processes, in place (no-op with one process)."""
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def worker_main(fn: Callable[..., Any], *args: Any) -> Any:
+    """Entry point of every worker: a UserError becomes one line (from rank 0) and a quiet exit."""
+    try:
+        return fn(*args)
+    except UserError as e:
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"bertgpu: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(USER_ERROR_EXIT if launched_externally() else 2)
+    finally:
+        shutdown()

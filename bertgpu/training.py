@@ -1,0 +1,140 @@
+"""Pieces every training loop uses: optimizer, schedule, precision, throughput and logging."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .config import OptimConfig
+from .errors import UserError
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with BERT's grouping: no weight decay on biases and LayerNorm weights; fused on CUDA."""
+    decay, no_decay = [], []
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                             fused=device.type == "cuda")
+
+
+def build_schedule(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup to the peak, then linear decay to zero at the last step."""
+    warmup, total = cfg.warmup_steps, cfg.steps
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total - step) / max(1, total - warmup))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision == "auto":
+        if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return "bf16"
+        return "fp32"
+    if precision == "fp16" and device.type != "cuda":
+        raise UserError("--precision fp16 needs a CUDA GPU (use bf16 or fp32 on CPU)")
+    return precision
+
+
+def autocast(precision: str, device: torch.device):
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return torch.autocast(device.type, dtype=dtype)
+
+
+# Dense peak FLOP/s per GPU (bf16/fp16 tensor cores, TF32), from the vendors' data sheets.
+_PEAK_FLOPS = {
+    "H200": (989e12, 494e12),
+    "H100": (989e12, 494e12),
+    "A100": (312e12, 156e12),
+    "L40S": (362e12, 183e12),
+    "A10G": (125e12, 62.5e12),
+    "L4": (121e12, 60e12),
+    "V100": (125e12, 15.7e12),
+}
+
+
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    """Peak FLOP/s of one GPU for MFU, or None when unknown (CPU, unlisted GPU)."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, (half, tf32) in _PEAK_FLOPS.items():
+        if key in name:
+            return half if precision in ("bf16", "fp16") else tf32
+    return None
+
+
+class Throughput:
+    """Steps, sequences and tokens per second over the last logging window, and MFU.
+
+    MFU = (training FLOPs per sequence × sequences/s) / (peak FLOP/s × number of GPUs), with the
+    FLOPs per sequence from ``model.training_flops_per_sequence`` (matmuls only, forward + backward).
+    """
+
+    def __init__(self, flops_per_sequence: float, peak: float | None, world_size: int):
+        self.flops_per_sequence, self.peak, self.world = flops_per_sequence, peak, world_size
+        self.reset()
+
+    def reset(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def rates(self, steps: int, sequences: int, tokens: int) -> dict[str, float]:
+        dt = max(time.perf_counter() - self.t0, 1e-9)
+        out = {"steps_per_s": steps / dt, "seq_per_s": sequences / dt, "tokens_per_s": tokens / dt}
+        if self.peak:
+            out["mfu"] = self.flops_per_sequence * sequences / dt / (self.peak * self.world)
+        self.reset()
+        return out
+
+
+class RunLog:
+    """Rank 0's record of a run: a line on the console, a JSON line in log.jsonl, TensorBoard scalars."""
+
+    def __init__(self, run_dir: Path, enabled: bool):
+        self.enabled = enabled
+        self.tb = None
+        self.jsonl = None
+        if enabled:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+            self.jsonl = open(run_dir / "log.jsonl", "a", encoding="utf-8")
+
+    def log(self, step: int, values: dict[str, float], line: str, write=print) -> None:
+        if not self.enabled:
+            return
+        write(line)
+        self.jsonl.write(json.dumps({"step": step, **values}) + "\n")
+        self.jsonl.flush()
+        for k, v in values.items():
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                self.tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.tb.close()
+            self.jsonl.close()
+
+
+def format_rate(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.2f}"
+
+
+def console_is_tty() -> bool:
+    return sys.stderr.isatty() and os.environ.get("TERM") != "dumb"
