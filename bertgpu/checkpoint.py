@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import secrets
 import shutil
 from pathlib import Path
@@ -145,43 +146,82 @@ def write_pretrained(
 # ---------------------------------------------------------------------------------------------
 # Training checkpoints: a Hugging Face directory plus the state to continue training from it.
 
-STATE_NAME = "training_state.pt"  # optimizer, schedule, scaler, data position: tensors and plain values
+STATE_NAME = "training_state.pt"  # optimizer, schedule, scaler, RNGs, data position: tensors and plain values
 RUN_CONFIG_NAME = "bertgpu.json"  # the task's config dataclass, as JSON
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def checkpoint_dirs(run_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints of a run, oldest first. Temporary directories of an interrupted write
+    (``.step-N.tmp-...``) are never listed: only a renamed directory is complete."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    dirs = checkpoint_dirs(run_dir)
+    return dirs[-1] if dirs else None
+
+
+def remove_stale_temporaries(run_dir: str | os.PathLike) -> None:
+    """Delete what a killed checkpoint write left behind (never a complete checkpoint)."""
+    root = Path(run_dir) / "checkpoints"
+    if root.is_dir():
+        for p in root.iterdir():
+            if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name):
+                shutil.rmtree(p, ignore_errors=True)
 
 
 def save_checkpoint(
     run_dir: Path,
     step: int,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    schedule: Any,
-    scaler: Any,
-    run_config: Any,
     model_config: ModelConfig,
+    state: dict[str, Any],
+    run_config: Any,
     *,
     vocab_path: str | os.PathLike,
     do_lower_case: bool,
-    position: dict[str, int],
-    is_main: bool,
     keep: int,
 ) -> Path:
-    """Write ``run_dir/checkpoints/step-NNNNNNN`` atomically (rank 0 only) and keep the newest ``keep``.
+    """Write ``run_dir/checkpoints/step-NNNNNNN`` atomically and keep the newest ``keep``.
 
     The directory is a Hugging Face BERT directory that transformers loads as it is; beside the
-    weights lie the training state (read back with ``torch.load(weights_only=True)``: it holds only
-    tensors and plain values) and the run's config.
+    weights lie the training state (``state``: tensors and plain values only, read back with
+    ``torch.load(weights_only=True)``) and the run's config. If the write fails (a full disk), the
+    previous checkpoint stays the latest and nothing half-written remains.
     """
     path = Path(run_dir) / "checkpoints" / f"step-{step:07d}"
-    if not is_main:
-        return path
-    with atomic_directory(path) as tmp:
-        write_pretrained(model, model_config, tmp, vocab_path=vocab_path, do_lower_case=do_lower_case)
-        torch.save({"step": step, "position": dict(position), "optimizer": optimizer.state_dict(),
-                    "schedule": schedule.state_dict(), "scaler": scaler.state_dict()}, tmp / STATE_NAME)
-        _write_json(tmp / RUN_CONFIG_NAME, {"step": step, "config": dataclasses.asdict(run_config)})
-    for old in sorted(path.parent.glob("step-*"))[:-keep] if keep > 0 else []:
+    previous = latest_checkpoint(run_dir)
+    try:
+        with atomic_directory(path) as tmp:
+            write_pretrained(model, model_config, tmp, vocab_path=vocab_path, do_lower_case=do_lower_case)
+            torch.save({"step": step, **state}, tmp / STATE_NAME)
+            _write_json(tmp / RUN_CONFIG_NAME, {"step": step, "config": dataclasses.asdict(run_config)})
+    except (OSError, SafetensorError, RuntimeError) as e:  # safetensors and torch.save wrap write errors
+        reason = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1]
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        raise UserError(f"could not write checkpoint {path} ({reason}); {kept}") from None
+    for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
+    """The training state of a checkpoint directory. Never unpickles code: ``weights_only=True``
+    admits tensors and plain containers only, so a crafted file raises instead of running."""
+    file = Path(path) / STATE_NAME
+    if not file.is_file():
+        raise UserError(f"{file} is missing: {path} is not a bertgpu training checkpoint")
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as e:  # a truncated zip, a crafted pickle: the message names the file either way
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(f"{file}: cannot load the training state, the file is damaged or not ours ({reason}); "
+                        f"delete {path} to resume from the checkpoint before it") from None
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:

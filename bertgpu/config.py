@@ -263,3 +263,123 @@ def from_dict(cls: type, d: dict[str, Any]) -> Any:
             value = from_dict(hints[f.name], value)
         kwargs[f.name] = value
     return cls(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fine-tuning, evaluation and prediction. Defaults are those of transformers' Trainer (lr 2e-5,
+# 3 epochs, batch 8 per device, linear decay without warmup, Adam epsilon 1e-8, gradient norm 1),
+# except weight decay 0.01 as in transformers' fine-tuning examples, so a Trainer user's settings carry over.
+
+_DATA_FILE = "a .csv or .tsv file with a header row, or a .jsonl file (one JSON object per line); .gz allowed"
+_FORMAT_HELP = "file format, when the extension does not tell"
+_TEXT_HELP = "column holding the text"
+_PAIR_HELP = "column holding the second text of sentence-pair tasks"
+_LABEL_HELP = "column holding the label (names or integers)"
+_DEVICE_CHOICES = ["auto", "cpu", "cuda"]
+_PRECISIONS = ["auto", "fp32", "bf16", "fp16"]
+
+
+def _check_length(max_seq_length: int, allow_auto: bool) -> None:
+    if allow_auto and max_seq_length == 0:
+        return
+    if max_seq_length < 8:
+        raise UserError(f"--max-seq-length must be at least 8, got {max_seq_length}")
+
+
+@dataclass
+class FinetuneConfig:
+    """`bertgpu finetune`: train a sequence classifier on labelled text, data parallel over processes."""
+
+    model: str = opt("", "a BERT directory: one of our pretraining checkpoints or any local Hugging Face BERT",
+                     required=True)
+    train: str = opt("", "training data: " + _DATA_FILE, required=True)
+    eval: str = opt("", "evaluation data with the same columns (default: hold out --eval-split of --train)")
+    eval_split: float | None = opt(None, "fraction of --train held out for evaluation when there is no --eval, "
+                                         "stratified by label and seeded (default: 0.1)")
+    text_column: str = opt("text", _TEXT_HELP)
+    pair_column: str = opt("", _PAIR_HELP)
+    label_column: str = opt("label", _LABEL_HELP)
+    format: str | None = opt(None, _FORMAT_HELP, choices=["csv", "tsv", "jsonl"])
+    out: str = opt("", "output directory: checkpoints/, best/ (the final classifier), metrics.json, "
+                       "log.jsonl, tensorboard/", required=True)
+    epochs: int = opt(3, "passes over the training data; evaluated and saved after each")
+    lr: float = opt(2e-5, "peak learning rate (AdamW)")
+    batch_size: int = opt(8, "examples per process per step")
+    max_seq_length: int = opt(128, "tokens per example at most, [CLS] and [SEP]s included (longest-first truncation)")
+    weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)")
+    warmup: float = opt(0.0, "linear warmup: steps if >= 1, else a fraction of all steps")
+    metric: str = opt("accuracy", "the evaluation metric that picks the best checkpoint",
+                      choices=["accuracy", "f1"])
+    save_total_limit: int = opt(3, "checkpoints to keep: the best and the newest (0: keep all)")
+    nproc: int = opt(0, "processes to start (0: one per GPU, or 1 on CPU); ignored under torchrun")
+    device: str = opt("auto", "where to train", choices=_DEVICE_CHOICES)
+    precision: str = opt("auto", "auto: bf16 on GPUs that support it, else fp32", choices=_PRECISIONS)
+    seed: int = opt(42, "seed for the head's initialisation, data order, dropout and --eval-split")
+    log_every: int = opt(50, "log the training loss every K steps")
+    overwrite: bool = opt(False, "start afresh in a non-empty output directory, deleting what is there")
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise UserError(f"--epochs must be at least 1, got {self.epochs}")
+        if self.lr <= 0:
+            raise UserError(f"--lr must be positive, got {self.lr}")
+        if self.batch_size < 1:
+            raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.save_total_limit < 0 or self.log_every < 1:
+            raise UserError("--save-total-limit must be at least 0 and --log-every at least 1")
+        if self.eval and self.eval_split is not None:
+            raise UserError("--eval and --eval-split contradict each other: choose one")
+        _check_length(self.max_seq_length, allow_auto=False)
+
+
+@dataclass
+class EvaluateConfig:
+    """`bertgpu evaluate`: loss, accuracy and F1 of a fine-tuned classifier on labelled data."""
+
+    model: str = opt("", "a fine-tuned classifier directory (`bertgpu finetune`'s best/, or a transformers one)",
+                     required=True)
+    data: str = opt("", "labelled data: " + _DATA_FILE, required=True)
+    text_column: str = opt("text", _TEXT_HELP)
+    pair_column: str = opt("", _PAIR_HELP)
+    label_column: str = opt("label", _LABEL_HELP)
+    format: str | None = opt(None, _FORMAT_HELP, choices=["csv", "tsv", "jsonl"])
+    output: str = opt("", "where to write the metrics as JSON (default: eval_results.json in --model)")
+    batch_size: int = opt(32, "examples per process per forward pass")
+    max_seq_length: int = opt(0, "tokens per example at most (0: the length the model was fine-tuned with)")
+    nproc: int = opt(0, "processes to start (0: one per GPU, or 1 on CPU); ignored under torchrun")
+    device: str = opt("auto", "where to run", choices=_DEVICE_CHOICES)
+    precision: str = opt("auto", "auto: bf16 on GPUs that support it, else fp32", choices=_PRECISIONS)
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
+        _check_length(self.max_seq_length, allow_auto=True)
+
+
+@dataclass
+class PredictConfig:
+    """`bertgpu predict`: the label and its probability for a text (and pair text), or for a whole file."""
+
+    texts: list[str] = opt([], "a text to classify, and optionally its pair text", positional=True, nargs="*")
+    model: str = opt("", "a fine-tuned classifier directory (`bertgpu finetune`'s best/, or a transformers one)",
+                     required=True)
+    input: str = opt("", "classify every row of this file instead: " + _DATA_FILE)
+    output: str = opt("", "with --input: write its rows plus columns prediction and probability here "
+                          "(.csv, .tsv or .jsonl; default: the input's format)")
+    text_column: str = opt("text", _TEXT_HELP + " (with --input)")
+    pair_column: str = opt("", _PAIR_HELP + " (with --input)")
+    format: str | None = opt(None, _FORMAT_HELP + " (of --input)", choices=["csv", "tsv", "jsonl"])
+    batch_size: int = opt(32, "examples per forward pass")
+    max_seq_length: int = opt(0, "tokens per example at most (0: the length the model was fine-tuned with)")
+    device: str = opt("auto", "where to run", choices=_DEVICE_CHOICES)
+
+    def __post_init__(self) -> None:
+        if self.input and self.texts:
+            raise UserError("give either texts to classify or --input FILE, not both")
+        if not self.input and not 1 <= len(self.texts) <= 2:
+            raise UserError(f"give a text (and optionally its pair text) or --input FILE; got {len(self.texts)} texts")
+        if self.input and not self.output:
+            raise UserError("--input needs --output FILE for the predictions")
+        if self.batch_size < 1:
+            raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
+        _check_length(self.max_seq_length, allow_auto=True)

@@ -8,10 +8,12 @@ process group: NCCL on CUDA, gloo on CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable
 
 import torch
@@ -19,8 +21,17 @@ import torch.distributed as dist
 
 from .errors import UserError
 
-# A worker exits with this code after printing a UserError, so the launcher stays quiet about it.
+# A worker exits with one of these after printing its own one-line message, so the launcher adds none.
 USER_ERROR_EXIT = 3
+INTERRUPTED_EXIT = 4
+
+
+class Interrupted(Exception):
+    """Training stopped on SIGINT/SIGTERM after writing a checkpoint; the message says how to resume."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
 
 
 @dataclass(frozen=True)
@@ -34,6 +45,11 @@ class DistEnv:
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+
+def restart_count() -> int:
+    """How many times torchrun (or our launcher) has restarted this worker group."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
 def launched_externally() -> bool:
@@ -62,12 +78,16 @@ def resolve_nproc(nproc: int, device: str) -> int:
 def launch(fn: Callable[..., Any], args: tuple, nproc: int, max_restarts: int = 0) -> None:
     """Run ``fn(*args)`` in ``nproc`` local worker processes with torch's elastic launcher.
 
-    A worker that failed on a user error has already printed its one line; any other failure is
-    reported with the failing rank, its exit code and where its traceback went.
+    A worker that failed on a user error, or stopped on a signal, has already printed its one line;
+    any other failure is reported with the failing rank and its exit code. With ``max_restarts``
+    the whole group is restarted after a failure (the workers resume from the latest checkpoint).
     """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    # After SIGTERM, give the workers time to finish their step and write a checkpoint (newer torch).
+    extra = {"shutdown_timeout": 120} if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)} else {}
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -78,13 +98,18 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, max_restarts: int = 
         max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
+        **extra,
     )
     try:
         elastic_launch(config, fn)(*args)
+    except SignalException as e:  # Ctrl-C or SIGTERM reached the launcher: the workers checkpoint and say so
+        raise SystemExit(128 + int(e.sigval)) from None
     except ChildFailedError as e:
         codes = {f.exitcode for f in e.failures.values()}
-        if codes == {USER_ERROR_EXIT}:
+        if USER_ERROR_EXIT in codes:
             raise SystemExit(2) from None
+        if INTERRUPTED_EXIT in codes:
+            raise SystemExit(130) from None
         rank, failure = e.get_first_failure()
         raise SystemExit(f"bertgpu: error: worker rank {rank} failed with exit code {failure.exitcode} "
                          f"(its traceback is printed above)") from None
@@ -104,7 +129,17 @@ def init(device: str) -> DistEnv:
         # Share the cores between the local processes instead of oversubscribing them.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device == "cuda" else "gloo", device_id=dev if device == "cuda" else None)
+        backend = "nccl" if device == "cuda" else "gloo"
+        kwargs: dict[str, Any] = {"device_id": dev} if device == "cuda" else {}
+        if restart_count() > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # The elastic agent keeps one store across restarts and torch adds no per-attempt prefix
+            # (it assumes a new store per retry), so a restarted group would read the dead group's
+            # addresses and fail to connect. Join through a prefix of this attempt's own.
+            base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                 is_master=False, timeout=timedelta(minutes=10))
+            kwargs.update(store=dist.PrefixStore(f"bertgpu/restart-{restart_count()}", base),
+                          rank=rank, world_size=world)
+        dist.init_process_group(backend, **kwargs)
     return DistEnv(rank, world, local_rank, local_world, dev)
 
 
@@ -125,13 +160,27 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (``[obj]`` with one process)."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
 def worker_main(fn: Callable[..., Any], *args: Any) -> Any:
-    """Entry point of every worker: a UserError becomes one line (from rank 0) and a quiet exit."""
+    """Entry point of every worker: a UserError or an interruption becomes one line (from rank 0)
+    and a non-zero exit, never a traceback."""
     try:
         return fn(*args)
     except UserError as e:
         if int(os.environ.get("RANK", 0)) == 0:
             print(f"bertgpu: error: {e}", file=sys.stderr, flush=True)
         sys.exit(USER_ERROR_EXIT if launched_externally() else 2)
+    except Interrupted as e:
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"bertgpu: {e}", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_EXIT if launched_externally() else 128 + e.signum)
     finally:
         shutdown()

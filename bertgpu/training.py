@@ -104,27 +104,47 @@ class Throughput:
 
 
 class RunLog:
-    """Rank 0's record of a run: a line on the console, a JSON line in log.jsonl, TensorBoard scalars."""
+    """Rank 0's record of a run: a line on the console, a JSON line in log.jsonl, TensorBoard scalars.
 
-    def __init__(self, run_dir: Path, enabled: bool):
+    On resume from step k, lines and events after k are dropped: those steps are trained again.
+    """
+
+    def __init__(self, run_dir: Path, enabled: bool, start_step: int = 0):
         self.enabled = enabled
-        self.tb = None
-        self.jsonl = None
-        if enabled:
-            from torch.utils.tensorboard import SummaryWriter
+        self.history: list[dict] = []
+        if not enabled:
+            return
+        from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
-            self.jsonl = open(run_dir / "log.jsonl", "a", encoding="utf-8")
+        path = run_dir / "log.jsonl"
+        if path.exists():
+            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
+                    if line.strip() and json.loads(line)["step"] <= start_step]
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
+            os.replace(tmp, path)
+        self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
+        self.jsonl = open(path, "a", encoding="utf-8")
 
     def log(self, step: int, values: dict[str, float], line: str, write=print) -> None:
         if not self.enabled:
             return
+        self.history.append({"step": step, **values})
         write(line)
         self.jsonl.write(json.dumps({"step": step, **values}) + "\n")
         self.jsonl.flush()
         for k, v in values.items():
             if isinstance(v, (int, float)) and math.isfinite(v):
                 self.tb.add_scalar(k, v, step)
+
+    def first_and_last(self, key: str) -> tuple[float | None, float | None]:
+        if not self.history:
+            return None, None
+        return self.history[0][key], self.history[-1][key]
+
+    @property
+    def first_step(self) -> int | None:
+        return self.history[0]["step"] if self.history else None
 
     def close(self) -> None:
         if self.enabled:

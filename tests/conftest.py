@@ -81,3 +81,15 @@ def english_data(tmp_path_factory, english_corpus, uncased_vocab) -> Path:
     out = tmp_path_factory.mktemp("data") / "english"
     prepare([str(english_corpus)], str(uncased_vocab), str(out), workers=1, lowercase=True, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def small_english_data(tmp_path_factory, english_corpus) -> Path:
+    """The English corpus with a 2,000-token vocab trained on it: small checkpoints, fast runs."""
+    from bertgpu.data.shards import prepare
+    from bertgpu.data.tokenizer import train_vocab
+
+    root = tmp_path_factory.mktemp("small")
+    vocab = train_vocab([str(english_corpus)], 2000, str(root / "vocab.txt"), progress=False)
+    prepare([str(english_corpus)], str(vocab), str(root / "data"), workers=1, lowercase=True, progress=False)
+    return root / "data"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,127 @@ def test_non_empty_run_directory_needs_overwrite(tmp_path, english_data):
     proc = run_cli("pretrain", "--data", english_data, "--model", "tiny", "--out", run, check=False)
     assert_one_line_error(proc, "--overwrite")
     assert (run / "precious.txt").read_text() == "keep me"
+
+
+# ---------------------------------------------------------------------------------------------
+# The bad-input catalogue of the resume issue: each a clear line, a non-zero exit, nothing half-written.
+
+def test_only_one_sentence_documents_suggests_no_nsp(tmp_path, uncased_vocab):
+    corpus = tmp_path / "lines.txt"
+    corpus.write_text("".join(f"Sentence number {i} stands alone.\n\n" for i in range(200)))
+    run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "data")
+    proc = run_cli("pretrain", "--data", tmp_path / "data", "--model", "tiny", "--out", tmp_path / "run",
+                   check=False)
+    assert_one_line_error(proc, "single sentence", "--no-nsp")
+    assert not (tmp_path / "run").exists()
+    run_cli("pretrain", "--data", tmp_path / "data", "--model", "tiny", "--out", tmp_path / "run", "--no-nsp",
+            "--steps", "2", "--batch-size", "4", "--loader-workers", "0")
+
+
+def test_binary_file(tmp_path, uncased_vocab):
+    blob = tmp_path / "model.bin"
+    blob.write_bytes(bytes(range(256)) * 64)
+    proc = run_cli("prepare", blob, "--vocab", uncased_vocab, "--out", tmp_path / "data", check=False)
+    assert_one_line_error(proc, str(blob), "binary")
+    assert not (tmp_path / "data").exists()
+
+
+def test_non_utf8_is_replaced_and_warned_or_an_error_with_strict(tmp_path, uncased_vocab):
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes("A plain first line.\nCaf\xe9 au lait.\n\nAnother document here.\nWith two lines.\n"
+                       .encode("latin-1"))
+    proc = run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "data")
+    warning = [line for line in proc.stderr.splitlines() if line.startswith("bertgpu: warning:")]
+    assert len(warning) == 1 and f"{corpus}:2" in warning[0], proc.stderr
+    proc = run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "strict", "--strict", check=False)
+    assert_one_line_error(proc, f"{corpus}:2", "UTF-8")
+    assert not (tmp_path / "strict").exists()
+
+
+def test_a_10mb_single_line(tmp_path, uncased_vocab):
+    corpus = tmp_path / "dump.txt"
+    corpus.write_text("First document, first sentence.\nAnd its second.\n\n" + "word " * 2_097_152 + "\n")
+    proc = run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "data")
+    assert f"{corpus}:4" in proc.stderr and "one sentence per line" in proc.stderr
+    meta = json.loads((tmp_path / "data" / "meta.json").read_text())
+    assert meta["sentences"] == 3 and meta["tokens"] > 2_000_000
+    proc = run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "strict", "--strict", check=False)
+    assert_one_line_error(proc, f"{corpus}:4")
+
+
+def test_duplicate_vocab_entries(tmp_path, english_corpus, uncased_vocab):
+    tokens = uncased_vocab.read_text().splitlines()
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(tokens + ["the"]) + "\n")
+    proc = run_cli("prepare", english_corpus, "--vocab", vocab, "--out", tmp_path / "data", check=False)
+    line = assert_one_line_error(proc, str(vocab), "the")
+    assert str(tokens.index("the") + 1) in line and str(len(tokens) + 1) in line
+
+
+def test_model_and_data_disagree_on_vocab_size(tmp_path, english_data):
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "bert", "vocab_size": 1000, "hidden_size": 64,
+                                  "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 128}))
+    proc = run_cli("pretrain", "--data", english_data, "--model", config, "--out", tmp_path / "run", check=False)
+    assert_one_line_error(proc, "1000", "30522")
+
+
+def test_no_gpu_or_too_few_gpus(tmp_path, english_data, monkeypatch):
+    import torch
+
+    from bertgpu import distributed
+    from bertgpu.errors import UserError
+
+    if not torch.cuda.is_available():
+        proc = run_cli("pretrain", "--data", english_data, "--model", "tiny", "--out", tmp_path / "run",
+                       "--device", "cuda", "--nproc", "2", check=False)
+        assert_one_line_error(proc, "no CUDA GPU")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(UserError, match="--nproc 4 is more than the 2 GPU"):
+        distributed.resolve_nproc(4, "cuda")
+    assert distributed.resolve_nproc(0, "cuda") == 2
+
+
+def _limit_file_size():
+    import resource
+    import signal
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2_000_000, 2_000_000))
+
+
+def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, english_data):
+    """A write that fails half-way (here: a file-size limit, as a full disk would) leaves the previous
+    checkpoint the latest, removes the partial one, and says so in one line."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    import transformers
+
+    run = tmp_path / "run"
+    args = ["pretrain", "--data", english_data, "--model", "tiny", "--out", run, "--batch-size", "4",
+            "--save-every", "2", "--device", "cpu", "--loader-workers", "0"]
+    run_cli(*args, "--steps", "2")
+    proc = subprocess.run([sys.executable, "-m", "bertgpu", *map(str, args), "--steps", "4", "--resume"],
+                          capture_output=True, text=True, cwd=ROOT, preexec_fn=_limit_file_size, timeout=600)
+    assert_one_line_error(proc, "could not write checkpoint", "step-0000004", "step-0000002 is intact")
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000002"]
+    transformers.BertForPreTraining.from_pretrained(run / "checkpoints" / "step-0000002")
+
+
+@pytest.mark.parametrize("damaged", ["model.safetensors", "training_state.pt"])
+def test_truncated_checkpoint_file(tmp_path, english_data, damaged):
+    run = tmp_path / "run"
+    args = ["pretrain", "--data", english_data, "--model", "tiny", "--out", run, "--batch-size", "4",
+            "--device", "cpu", "--loader-workers", "0"]
+    run_cli(*args, "--steps", "2")
+    path = run / "checkpoints" / "step-0000002" / damaged
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    proc = run_cli(*args, "--steps", "4", "--resume", check=False)
+    assert_one_line_error(proc, str(path))
+    proc = run_cli("pretrain", "--data", english_data, "--model", path.parent, "--out", tmp_path / "other",
+                   "--steps", "2", check=False)
+    if damaged == "model.safetensors":
+        assert_one_line_error(proc, str(path))

@@ -29,18 +29,18 @@ def losses(run_dir):
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, english_data):
+def reference(tmp_path_factory, small_english_data):
     out = tmp_path_factory.mktemp("runs") / "one-by-8"
-    run_cli("pretrain", "--data", english_data, "--out", out, "--nproc", "1", "--batch-size", "8", *COMMON)
+    run_cli("pretrain", "--data", small_english_data, "--out", out, "--nproc", "1", "--batch-size", "8", *COMMON)
     return out
 
 
 @pytest.mark.parametrize("layout", [["--nproc", "2", "--batch-size", "4"],
                                     ["--nproc", "1", "--batch-size", "4", "--grad-accum", "2"]],
                          ids=["2procs-x-4", "1proc-x-4-x-accum2"])
-def test_same_parameters_as_one_process_with_the_global_batch(tmp_path, english_data, reference, layout):
+def test_same_parameters_as_one_process_with_the_global_batch(tmp_path, small_english_data, reference, layout):
     out = tmp_path / "run"
-    proc = run_cli("pretrain", "--data", english_data, "--out", out, *layout, *COMMON)
+    proc = run_cli("pretrain", "--data", small_english_data, "--out", out, *layout, *COMMON)
     assert "global batch 8" in proc.stdout
     ref, got = final_weights(reference), final_weights(out)
     assert ref.keys() == got.keys()

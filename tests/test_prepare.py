@@ -147,7 +147,7 @@ def test_corpus_reader_counts_bytes_and_bad_lines(english_corpus, tmp_path):
     assert docs[-1] == ["broken \ufffd\ufffd bytes", "ok", "again \ufffd"]
     assert reader.documents_read == len(docs) == len(_documents(english_corpus.read_text())) + 2
     assert (reader.bad_lines, reader.first_bad) == (2, f"{bad}:3")
-    assert f"{bad}:3" in reader.bad_lines_warning
+    assert f"{bad}:3" in reader.warnings[0]
 
 
 def test_non_utf8_bytes_are_replaced_counted_and_warned(uncased_vocab, tmp_path):

@@ -17,6 +17,8 @@ from typing import BinaryIO
 from ..errors import UserError
 
 _SNIFF_BYTES = 8192  # a NUL byte in this many leading bytes marks a file as binary
+# A line longer than this is almost surely not one sentence (a file without newlines, a data dump).
+MAX_LINE_CHARS = 100_000
 
 
 def resolve_inputs(patterns: Iterable[str | os.PathLike]) -> list[Path]:
@@ -62,7 +64,7 @@ class CorpusReader:
 
     Undecodable bytes are replaced rather than fatal, since one bad byte should not stop a large job;
     they are counted in ``bad_lines`` with the first place in ``first_bad`` (``file:line``) so the
-    caller can warn once at the end (``bad_lines_warning``); ``strict=True`` makes them a UserError.
+    caller can warn once at the end (``warnings``); ``strict=True`` makes them a UserError.
     ``bytes_read`` against ``total_bytes`` drives a progress bar; for ``.gz`` files both count
     compressed bytes.
     """
@@ -75,6 +77,8 @@ class CorpusReader:
         self.lines_read = 0
         self.bad_lines = 0
         self.first_bad: str | None = None
+        self.long_lines = 0
+        self.first_long: str | None = None
         self._done_bytes = 0
         self._raw: BinaryIO | None = None
 
@@ -85,14 +89,17 @@ class CorpusReader:
         return self._done_bytes + (raw.tell() if raw is not None and not raw.closed else 0)
 
     @property
-    def bad_lines_warning(self) -> str | None:
-        """A one-line warning about replaced non-UTF-8 bytes, or None if every line decoded cleanly."""
-        if not self.bad_lines:
-            return None
-        return (
-            f"{self.bad_lines:,} line(s) were not valid UTF-8 and had bytes replaced by U+FFFD "
-            f"(first at {self.first_bad})"
-        )
+    def warnings(self) -> list[str]:
+        """One-line warnings about what was read: replaced non-UTF-8 bytes, suspiciously long lines."""
+        out = []
+        if self.bad_lines:
+            out.append(f"{self.bad_lines:,} line(s) were not valid UTF-8 and had bytes replaced by U+FFFD "
+                       f"(first at {self.first_bad})")
+        if self.long_lines:
+            out.append(f"{self.long_lines:,} line(s) are longer than {MAX_LINE_CHARS:,} characters (first at "
+                       f"{self.first_long}); the format is one sentence per line, and pretraining uses only the "
+                       "first tokens of a sentence that long")
+        return out
 
     def documents(self) -> Iterator[list[str]]:
         """Yield each document as its list of stripped, non-empty lines."""
@@ -135,6 +142,13 @@ class CorpusReader:
                         self.bad_lines += 1
                         if self.first_bad is None:
                             self.first_bad = f"{path}:{number}"
+                    if len(line) > MAX_LINE_CHARS:
+                        if self.strict:
+                            raise UserError(f"{path}:{number}: a line of {len(line):,} characters; the format is one "
+                                            "sentence per line (drop --strict to keep it with a warning)")
+                        self.long_lines += 1
+                        if self.first_long is None:
+                            self.first_long = f"{path}:{number}"
                     self.lines_read += 1
                     yield line.strip()
         except (OSError, EOFError, zlib.error) as e:  # unreadable, or a corrupt or truncated .gz

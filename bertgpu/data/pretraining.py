@@ -109,6 +109,18 @@ def truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random.
     return cut(a, la), cut(b, lb)
 
 
+def check_nsp_possible(corpus: ShardedCorpus) -> None:
+    """Next-sentence prediction needs documents of two sentences or more, and two documents."""
+    doc_sizes = np.diff(corpus.doc_offsets)
+    if len(doc_sizes) < 2:
+        raise UserError(f"{corpus.data_dir}: next-sentence prediction needs at least 2 documents, "
+                        "the data has 1 (are documents separated by blank lines?); use --no-nsp")
+    if doc_sizes.max() < 2:
+        raise UserError(f"{corpus.data_dir}: every document has a single sentence, so next-sentence "
+                        "prediction cannot be built (one sentence per line, a blank line between documents); "
+                        "use --no-nsp")
+
+
 @dataclass(frozen=True)
 class SpecialIds:
     pad: int
@@ -135,13 +147,7 @@ class PretrainingDataset(torch.utils.data.Dataset):
         self.random_ids = np.array([i for i, t in enumerate(vocab) if not (t.startswith("[") and t.endswith("]"))])
         self.max_num_tokens = cfg.max_seq_length - (3 if cfg.nsp else 2)
         if cfg.nsp:
-            doc_sizes = np.diff(corpus.doc_offsets)
-            if len(doc_sizes) < 2:
-                raise UserError(f"{corpus.data_dir}: next-sentence prediction needs at least 2 documents, "
-                                "the data has 1; use --no-nsp")
-            if doc_sizes.max() < 2:
-                raise UserError(f"{corpus.data_dir}: every document has a single sentence, so next-sentence "
-                                "prediction cannot be built (are documents separated by blank lines?); use --no-nsp")
+            check_nsp_possible(corpus)
         self._cum = np.zeros(corpus.num_sentences + 1, dtype=np.int64)
         np.cumsum(corpus.sentence_lengths, out=self._cum[1:])
         self.epoch = -1

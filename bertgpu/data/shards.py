@@ -272,8 +272,8 @@ def _write_shards(
     finally:
         writer.close()
         bar.close()
-    if reader.bad_lines_warning:
-        warnings.warn(reader.bad_lines_warning, stacklevel=3)
+    for message in reader.warnings:
+        warnings.warn(message, stacklevel=3)
     shards = writer.shards
     return {
         "format": FORMAT,

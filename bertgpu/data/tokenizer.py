@@ -196,8 +196,8 @@ def train_vocab(
     learned = [t for t, _ in sorted(backend.get_vocab().items(), key=lambda kv: kv[1]) if t not in SPECIAL_TOKENS]
     if not learned:
         raise UserError(f"no text to learn a vocab from in {', '.join(map(str, inputs))}: the corpus is empty")
-    if reader.bad_lines_warning:
-        warnings.warn(reader.bad_lines_warning, stacklevel=2)
+    for message in reader.warnings:
+        warnings.warn(message, stacklevel=2)
     tokens = ["[PAD]", *(f"[unused{i}]" for i in range(_UNUSED)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tokens += learned[:learned_slots]
     if len(tokens) < size:

@@ -2,14 +2,20 @@
 
 ``run`` checks everything a user can get wrong before any process starts, then trains in this
 process or in ``nproc`` workers. ``train`` is the whole training loop of one worker, top to bottom.
+
+Nothing is lost: checkpoints are atomic; ``--resume`` (or a restart by torchrun/our launcher)
+continues from the latest complete checkpoint with the model, optimizer, schedule, scaler, every
+rank's RNG and the exact data position (epoch, step in epoch) restored, so the resumed run is the
+uninterrupted run, bit for bit on CPU. SIGINT/SIGTERM finish the current step, write a checkpoint
+and exit non-zero.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import shutil
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,8 +25,8 @@ from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from .. import checkpoint, distributed
-from ..config import ModelConfig, PretrainConfig, PRESETS
-from ..data.pretraining import IGNORE_INDEX, GlobalBatchSampler, PretrainingDataset
+from ..config import PRESETS, ModelConfig, PretrainConfig
+from ..data.pretraining import IGNORE_INDEX, GlobalBatchSampler, PretrainingDataset, check_nsp_possible
 from ..data.shards import ShardedCorpus
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
@@ -38,6 +44,12 @@ class Plan:
     lowercase: bool
 
 
+def _check_same_vocab(model_dir: Path, corpus: ShardedCorpus, data_dir: str) -> None:
+    if (model_dir / "vocab.txt").exists() and vocab_sha256(model_dir / "vocab.txt") != corpus.vocab_sha256:
+        raise UserError(f"{data_dir} was prepared with another vocab than the model's ({model_dir / 'vocab.txt'}); "
+                        f"run `bertgpu prepare` with --vocab {model_dir / 'vocab.txt'}")
+
+
 def check(cfg: PretrainConfig) -> Plan:
     """Every user mistake we can see before training, as a UserError. No side effects."""
     corpus = ShardedCorpus(cfg.data.data)
@@ -51,19 +63,22 @@ def check(cfg: PretrainConfig) -> Plan:
             raise UserError(f"--model {model}: not a preset ({', '.join(PRESETS)}) and no such file or directory")
         mcfg = ModelConfig.load(path)
         if path.is_dir():
-            if (path / "model.safetensors").exists():
+            if (path / "model.safetensors").exists() or (path / "pytorch_model.bin").exists():
                 init_from = path
-            if (path / "vocab.txt").exists() and vocab_sha256(path / "vocab.txt") != corpus.vocab_sha256:
-                raise UserError(f"{cfg.data.data} was prepared with another vocab than the model's "
-                                f"({path / 'vocab.txt'}); run `bertgpu prepare` with --vocab {path / 'vocab.txt'}")
+            _check_same_vocab(path, corpus, cfg.data.data)
         if mcfg.vocab_size != corpus.vocab_size:
             raise UserError(f"model vocab_size {mcfg.vocab_size} ({model}) differs from the data's vocab of "
                             f"{corpus.vocab_size} tokens ({cfg.data.data}): the data was prepared with another vocab")
     if cfg.data.max_seq_length > mcfg.max_position_embeddings:
         raise UserError(f"--max-seq-length {cfg.data.max_seq_length} is beyond the model's "
                         f"{mcfg.max_position_embeddings} positions (max_position_embeddings)")
+    if cfg.data.nsp:
+        check_nsp_possible(corpus)
     if cfg.dropout is not None:
         mcfg = dataclasses.replace(mcfg, hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
+    resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.resume else None
+    if resume_from is not None:
+        _check_same_vocab(resume_from, corpus, cfg.data.data)
     return Plan(mcfg, init_from, bool(corpus.meta.get("lowercase", True)))
 
 
@@ -71,35 +86,62 @@ def check_run_dir(cfg: PretrainConfig) -> None:
     out = Path(cfg.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not cfg.overwrite:
-        raise UserError(f"run directory {out} is not empty; pass --overwrite to start afresh there")
+    if out.is_dir() and any(out.iterdir()) and not (cfg.overwrite or cfg.resume):
+        raise UserError(f"run directory {out} is not empty; pass --resume to continue the run there, "
+                        "or --overwrite to start afresh")
 
 
 def run(cfg: PretrainConfig) -> None:
     """Check, then train here (one process, or one worker of torchrun) or in local workers."""
     cfg = dataclasses.replace(cfg, device=distributed.resolve_device(cfg.device))
     check(cfg)
-    check_run_dir(cfg)
+    if distributed.restart_count() == 0:
+        check_run_dir(cfg)
     if distributed.launched_externally():
         distributed.worker_main(train, cfg)
         return
     nproc = distributed.resolve_nproc(cfg.nproc, cfg.device)
-    if nproc == 1:
+    if nproc == 1 and cfg.max_restarts == 0:
         distributed.worker_main(train, cfg)
     else:
-        distributed.launch(distributed.worker_main, (train, cfg), nproc)
+        distributed.launch(distributed.worker_main, (train, cfg), nproc, max_restarts=cfg.max_restarts)
+
+
+class StopSignal:
+    """Records SIGINT/SIGTERM so the loop can finish its step and checkpoint before exiting."""
+
+    def __init__(self):
+        self.signum = 0
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _handle(self, signum, frame):
+        self.signum = signum
+
+    def restore(self):
+        for s, h in self._previous.items():
+            signal.signal(s, h)
+
+
+def _ignore_stop_signals(_worker_id: int) -> None:
+    """DataLoader workers leave SIGINT/SIGTERM to the training process, which stops cleanly."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def train(cfg: PretrainConfig) -> Path:
     env = distributed.init(cfg.device)
-    plan = check(cfg)
+    # A restart by torchrun --max-restarts (or our --max-restarts) resumes by itself.
+    resume = cfg.resume or distributed.restart_count() > 0
+    plan = check(dataclasses.replace(cfg, resume=resume))
     device, world = env.device, env.world_size
     run_dir = Path(cfg.out)
     if env.is_main:
-        if cfg.overwrite and run_dir.exists():
+        if cfg.overwrite and not resume and run_dir.exists():
             shutil.rmtree(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint.remove_stale_temporaries(run_dir)
     distributed.barrier()
+    resume_from = checkpoint.latest_checkpoint(run_dir) if resume else None
 
     # Data: one global order per epoch; this rank reads only its share of each global batch.
     corpus = ShardedCorpus(cfg.data.data)
@@ -113,8 +155,8 @@ def train(cfg: PretrainConfig) -> Path:
     # Model: the same initial weights on every rank (same seed; DDP also broadcasts rank 0's).
     torch.manual_seed(cfg.seed)
     model = BertForPreTraining(plan.model_config)
-    if plan.init_from is not None:
-        checkpoint.load_weights(model, plan.init_from)
+    if resume_from is not None or plan.init_from is not None:
+        checkpoint.load_weights(model, resume_from or plan.init_from)
     model.to(device)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
         if world > 1 else None
@@ -128,114 +170,166 @@ def train(cfg: PretrainConfig) -> Path:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    # Running sums since the last log line, on the device (no host sync for them inside a step):
+    # mlm loss, mlm correct, masked, nsp loss, nsp correct, sequences, real tokens.
+    sums = torch.zeros(7, dtype=torch.float64, device=device)
+    step, epoch, in_epoch = 0, 0, 0
+    if resume_from is not None:
+        state = checkpoint.load_training_state(resume_from)
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        scaler.load_state_dict(state["scaler"])
+        step, epoch, in_epoch = state["step"], state["position"]["epoch"], state["position"]["step_in_epoch"]
+        if len(state["rng"]) == world:  # on another process count, dropout streams start anew
+            torch.set_rng_state(state["rng"][env.rank]["cpu"])
+            if device.type == "cuda" and state["rng"][env.rank].get("cuda") is not None:
+                torch.cuda.set_rng_state(state["rng"][env.rank]["cuda"], device)
+        if env.is_main:
+            sums += state["log_sums"].to(device)
 
     L = cfg.data.max_seq_length
     meter = Throughput(training_flops_per_sequence(plan.model_config, L, cfg.data.max_predictions),
                        peak_flops(device, precision), world)
-    log = RunLog(run_dir, env.is_main)
+    log = RunLog(run_dir, env.is_main, start_step=step)
     if env.is_main:
         n_params = sum(p.numel() for p in model.parameters())
+        how = f"resuming from {resume_from} at step {step}" if resume_from else "starting"
         print(f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {world} process(es) on {device.type}, "
               f"{precision}, global batch {global_batch} = {b} x {world} x {accum}, "
-              f"{len(dataset):,} instances in epoch 0", flush=True)
-    bar = tqdm(total=cfg.optim.steps, disable=not (env.is_main and console_is_tty()), unit="step")
-    # Running sums on the device (no host sync inside a step): mlm loss, mlm correct, masked,
-    # nsp loss, nsp correct, sequences, real tokens.
-    sums = torch.zeros(7, dtype=torch.float64, device=device)
-    first_loss = last_loss = None
-    step, epoch, saved = 0, 0, None
-    window = 0
+              f"{len(dataset):,} instances in epoch {epoch}; {how}", flush=True)
+    bar = tqdm(total=cfg.optim.steps, initial=step, disable=not (env.is_main and console_is_tty()), unit="step")
+    write = tqdm.write if not bar.disable else (lambda line: print(line, flush=True))
 
-    while step < cfg.optim.steps:
-        dataset.set_epoch(epoch)
-        sampler = GlobalBatchSampler(len(dataset), b, world, env.rank, accum, cfg.seed, epoch)
-        loader = torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=cfg.data.loader_workers,
-                                             pin_memory=device.type == "cuda",
-                                             prefetch_factor=4 if cfg.data.loader_workers else None)
-        batches = iter(loader)
-        for in_epoch in range(1, sampler.steps + 1):
-            micro = [{k: v.to(device, non_blocking=True) for k, v in next(batches).items()} for _ in range(accum)]
-            # The MLM loss is normalised by the masked-token count of the whole global batch.
-            n_masked = sum((mb["mlm_labels"] != IGNORE_INDEX).sum() for mb in micro).float()
-            distributed.all_reduce_sum(n_masked)
-            for i, mb in enumerate(micro):
-                sync = ddp is None or i == accum - 1
-                with (contextlib.nullcontext() if sync else ddp.no_sync()), autocast(precision, device):
-                    mlm_logits, nsp_logits = net(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"],
-                                                 mb["mlm_positions"])
-                mlm_logits, labels = mlm_logits.float().flatten(0, 1), mb["mlm_labels"].flatten()
-                mlm_loss = F.cross_entropy(mlm_logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
-                loss = mlm_loss / n_masked
-                if cfg.data.nsp:
-                    nsp_loss = F.cross_entropy(nsp_logits.float(), mb["nsp_label"], reduction="sum")
-                    loss = loss + nsp_loss / global_batch
-                else:
-                    nsp_loss = torch.zeros((), device=device)
-                # DDP averages gradients over processes; scale so the result is the global-batch loss's.
-                scaler.scale(loss * world).backward()
-                with torch.no_grad():
-                    valid = labels != IGNORE_INDEX
-                    sums += torch.stack([
-                        mlm_loss, ((mlm_logits.argmax(-1) == labels) & valid).sum(), valid.sum(),
-                        nsp_loss, (nsp_logits.argmax(-1) == mb["nsp_label"]).sum(),
-                        torch.tensor(len(labels) // cfg.data.max_predictions, device=device),
-                        mb["attention_mask"].sum()]).double()
-            if cfg.optim.clip > 0:
+    def save(reason: str = "") -> Path:
+        rngs = distributed.all_gather_object(
+            {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
+        log_sums = sums.clone()
+        distributed.all_reduce_sum(log_sums)
+        path = run_dir / "checkpoints" / f"step-{step:07d}"
+        if env.is_main:
+            state = {"position": {"epoch": epoch, "step_in_epoch": in_epoch}, "optimizer": optimizer.state_dict(),
+                     "schedule": schedule.state_dict(), "scaler": scaler.state_dict(), "rng": rngs,
+                     "log_sums": log_sums.cpu(), "world_size": world}
+            path = checkpoint.save_checkpoint(run_dir, step, model, plan.model_config, state, cfg,
+                                              vocab_path=corpus.vocab_path, do_lower_case=plan.lowercase, keep=cfg.keep)
+        distributed.barrier()
+        return path
+
+    stop = StopSignal()
+    window, bad_in_a_row, skipped = 0, 0, 0
+    saved = resume_from
+    batches = None
+    try:
+        while step < cfg.optim.steps:
+            dataset.set_epoch(epoch)
+            sampler = GlobalBatchSampler(len(dataset), b, world, env.rank, accum, cfg.seed, epoch, start_step=in_epoch)
+            loader = torch.utils.data.DataLoader(
+                dataset, batch_sampler=sampler, num_workers=cfg.data.loader_workers, pin_memory=device.type == "cuda",
+                prefetch_factor=4 if cfg.data.loader_workers else None,
+                worker_init_fn=_ignore_stop_signals if cfg.data.loader_workers else None,
+                # Its own generator: creating the iterator must not draw from the dropout RNG stream,
+                # or a resumed run would drift from the uninterrupted one.
+                generator=torch.Generator().manual_seed(cfg.seed))
+            batches = iter(loader)
+            while in_epoch < sampler.steps and step < cfg.optim.steps:
+                micro = [{k: v.to(device, non_blocking=True) for k, v in next(batches).items()} for _ in range(accum)]
+                # One small all-reduce per step: the global batch's masked-token count (the MLM loss is
+                # normalised by it) and whether any rank was asked to stop.
+                counts = torch.stack([sum((mb["mlm_labels"] != IGNORE_INDEX).sum() for mb in micro).float(),
+                                      torch.tensor(float(stop.signum > 0), device=device)])
+                distributed.all_reduce_sum(counts)
+                n_masked = counts[0]
+                step_sums = torch.zeros_like(sums)
+                for i, mb in enumerate(micro):
+                    sync = ddp is None or i == accum - 1
+                    with (contextlib.nullcontext() if sync else ddp.no_sync()), autocast(precision, device):
+                        mlm_logits, nsp_logits = net(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"],
+                                                     mb["mlm_positions"])
+                    mlm_logits, labels = mlm_logits.float().flatten(0, 1), mb["mlm_labels"].flatten()
+                    mlm_loss = F.cross_entropy(mlm_logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
+                    loss = mlm_loss / n_masked
+                    if cfg.data.nsp:
+                        nsp_loss = F.cross_entropy(nsp_logits.float(), mb["nsp_label"], reduction="sum")
+                        loss = loss + nsp_loss / global_batch
+                    else:
+                        nsp_loss = torch.zeros((), device=device)
+                    # DDP averages gradients over processes; scale so the result is the global-batch loss's.
+                    scaler.scale(loss * world).backward()
+                    with torch.no_grad():
+                        valid = labels != IGNORE_INDEX
+                        step_sums += torch.stack([
+                            mlm_loss, ((mlm_logits.argmax(-1) == labels) & valid).sum(), valid.sum(),
+                            nsp_loss, (nsp_logits.argmax(-1) == mb["nsp_label"]).sum(),
+                            torch.tensor(len(mb["input_ids"]), device=device), mb["attention_mask"].sum()]).double()
                 scaler.unscale_(optimizer)
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.clip)
-            scaler.step(optimizer)
-            scaler.update()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            window += 1
-            bar.update(1)
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                           cfg.optim.clip if cfg.optim.clip > 0 else float("inf"))
+                # The one host sync of a step: is the (all-reduced, so identical) gradient finite?
+                finite, stop_now = torch.stack([torch.isfinite(grad_norm).float(), counts[1]]).tolist()
+                finite, stop_now = finite > 0, stop_now > 0
+                if finite or precision == "fp16":
+                    scaler.step(optimizer)  # with fp16 the scaler itself skips a non-finite step
+                    scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+                schedule.step()
+                step += 1
+                in_epoch += 1
+                bar.update(1)
+                if finite:
+                    sums += step_sums
+                    window += 1
+                    bad_in_a_row = 0
+                else:
+                    skipped += 1
+                    bad_in_a_row += 1
+                    if env.is_main:
+                        write(f"step {step}: non-finite loss or gradient, step skipped ({skipped} so far)")
+                    if precision != "fp16" and bad_in_a_row >= cfg.max_bad_steps:
+                        path = save()
+                        raise UserError(f"the loss was not finite for {bad_in_a_row} steps in a row (up to step {step}); "
+                                        f"stopped with the last good weights in {path}; lower --lr or check the data")
 
-            if step % cfg.log_every == 0 or step == cfg.optim.steps:
-                distributed.all_reduce_sum(sums)
-                s = sums.tolist()
-                sums.zero_()
-                mlm = s[0] / max(s[2], 1)
-                nsp = s[3] / max(s[5], 1)
-                values = {"loss": mlm + nsp, "mlm_loss": mlm, "mlm_acc": s[1] / max(s[2], 1), "nsp_loss": nsp,
-                          "nsp_acc": s[4] / max(s[5], 1), "lr": schedule.get_last_lr()[0],
-                          "global_batch": global_batch, "epoch": epoch,
-                          **meter.rates(window, int(s[5]), int(s[6]))}
-                window = 0
-                first_loss = values["mlm_loss"] if first_loss is None else first_loss
-                last_loss = values["mlm_loss"]
-                if not math.isfinite(values["loss"]):
-                    raise UserError(f"the loss became {values['loss']} at step {step}; lower --lr or use fp32/bf16")
-                line = (f"step {step}/{cfg.optim.steps} | loss {values['loss']:.4f} | mlm {mlm:.4f} "
-                        f"acc {values['mlm_acc']:.3f}")
-                if cfg.data.nsp:
-                    line += f" | nsp {nsp:.4f} acc {values['nsp_acc']:.3f}"
-                line += (f" | lr {values['lr']:.2e} | batch {global_batch} | {values['steps_per_s']:.2f} steps/s"
-                         f" | {format_rate(values['seq_per_s'])} seq/s | {format_rate(values['tokens_per_s'])} tok/s")
-                if "mfu" in values:
-                    line += f" | mfu {100 * values['mfu']:.1f}%"
-                log.log(step, values, line, write=tqdm.write if bar.disable is False else _print)
+                if step % cfg.log_every == 0 or step == cfg.optim.steps:
+                    distributed.all_reduce_sum(sums)
+                    s = sums.tolist()
+                    sums.zero_()
+                    mlm = s[0] / max(s[2], 1)
+                    nsp = s[3] / max(s[5], 1)
+                    values = {"loss": mlm + nsp, "mlm_loss": mlm, "mlm_acc": s[1] / max(s[2], 1), "nsp_loss": nsp,
+                              "nsp_acc": s[4] / max(s[5], 1), "lr": schedule.get_last_lr()[0],
+                              "global_batch": global_batch, "epoch": epoch, "skipped_steps": skipped,
+                              **meter.rates(window, int(s[5]), int(s[6]))}
+                    window = 0
+                    line = (f"step {step}/{cfg.optim.steps} | loss {values['loss']:.4f} | mlm {mlm:.4f} "
+                            f"acc {values['mlm_acc']:.3f}")
+                    if cfg.data.nsp:
+                        line += f" | nsp {nsp:.4f} acc {values['nsp_acc']:.3f}"
+                    line += (f" | lr {values['lr']:.2e} | batch {global_batch} | {values['steps_per_s']:.2f} steps/s"
+                             f" | {format_rate(values['seq_per_s'])} seq/s | {format_rate(values['tokens_per_s'])} tok/s")
+                    if "mfu" in values:
+                        line += f" | mfu {100 * values['mfu']:.1f}%"
+                    log.log(step, values, line, write=write)
 
-            if step % cfg.save_every == 0 or step == cfg.optim.steps:
-                saved = checkpoint.save_checkpoint(
-                    run_dir, step, model, optimizer, schedule, scaler, cfg, plan.model_config,
-                    vocab_path=corpus.vocab_path, do_lower_case=plan.lowercase,
-                    position={"epoch": epoch, "step_in_epoch": in_epoch},
-                    is_main=env.is_main, keep=cfg.keep)
-                distributed.barrier()
-            if step == cfg.optim.steps:
-                break
-        del batches, loader
-        epoch += 1
-    bar.close()
-    log.close()
+                if step % cfg.save_every == 0 or step == cfg.optim.steps or stop_now:
+                    saved = save()
+                if stop_now:
+                    name = signal.Signals(stop.signum).name if stop.signum else "a signal on another rank"
+                    raise distributed.Interrupted(
+                        f"stopped by {name} after step {step}; checkpoint {saved}. "
+                        "Run the same command with --resume to continue.", stop.signum or signal.SIGTERM)
+            batches = loader = None  # let this epoch's DataLoader workers go
+            if in_epoch >= sampler.steps:
+                epoch, in_epoch = epoch + 1, 0
+    finally:
+        if batches is not None and hasattr(batches, "_shutdown_workers"):
+            batches._shutdown_workers()  # stop DataLoader workers now, not during interpreter exit
+        stop.restore()
+        bar.close()
+        log.close()
     if env.is_main:
-        print(f"mlm loss {first_loss:.4f} -> {last_loss:.4f} over {step} steps", flush=True)
+        first, last = log.first_and_last("mlm_loss")
+        if first is not None:
+            print(f"mlm loss {first:.4f} -> {last:.4f} over steps {log.first_step}-{step}", flush=True)
         print(f"checkpoint: {saved}  (a Hugging Face BERT directory: "
               f"transformers.BertForPreTraining.from_pretrained('{saved}'))", flush=True)
     return saved
-
-
-def _print(line: str) -> None:
-    print(line, flush=True)
-

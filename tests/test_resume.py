@@ -1,0 +1,221 @@
+"""Never lose work: exact resume, atomic checkpoints, restarts, safe loading (the resume issue).
+
+Every run here is a real multi-process gloo run through the CLI, killed for real (SIGKILL,
+SIGTERM), and compared bit for bit with the same run uninterrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import ROOT, run_cli
+
+STEPS = 12
+ARGS = ["--model", "tiny", "--steps", str(STEPS), "--batch-size", "4", "--log-every", "1", "--save-every", "3",
+        "--loader-workers", "1", "--seed", "5", "--device", "cpu", "--precision", "fp32"]
+
+
+def weights(run_dir: Path, step: int = STEPS) -> dict[str, torch.Tensor]:
+    return load_file(run_dir / "checkpoints" / f"step-{step:07d}" / "model.safetensors")
+
+
+def assert_bitwise_equal(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())}
+
+
+def start(args: list, *, torchrun: bool = False) -> subprocess.Popen:
+    """Start a run in a session of its own, so that killing the group kills launcher and workers."""
+    cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node", "2",
+           "--max-restarts", "1", "-m", "bertgpu"] if torchrun else [sys.executable, "-m", "bertgpu"]
+    return subprocess.Popen([*cmd, *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+    log = run_dir / "log.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if log.exists() and any(json.loads(line)["step"] >= step for line in log.read_text().splitlines()):
+            return
+        if proc.poll() is not None:
+            raise AssertionError(f"run ended before step {step}: {proc.communicate()}")
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, small_english_data) -> Path:
+    out = tmp_path_factory.mktemp("runs") / "uninterrupted"
+    run_cli("pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", *ARGS)
+    return out
+
+
+def test_sigkill_at_a_random_step_then_resume_is_bitwise_identical(tmp_path, small_english_data, uninterrupted):
+    kill_at = random.randint(2, STEPS - 2)
+    out = tmp_path / "run"
+    proc = start(["pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", *ARGS])
+    wait_for_step(out, kill_at, proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    resumed_from = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step-*"))
+
+    done = run_cli("pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", "--resume", *ARGS)
+    assert f"resuming from {out / 'checkpoints'}" in done.stdout, done.stdout
+    assert_bitwise_equal(weights(uninterrupted), weights(out))
+    ref, got = losses(uninterrupted), losses(out)
+    assert sorted(got) == list(range(1, STEPS + 1))  # steps after the checkpoint were logged once, anew
+    assert [got[s] for s in range(resumed_from + 1, STEPS + 1)] == [ref[s] for s in range(resumed_from + 1, STEPS + 1)], \
+        f"killed at step >= {kill_at}, resumed from {resumed_from}"
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, small_english_data, uninterrupted):
+    out = tmp_path / "run"
+    proc = start(["pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", *ARGS])
+    wait_for_step(out, 4, proc)
+    proc.send_signal(signal.SIGTERM)  # to the launcher, which forwards it to the workers
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0
+    assert "--resume" in stderr and "stopped by SIGTERM" in stderr, stderr
+    assert "Traceback" not in stderr
+    stopped_at = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step-*"))
+    assert stopped_at == max(losses(out)) >= 4  # the step it was in was finished and checkpointed
+    assert f"step-{stopped_at:07d}" in stderr
+    run_cli("pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", "--resume", *ARGS)
+    assert_bitwise_equal(weights(uninterrupted), weights(out))
+
+
+def test_torchrun_restarts_a_killed_worker_and_the_run_completes_identically(tmp_path, small_english_data, uninterrupted):
+    out = tmp_path / "run"
+    proc = start(["pretrain", "--data", small_english_data, "--out", out, *ARGS], torchrun=True)
+    wait_for_step(out, 7, proc)
+    workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _env(int(p)).get("TORCHELASTIC_RUN_ID")
+               and _env(int(p)).get("LOCAL_RANK") == "1" and _parent_chain_has(int(p), proc.pid)]
+    assert workers, "no rank-1 worker found"
+    os.kill(min(workers), signal.SIGKILL)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-3000:]
+    assert "resuming from" in stdout
+    assert_bitwise_equal(weights(uninterrupted), weights(out))
+
+
+def _env(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def _parent_chain_has(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            return False
+    return False
+
+
+SLOW_WRITER = """
+import sys, time, torch
+from pathlib import Path
+from bertgpu import checkpoint
+from bertgpu.config import ModelConfig, PretrainConfig
+from bertgpu.model import BertForPreTraining
+run, vocab, marker = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+model = BertForPreTraining(ModelConfig.preset("tiny", vocab_size=30522))
+cfg = PretrainConfig(model="tiny", out=str(run))
+save = lambda step: checkpoint.save_checkpoint(run, step, model, model.config, {"position": {}}, cfg,
+                                               vocab_path=vocab, do_lower_case=True, keep=3)
+save(1)
+real = checkpoint.write_pretrained
+def slow(*args, **kwargs):
+    real(*args, **kwargs)
+    marker.write_text("writing")
+    time.sleep(600)  # killed here, mid-checkpoint
+checkpoint.write_pretrained = slow
+with torch.no_grad():
+    model.bert.embeddings.word_embeddings.weight.add_(1.0)
+save(2)
+"""
+
+
+def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one_latest(tmp_path, uncased_vocab):
+    import transformers
+
+    from bertgpu.checkpoint import latest_checkpoint
+
+    run, marker = tmp_path / "run", tmp_path / "writing"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(run), str(uncased_vocab), str(marker)], cwd=ROOT)
+    deadline = time.monotonic() + 120
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert marker.exists(), "the writer never reached the middle of its second checkpoint"
+    partial = [p.name for p in (run / "checkpoints").iterdir() if ".tmp-" in p.name]
+    assert partial and any((run / "checkpoints" / p / "model.safetensors").exists() for p in partial)
+    proc.kill()
+    proc.wait()
+
+    latest = latest_checkpoint(run)
+    assert latest == run / "checkpoints" / "step-0000001"
+    model = transformers.BertForPreTraining.from_pretrained(latest)
+    assert model.bert.embeddings.word_embeddings.weight.abs().max() < 1  # the step-1 weights, not step 2's
+
+
+@pytest.mark.parametrize("target", ["training_state.pt", "pytorch_model.bin"])
+def test_a_crafted_pickle_never_runs(tmp_path, small_english_data, target):
+    """A checkpoint file that would run code when unpickled is refused without running it."""
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    run = tmp_path / "run"
+    run_cli("pretrain", "--data", small_english_data, "--out", run, "--model", "tiny", "--steps", "2", "--batch-size", "4",
+            "--device", "cpu", "--loader-workers", "0")
+    ckpt = run / "checkpoints" / "step-0000002"
+    if target == "training_state.pt":
+        torch.save({"step": 2, "payload": Exploit()}, ckpt / "training_state.pt")
+        proc = run_cli("pretrain", "--data", small_english_data, "--out", run, "--model", "tiny", "--steps", "4",
+                       "--resume", "--device", "cpu", "--loader-workers", "0", check=False)
+    else:
+        (ckpt / "model.safetensors").unlink()
+        torch.save({"weights": Exploit()}, ckpt / "pytorch_model.bin")
+        proc = run_cli("pretrain", "--data", small_english_data, "--out", tmp_path / "run2", "--model", ckpt,
+                       "--steps", "2", "--device", "cpu", "--loader-workers", "0", check=False)
+    assert proc.returncode != 0
+    assert target in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not marker.exists(), "the pickle ran code"
+
+
+def test_non_finite_loss_is_skipped_then_stops_with_the_last_good_weights(tmp_path, small_english_data):
+    run = tmp_path / "run"
+    proc = run_cli("pretrain", "--data", small_english_data, "--out", run, "--model", "tiny", "--steps", "50",
+                   "--batch-size", "4", "--lr", "1e8", "--warmup", "0", "--clip", "0", "--max-bad-steps", "3",
+                   "--device", "cpu", "--loader-workers", "0", check=False)
+    assert proc.returncode != 0
+    assert "not finite for 3 steps in a row" in proc.stderr, proc.stderr
+    assert proc.stdout.count("step skipped") == 3
+    saved = sorted((run / "checkpoints").glob("step-*"))
+    assert len(saved) == 1
+    w = load_file(saved[0] / "model.safetensors")
+    assert all(torch.isfinite(t).all() for t in w.values())
