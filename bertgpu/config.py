@@ -231,6 +231,7 @@ class PretrainConfig:
     max_restarts: int = opt(0, "restart the local workers this many times after a failure (they resume from "
                                 "the latest checkpoint); under torchrun use its --max-restarts")
     max_bad_steps: int = opt(10, "stop after this many non-finite losses in a row (each is skipped)")
+    compile: bool = opt(False, "torch.compile the model (static shapes: fixed prediction slots per sequence)")
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -243,6 +244,25 @@ class PretrainConfig:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.resume and self.overwrite:
             raise UserError("--resume and --overwrite contradict each other: choose one")
+
+
+@dataclass
+class BenchConfig:
+    """`bertgpu bench`: time pretraining steps of bertgpu and of transformers' BertForPreTraining."""
+
+    model: str = opt("mini", "model preset (with bert-base's 30,522-token vocab)", choices=list(PRESETS))
+    device: str = opt("auto", "where to run (auto: CUDA when present)", choices=["auto", "cpu", "cuda"])
+    batch_size: int = opt(32, "sequences per step")
+    seq_len: int = opt(128, "tokens per sequence")
+    max_predictions: int = opt(20, "masked positions per sequence")
+    precision: str = opt("auto", "auto: bf16 on GPUs that support it, else fp32", choices=["auto", "fp32", "bf16", "fp16"])
+    steps: int = opt(20, "timed steps per side (the median is reported)")
+    warmup: int = opt(5, "untimed warm-up steps per side")
+    compile: bool = opt(False, "torch.compile bertgpu's model")
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.steps < 1:
+            raise UserError("--batch-size and --steps must be at least 1")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

