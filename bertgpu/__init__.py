@@ -3,9 +3,12 @@
 The Python API mirrors the commands::
 
     from bertgpu import train_vocab, prepare, pretrain, PretrainConfig, DataConfig, OptimConfig
+    from bertgpu import finetune, FinetuneConfig, Classifier
     train_vocab(["corpus/"], size=30522, out="vocab.txt")
     prepare(["corpus/"], vocab="vocab.txt", out_dir="data")
     pretrain(PretrainConfig(model="tiny", out="run", data=DataConfig(data="data")))
+    finetune(FinetuneConfig(model="run/checkpoints/step-0001000", train="train.csv", out="clf"))
+    Classifier.load("clf/best")("a text")   # {"label": ..., "score": ...}
 
 Names are imported lazily, so ``import bertgpu`` stays cheap.
 """
@@ -17,6 +20,7 @@ _EXPORTS = {
     "PretrainConfig": "bertgpu.config",
     "DataConfig": "bertgpu.config",
     "OptimConfig": "bertgpu.config",
+    "FinetuneConfig": "bertgpu.config",
     "UserError": "bertgpu.errors",
     "train_vocab": "bertgpu.data.tokenizer",
     "Tokenizer": "bertgpu.data.tokenizer",
@@ -27,9 +31,10 @@ _EXPORTS = {
     "BertForSequenceClassification": "bertgpu.model",
     "load_pretrained": "bertgpu.checkpoint",
     "save_pretrained": "bertgpu.checkpoint",
+    "Classifier": "bertgpu.classifier",
 }
 
-__all__ = [*_EXPORTS, "pretrain", "__version__"]
+__all__ = [*_EXPORTS, "pretrain", "finetune", "__version__"]
 
 
 def pretrain(cfg):
@@ -37,6 +42,13 @@ def pretrain(cfg):
     from .tasks.pretrain import run
 
     return run(cfg)
+
+
+def finetune(cfg):
+    """Run `bertgpu finetune` from Python with a FinetuneConfig (starts cfg.nproc workers if asked)."""
+    from .tasks.finetune import run_finetune
+
+    return run_finetune(cfg)
 
 
 def __getattr__(name):

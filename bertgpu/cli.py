@@ -15,7 +15,7 @@ import warnings
 from typing import Any, Callable
 
 from . import __version__
-from .config import PrepareConfig, PretrainConfig, VocabConfig
+from .config import BenchConfig, EvaluateConfig, FinetuneConfig, PredictConfig, PrepareConfig, PretrainConfig, VocabConfig
 from .errors import UserError
 
 
@@ -38,7 +38,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
         meta = f.metadata
         help_text = meta.get("help", "")
         if meta.get("positional"):
-            parser.add_argument(f.name, nargs="+", help=help_text)
+            parser.add_argument(f.name, nargs=meta.get("nargs", "+"), help=help_text)
             continue
         flag = meta.get("flag") or "--" + f.name.replace("_", "-")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
@@ -92,10 +92,38 @@ def _pretrain(cfg: PretrainConfig) -> None:
     pretrain.run(cfg)
 
 
+def _finetune(cfg: FinetuneConfig) -> None:
+    from .tasks import finetune
+
+    finetune.run_finetune(cfg)
+
+
+def _evaluate(cfg: EvaluateConfig) -> None:
+    from .tasks import finetune
+
+    finetune.run_evaluate(cfg)
+
+
+def _predict(cfg: PredictConfig) -> None:
+    from .tasks import finetune
+
+    finetune.run_predict(cfg)
+
+
+def _bench(cfg: BenchConfig) -> None:
+    from .bench import run
+
+    run(cfg)
+
+
 COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
     "vocab": (VocabConfig, _vocab, "train a BERT WordPiece vocab on a corpus"),
     "prepare": (PrepareConfig, _prepare, "tokenize a corpus into memory-mapped pretraining shards"),
     "pretrain": (PretrainConfig, _pretrain, "pretrain BERT (masked LM + next-sentence prediction)"),
+    "finetune": (FinetuneConfig, _finetune, "fine-tune a BERT into a text classifier"),
+    "evaluate": (EvaluateConfig, _evaluate, "loss, accuracy and F1 of a classifier on labelled data"),
+    "predict": (PredictConfig, _predict, "classify a text, a text pair, or every row of a file"),
+    "bench": (BenchConfig, _bench, "time pretraining steps of bertgpu and of transformers, same model and batch"),
 }
 
 

