@@ -164,14 +164,13 @@ def test_best_checkpoint_and_save_total_limit(tmp_path, uncased_vocab, sentiment
     save_pretrained(BertForPreTraining(ModelConfig.preset("tiny", vocab_size=30522)), ModelConfig.preset(
         "tiny", vocab_size=30522), model_dir, vocab_path=uncased_vocab, do_lower_case=True)
     out = tmp_path / "run"
-    cfg = FinetuneConfig(model=str(model_dir), train=str(sentiment[0]), eval=str(sentiment[1]), out=str(out),
-                         epochs=4, batch_size=32, max_seq_length=32, lr=1e-3, save_total_limit=2, device="cpu",
-                         log_every=100)
+    cfg = FinetuneConfig(model=str(model_dir), train=str(sentiment[1]), out=str(out), epochs=4, batch_size=32,
+                         max_seq_length=32, lr=1e-3, save_total_limit=2, device="cpu", log_every=100)
     run_finetune(cfg)
     metrics = read_json(out / "metrics.json")
     accuracies = [e["eval_accuracy"] for e in metrics["epochs"]]
     best = accuracies.index(max(accuracies)) + 1  # the first of equals, as Trainer keeps it
-    assert metrics["best_epoch"] == best
+    assert metrics["best_epoch"] == best and metrics["eval_examples"] == 40  # --eval-split 0.1 by default
     newest_other = max(e for e in range(1, 5) if e != best)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == sorted(
         {f"epoch-{best:03d}", f"epoch-{newest_other:03d}"})

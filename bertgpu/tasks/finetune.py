@@ -18,6 +18,7 @@ import dataclasses
 import gzip
 import io
 import json
+import math
 import os
 import shutil
 import sys
@@ -230,6 +231,7 @@ def train(cfg: FinetuneConfig) -> Path:
                 steps_in_window = 0
                 values = {"loss": s[0] / s[2], "accuracy": s[1] / s[2], "lr": schedule.get_last_lr()[0],
                           "epoch": epoch, **rates}
+                _check_finite(values["loss"], step)
                 log.log(step, values, f"epoch {epoch} step {step}/{optim.steps} | loss {values['loss']:.4f} | "
                         f"acc {values['accuracy']:.3f} | lr {values['lr']:.2e} | "
                         f"{format_rate(rates['seq_per_s'])} examples/s", write=write)
@@ -240,6 +242,7 @@ def train(cfg: FinetuneConfig) -> Path:
         metrics = compute_metrics(predict_logits(model, eval_set, b, env, precision), eval_set.labels)
         record = {"epoch": epoch, "step": step, "train_loss": s[0] / s[2], "train_accuracy": s[1] / s[2],
                   **{f"eval_{k}": v for k, v in metrics.items()}}
+        _check_finite(record["train_loss"], step)
         history.append(record)
         is_best = best is None or record[f"eval_{cfg.metric}"] > best[f"eval_{cfg.metric}"]
         best = record if is_best else best
@@ -253,6 +256,7 @@ def train(cfg: FinetuneConfig) -> Path:
                 "best": best, "labels": list(id2label.values()), "train_examples": len(train_set),
                 "eval_examples": len(eval_set), "epochs": history})
         distributed.barrier()
+        meter.reset()  # the next rate covers training steps only, not this evaluation
     bar.close()
     log.close()
     if env.is_main:
@@ -264,6 +268,13 @@ def train(cfg: FinetuneConfig) -> Path:
 
 def _print(line: str) -> None:
     print(line, flush=True)
+
+
+def _check_finite(loss: float, step: int) -> None:
+    """Stop on a diverged run (every rank sees the same all-reduced loss, so all stop together)."""
+    if not math.isfinite(loss):
+        raise UserError(f"the training loss became {loss} by step {step}; lower --lr, or use fp32/bf16 "
+                        f"instead of fp16")
 
 
 def _epoch_dir(epoch: int) -> str:
