@@ -34,13 +34,26 @@ ACT_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-class BertEmbeddings(nn.Module):
-    """Sum of word, position and segment embeddings, then LayerNorm and dropout."""
+def padded_vocab_size(vocab_size: int, multiple: int) -> int:
+    """vocab_size rounded up to a multiple: GPU matmuls are fastest when every dimension is a
+    multiple of 64 (tensor-core tiles), and the H×V decoder is the largest matmul of a small BERT."""
+    if multiple < 1:
+        raise ValueError(f"pad_vocab_multiple must be at least 1, got {multiple}")
+    return -(-vocab_size // multiple) * multiple
 
-    def __init__(self, config: ModelConfig) -> None:
+
+class BertEmbeddings(nn.Module):
+    """Sum of word, position and segment embeddings, then LayerNorm and dropout.
+
+    With ``pad_vocab_multiple`` > 1 the word-embedding matrix has extra rows past vocab_size, kept
+    at zero: no id ever looks them up, and the tied decoder's logits for them are cut off.
+    """
+
+    def __init__(self, config: ModelConfig, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
         h = config.hidden_size
-        self.word_embeddings = nn.Embedding(config.vocab_size, h, padding_idx=config.pad_token_id)
+        rows = padded_vocab_size(config.vocab_size, pad_vocab_multiple)
+        self.word_embeddings = nn.Embedding(rows, h, padding_idx=config.pad_token_id)
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, h)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, h)
         self.LayerNorm = nn.LayerNorm(h, eps=config.layer_norm_eps)
@@ -165,13 +178,15 @@ def init_weights(module: nn.Module, std: float) -> None:
 class BertModel(nn.Module):
     """The encoder: embeddings, N layers and (optionally) the pooler."""
 
-    def __init__(self, config: ModelConfig, add_pooling_layer: bool = True) -> None:
+    def __init__(self, config: ModelConfig, add_pooling_layer: bool = True, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
         self.config = config
-        self.embeddings = BertEmbeddings(config)
+        self.embeddings = BertEmbeddings(config, pad_vocab_multiple)
         self.encoder = BertEncoder(config)
         self.pooler = BertPooler(config) if add_pooling_layer else None
         self.apply(partial(init_weights, std=config.initializer_range))
+        with torch.no_grad():  # padded vocab rows start (and, never receiving a gradient, stay) zero
+            self.embeddings.word_embeddings.weight[config.vocab_size :].zero_()
 
     def forward(
         self,
@@ -199,28 +214,39 @@ class BertPredictionHeadTransform(nn.Module):
 
 
 class BertLMPredictionHead(nn.Module):
-    """Transform, then score every vocabulary word with the (tied) input embedding matrix."""
+    """Transform, then score every vocabulary word with the (tied) input embedding matrix.
 
-    def __init__(self, config: ModelConfig) -> None:
+    The decoder has as many rows as the (possibly padded) embedding matrix; the logits of the
+    padded rows are cut off, so callers only ever see the vocab_size real words.
+    """
+
+    def __init__(self, config: ModelConfig, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
+        self.vocab_size = config.vocab_size
+        rows = padded_vocab_size(config.vocab_size, pad_vocab_multiple)
         self.transform = BertPredictionHeadTransform(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        self.decoder = nn.Linear(config.hidden_size, rows)
+        self.bias = nn.Parameter(torch.zeros(rows))
         self.decoder.bias = self.bias  # one tensor under two names, as in transformers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.transform(x))
+        return self.decoder(self.transform(x))[..., : self.vocab_size]  # a view; no copy when unpadded
 
 
 class BertPreTrainingHeads(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
-        self.predictions = BertLMPredictionHead(config)
+        self.predictions = BertLMPredictionHead(config, pad_vocab_multiple)
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
 
 class BertForPreTraining(nn.Module):
-    """BERT with the masked-LM and next-sentence heads."""
+    """BERT with the masked-LM and next-sentence heads.
+
+    ``pad_vocab_multiple`` (64 on GPUs) pads the word embeddings and the tied decoder to a multiple
+    of that many rows, for faster matmuls; forward still returns logits over config.vocab_size
+    words, and bertgpu.checkpoint saves and loads the vocab_size real rows only.
+    """
 
     # alias -> source: the parameters that are one tensor (stored once on disk, like transformers).
     tied_weights = {
@@ -228,11 +254,11 @@ class BertForPreTraining(nn.Module):
         "cls.predictions.decoder.bias": "cls.predictions.bias",
     }
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
         self.config = config
-        self.bert = BertModel(config)
-        self.cls = BertPreTrainingHeads(config)
+        self.bert = BertModel(config, pad_vocab_multiple=pad_vocab_multiple)
+        self.cls = BertPreTrainingHeads(config, pad_vocab_multiple)
         self.cls.apply(partial(init_weights, std=config.initializer_range))
         # Tie after init, so the decoder's own random init does not overwrite the embedding.
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
@@ -289,7 +315,8 @@ def training_flops_per_sequence(config: ModelConfig, seq_len: int, num_predictio
         forward = n·L·(8h² + 4hi + 4Lh) + pooler 2h² + NSP 2·2h + P·(transform 2h² + decoder 2hV)
         training = 3 × forward   (the backward pass costs twice the forward)
 
-    Embedding lookups, LayerNorm, softmax and activations are not counted.
+    Embedding lookups, LayerNorm, softmax and activations are not counted; V is config.vocab_size, not
+    the padded rows of ``pad_vocab_multiple`` (their work is no model work).
     """
     h, i, L, V = config.hidden_size, config.intermediate_size, seq_len, config.vocab_size
     per_token = 8 * h * h + 4 * h * i + 4 * L * h

@@ -31,8 +31,8 @@ from ..data.shards import ShardedCorpus
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
 from ..model import BertForPreTraining, training_flops_per_sequence
-from ..training import (RunLog, Throughput, autocast, build_optimizer, build_schedule, console_is_tty,
-                        format_rate, peak_flops, resolve_precision)
+from ..training import (LaggedFlags, RunLog, StopSignal, Throughput, autocast, build_optimizer, build_schedule,
+                        console_is_tty, format_rate, ignore_stop_signals, peak_flops, resolve_precision, skip_if)
 
 
 @dataclass
@@ -107,27 +107,6 @@ def run(cfg: PretrainConfig) -> None:
         distributed.launch(distributed.worker_main, (train, cfg), nproc, max_restarts=cfg.max_restarts)
 
 
-class StopSignal:
-    """Records SIGINT/SIGTERM so the loop can finish its step and checkpoint before exiting."""
-
-    def __init__(self):
-        self.signum = 0
-        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
-
-    def _handle(self, signum, frame):
-        self.signum = signum
-
-    def restore(self):
-        for s, h in self._previous.items():
-            signal.signal(s, h)
-
-
-def _ignore_stop_signals(_worker_id: int) -> None:
-    """DataLoader workers leave SIGINT/SIGTERM to the training process, which stops cleanly."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-
-
 def train(cfg: PretrainConfig) -> Path:
     env = distributed.init(cfg.device)
     # A restart by torchrun --max-restarts (or our --max-restarts) resumes by itself.
@@ -154,7 +133,7 @@ def train(cfg: PretrainConfig) -> Path:
 
     # Model: the same initial weights on every rank (same seed; DDP also broadcasts rank 0's).
     torch.manual_seed(cfg.seed)
-    model = BertForPreTraining(plan.model_config)
+    model = BertForPreTraining(plan.model_config, pad_vocab_multiple=cfg.pad_vocab_multiple)
     if resume_from is not None or plan.init_from is not None:
         checkpoint.load_weights(model, resume_from or plan.init_from)
     model.to(device)
@@ -178,6 +157,7 @@ def train(cfg: PretrainConfig) -> Path:
     step, epoch, in_epoch = 0, 0, 0
     if resume_from is not None:
         state = checkpoint.load_training_state(resume_from)
+        checkpoint.check_optimizer_state(optimizer, state["optimizer"], resume_from)
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         scaler.load_state_dict(state["scaler"])
@@ -217,8 +197,29 @@ def train(cfg: PretrainConfig) -> Path:
         distributed.barrier()
         return path
 
+    def read_flags(due: list[tuple[int, list[float]]]) -> bool:
+        """Count skipped steps, stop after too many in a row; return whether a rank was asked to stop."""
+        nonlocal skipped, bad_in_a_row
+        stop_now = False
+        for flag_step, (stop_flag, was_bad) in due:
+            stop_now |= stop_flag > 0
+            if not was_bad:
+                bad_in_a_row = 0
+                continue
+            skipped += 1
+            bad_in_a_row += 1
+            if env.is_main:
+                write(f"step {flag_step}: non-finite loss or gradient, step skipped ({skipped} so far)")
+            if precision != "fp16" and bad_in_a_row >= cfg.max_bad_steps:
+                flags.flush()
+                path = save()
+                raise UserError(f"the loss was not finite for {bad_in_a_row} steps in a row (up to step {flag_step}); "
+                                f"stopped with the last good weights in {path}; lower --lr or check the data")
+        return stop_now
+
     stop = StopSignal()
     window, bad_in_a_row, skipped = 0, 0, 0
+    flags = LaggedFlags(device)
     saved = resume_from
     batches = None
     try:
@@ -228,7 +229,7 @@ def train(cfg: PretrainConfig) -> Path:
             loader = torch.utils.data.DataLoader(
                 dataset, batch_sampler=sampler, num_workers=cfg.data.loader_workers, pin_memory=device.type == "cuda",
                 prefetch_factor=4 if cfg.data.loader_workers else None,
-                worker_init_fn=_ignore_stop_signals if cfg.data.loader_workers else None,
+                worker_init_fn=ignore_stop_signals if cfg.data.loader_workers else None,
                 # Its own generator: creating the iterator must not draw from the dropout RNG stream,
                 # or a resumed run would drift from the uninterrupted one.
                 generator=torch.Generator().manual_seed(cfg.seed))
@@ -238,7 +239,7 @@ def train(cfg: PretrainConfig) -> Path:
                 # One small all-reduce per step: the global batch's masked-token count (the MLM loss is
                 # normalised by it) and whether any rank was asked to stop.
                 counts = torch.stack([sum((mb["mlm_labels"] != IGNORE_INDEX).sum() for mb in micro).float(),
-                                      torch.tensor(float(stop.signum > 0), device=device)])
+                                      torch.full((), float(stop.signum > 0), device=device)])
                 distributed.all_reduce_sum(counts)
                 n_masked = counts[0]
                 step_sums = torch.zeros_like(sums)
@@ -262,34 +263,30 @@ def train(cfg: PretrainConfig) -> Path:
                         step_sums += torch.stack([
                             mlm_loss, ((mlm_logits.argmax(-1) == labels) & valid).sum(), valid.sum(),
                             nsp_loss, (nsp_logits.argmax(-1) == mb["nsp_label"]).sum(),
-                            torch.tensor(len(mb["input_ids"]), device=device), mb["attention_mask"].sum()]).double()
+                            torch.full((), len(mb["input_ids"]), device=device), mb["attention_mask"].sum()]).double()
                 scaler.unscale_(optimizer)
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
                                                            cfg.optim.clip if cfg.optim.clip > 0 else float("inf"))
-                # The one host sync of a step: is the (all-reduced, so identical) gradient finite?
-                finite, stop_now = torch.stack([torch.isfinite(grad_norm).float(), counts[1]]).tolist()
-                finite, stop_now = finite > 0, stop_now > 0
-                if finite or precision == "fp16":
-                    scaler.step(optimizer)  # with fp16 the scaler itself skips a non-finite step
-                    scaler.update()
+                # A non-finite gradient (identical on every rank: it is all-reduced) skips the step on the
+                # device; with fp16 the scaler does the same itself. No host sync inside the step.
+                bad = (~torch.isfinite(grad_norm)).float()
+                if precision != "fp16":
+                    skip_if(optimizer, bad)
+                scaler.step(optimizer)
+                scaler.update()
                 optimizer.zero_grad(set_to_none=True)
                 schedule.step()
                 step += 1
                 in_epoch += 1
+                window += 1
                 bar.update(1)
-                if finite:
-                    sums += step_sums
-                    window += 1
-                    bad_in_a_row = 0
-                else:
-                    skipped += 1
-                    bad_in_a_row += 1
-                    if env.is_main:
-                        write(f"step {step}: non-finite loss or gradient, step skipped ({skipped} so far)")
-                    if precision != "fp16" and bad_in_a_row >= cfg.max_bad_steps:
-                        path = save()
-                        raise UserError(f"the loss was not finite for {bad_in_a_row} steps in a row (up to step {step}); "
-                                        f"stopped with the last good weights in {path}; lower --lr or check the data")
+                sums += torch.where(bad > 0, 0.0, step_sums)  # a skipped step's loss is not logged
+                # This step's flags on the CPU, the previous step's on a GPU (read then, they cost no wait);
+                # all of them before a checkpoint, so that it accounts for every step it holds.
+                due = flags.push(step, torch.stack([counts[1], bad]))
+                if step % cfg.save_every == 0 or step == cfg.optim.steps or any(f[0] for _, f in due):
+                    due += flags.flush()
+                stop_now = read_flags(due)
 
                 if step % cfg.log_every == 0 or step == cfg.optim.steps:
                     distributed.all_reduce_sum(sums)
