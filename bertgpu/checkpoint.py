@@ -3,7 +3,8 @@
 A directory saved here is what ``transformers`` writes for the same model (``config.json``,
 ``model.safetensors``, ``vocab.txt``, tokenizer files), so ``from_pretrained`` reads it, and any
 Hugging Face BERT directory loads into our models. Weights are read with safetensors only: a
-pickle (``pytorch_model.bin``) can run code when loaded.
+pickle (``pytorch_model.bin``) can run code when loaded. A model whose vocab is padded for speed
+(``pad_vocab_multiple``) is saved with its vocab_size real rows and loads such files back.
 """
 
 from __future__ import annotations
@@ -36,6 +37,30 @@ SPECIAL_TOKENS = {
 }
 # Buffers some transformers versions saved beside the weights; we compute them on the fly.
 _IGNORED_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+# Tensors with one row per vocabulary word. A model built with pad_vocab_multiple has more rows
+# than config.vocab_size; files always hold exactly vocab_size, as transformers expects.
+_VOCAB_ROWS = ("embeddings.word_embeddings.weight", "predictions.bias", "predictions.decoder.weight",
+               "predictions.decoder.bias")
+
+
+def _is_vocab_rows(name: str) -> bool:
+    return name.endswith(_VOCAB_ROWS)
+
+
+def export_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The model's tensors as a Hugging Face BERT stores them: on the CPU, tied aliases dropped
+    (safetensors refuses shared tensors; transformers re-ties them), vocab padding cut off."""
+    model = unwrap(model)
+    aliases = getattr(model, "tied_weights", {})
+    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    tensors = {}
+    for name, tensor in model.state_dict().items():
+        if name in aliases:
+            continue
+        if vocab_size is not None and _is_vocab_rows(name):
+            tensor = tensor[:vocab_size]
+        tensors[name] = tensor.detach().cpu().contiguous()
+    return tensors
 
 
 def _fsync(path: Path) -> None:
@@ -125,9 +150,7 @@ def write_pretrained(
     """The files of a Hugging Face BERT directory, written into ``directory`` (not atomic by itself)."""
     model = unwrap(model)
     architecture = architecture or type(model).__name__
-    aliases = getattr(model, "tied_weights", {})
-    # Tied aliases are dropped the way transformers stores them: safetensors refuses shared tensors.
-    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items() if k not in aliases}
+    tensors = export_state_dict(model)
     tokenizer_config = {
         "tokenizer_class": "BertTokenizer",
         "do_lower_case": do_lower_case,
@@ -167,12 +190,27 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 
 
 def remove_stale_temporaries(run_dir: str | os.PathLike) -> None:
-    """Delete what a killed checkpoint write left behind (never a complete checkpoint)."""
-    root = Path(run_dir) / "checkpoints"
-    if root.is_dir():
-        for p in root.iterdir():
-            if p.name.startswith(".") and (".tmp-" in p.name or ".old-" in p.name):
+    """Clean up after a killed checkpoint write. A temporary (``.NAME.tmp-*``) is never complete and
+    goes. A replaced directory moved aside (``.NAME.old-*``) is complete: it goes when ``NAME`` is in
+    place, and becomes ``NAME`` again when the kill fell between the two renames of a replacement."""
+    recover_directories(Path(run_dir) / "checkpoints")
+
+
+def recover_directories(root: Path) -> None:
+    """``remove_stale_temporaries`` for the directories ``atomic_directory`` wrote directly in ``root``."""
+    if not root.is_dir():
+        return
+    for p in sorted(root.iterdir()):
+        if not p.name.startswith("."):
+            continue
+        if ".tmp-" in p.name:
+            shutil.rmtree(p, ignore_errors=True)
+        elif ".old-" in p.name:
+            final = root / p.name[1:].split(".old-")[0]
+            if final.exists():
                 shutil.rmtree(p, ignore_errors=True)
+            else:
+                os.rename(p, final)
 
 
 def save_checkpoint(
@@ -224,6 +262,23 @@ def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
                         f"delete {path} to resume from the checkpoint before it") from None
 
 
+def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any], path: str | os.PathLike) -> None:
+    """Refuse a saved optimizer state whose tensors do not fit the model's parameters, as after a
+    resume with another vocab padding: torch's ``load_state_dict`` does not compare shapes, and the
+    next step would fail with an obscure kernel error. Call before ``optimizer.load_state_dict``."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, state in saved["state"].items():
+        if index >= len(params):
+            continue  # a different parameter count: load_state_dict itself says so
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.ndim > 0 and value.shape != params[index].shape:
+                raise UserError(
+                    f"{path}: the saved optimizer state ({key} of parameter {index}) has shape {list(value.shape)}, "
+                    f"the model's parameter {list(params[index].shape)}: resume with the model settings the run "
+                    "was started with (such as the vocab padding)"
+                )
+
+
 def _write_json(path: Path, obj: dict[str, Any]) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
@@ -249,9 +304,10 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> tuple[list[str], 
     model, or the encoder of one of those into a bare ``BertModel``. Return ``(missing,
     unexpected)``: missing parameters (heads and pooler only) keep their initialisation;
     unexpected tensors are ignored. Raise UserError when the encoder is incomplete or a shape
-    differs.
+    differs. A model with a padded vocab takes the file's vocab_size rows; its padded rows are zero.
     """
     model = unwrap(model)
+    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
     path = Path(path)
     file = path / WEIGHTS_NAME if path.is_dir() else path
     if not file.is_file():
@@ -284,6 +340,10 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> tuple[list[str], 
             unexpected.append(key)
             continue
         tensor = loaded[key]
+        if _is_vocab_rows(name) and _fills_padded_rows(tensor, own[name], vocab_size):
+            padded = torch.zeros(own[name].shape, dtype=tensor.dtype)  # padded rows stay zero
+            padded[:vocab_size] = tensor
+            tensor = padded
         if tensor.shape != own[name].shape:
             raise UserError(
                 f"{file}: tensor {key} has shape {list(tensor.shape)}, the model expects {list(own[name].shape)} "
@@ -301,6 +361,11 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> tuple[list[str], 
     # Copies in place, so tied parameters stay one tensor.
     model.load_state_dict(state, strict=False)
     return missing, unexpected
+
+
+def _fills_padded_rows(tensor: torch.Tensor, own: torch.Tensor, vocab_size: int | None) -> bool:
+    """A file's vocab_size rows for a model whose vocab is padded past vocab_size."""
+    return vocab_size is not None and tensor.shape[0] == vocab_size < own.shape[0] and tensor.shape[1:] == own.shape[1:]
 
 
 def load_pretrained(

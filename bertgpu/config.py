@@ -232,6 +232,8 @@ class PretrainConfig:
                                 "the latest checkpoint); under torchrun use its --max-restarts")
     max_bad_steps: int = opt(10, "stop after this many non-finite losses in a row (each is skipped)")
     compile: bool = opt(False, "torch.compile the model (static shapes: fixed prediction slots per sequence)")
+    pad_vocab_multiple: int = opt(64, "pad the vocab inside the model to a multiple of this, for faster GPU "
+                                      "matmuls (checkpoints keep the true vocab size; 1: no padding)")
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -244,6 +246,8 @@ class PretrainConfig:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.resume and self.overwrite:
             raise UserError("--resume and --overwrite contradict each other: choose one")
+        if self.pad_vocab_multiple < 1:
+            raise UserError(f"--pad-vocab-multiple must be at least 1, got {self.pad_vocab_multiple}")
 
 
 @dataclass
@@ -336,7 +340,12 @@ class FinetuneConfig:
     precision: str = opt("auto", "auto: bf16 on GPUs that support it, else fp32", choices=_PRECISIONS)
     seed: int = opt(42, "seed for the head's initialisation, data order, dropout and --eval-split")
     log_every: int = opt(50, "log the training loss every K steps")
+    save_every: int = opt(500, "also write a resumable checkpoint every N steps (one is always written at the "
+                               "end of each epoch and on SIGINT/SIGTERM; only the newest is kept)")
+    resume: bool = opt(False, "continue from the latest resumable checkpoint in --out")
     overwrite: bool = opt(False, "start afresh in a non-empty output directory, deleting what is there")
+    max_restarts: int = opt(0, "restart the local workers this many times after a failure (they resume from "
+                                "the latest checkpoint); under torchrun use its --max-restarts")
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -349,6 +358,10 @@ class FinetuneConfig:
             raise UserError("--save-total-limit must be at least 0 and --log-every at least 1")
         if self.eval and self.eval_split is not None:
             raise UserError("--eval and --eval-split contradict each other: choose one")
+        if self.resume and self.overwrite:
+            raise UserError("--resume and --overwrite contradict each other: choose one")
+        if self.save_every < 1:
+            raise UserError(f"--save-every must be at least 1, got {self.save_every}")
         _check_length(self.max_seq_length, allow_auto=False)
 
 
