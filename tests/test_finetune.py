@@ -172,8 +172,10 @@ def test_best_checkpoint_and_save_total_limit(tmp_path, uncased_vocab, sentiment
     best = accuracies.index(max(accuracies)) + 1  # the first of equals, as Trainer keeps it
     assert metrics["best_epoch"] == best and metrics["eval_examples"] == 40  # --eval-split 0.1 by default
     newest_other = max(e for e in range(1, 5) if e != best)
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == sorted(
+    assert sorted(p.name for p in (out / "checkpoints").glob("epoch-*")) == sorted(
         {f"epoch-{best:03d}", f"epoch-{newest_other:03d}"})
+    # Besides them, only the newest resumable checkpoint, taken after the last epoch.
+    assert [p.name for p in (out / "checkpoints").glob("step-*")] == [f"step-{4 * 12:07d}"]  # 4 epochs of ceil(360 / 32) steps
     weights = load_file(out / "best" / "model.safetensors")
     reference = load_file(out / "checkpoints" / f"epoch-{best:03d}" / "model.safetensors")
     assert all(torch.equal(weights[k], reference[k]) for k in reference)

@@ -6,7 +6,6 @@ SIGTERM), and compared bit for bit with the same run uninterrupted.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import signal
@@ -20,6 +19,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import ROOT, run_cli
+from procs import assert_bitwise_equal, kill_torchrun_worker, losses, start, wait_for_step
 
 STEPS = 12
 ARGS = ["--model", "tiny", "--steps", str(STEPS), "--batch-size", "4", "--log-every", "1", "--save-every", "3",
@@ -28,36 +28,6 @@ ARGS = ["--model", "tiny", "--steps", str(STEPS), "--batch-size", "4", "--log-ev
 
 def weights(run_dir: Path, step: int = STEPS) -> dict[str, torch.Tensor]:
     return load_file(run_dir / "checkpoints" / f"step-{step:07d}" / "model.safetensors")
-
-
-def assert_bitwise_equal(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    different = [k for k in a if not torch.equal(a[k], b[k])]
-    assert not different, f"{len(different)} tensors differ, e.g. {different[:3]}"
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())}
-
-
-def start(args: list, *, torchrun: bool = False) -> subprocess.Popen:
-    """Start a run in a session of its own, so that killing the group kills launcher and workers."""
-    cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node", "2",
-           "--max-restarts", "1", "-m", "bertgpu"] if torchrun else [sys.executable, "-m", "bertgpu"]
-    return subprocess.Popen([*cmd, *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-
-
-def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
-    log = run_dir / "log.jsonl"
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if log.exists() and any(json.loads(line)["step"] >= step for line in log.read_text().splitlines()):
-            return
-        if proc.poll() is not None:
-            raise AssertionError(f"run ended before step {step}: {proc.communicate()}")
-        time.sleep(0.05)
-    raise AssertionError(f"step {step} not reached in {timeout} s")
 
 
 @pytest.fixture(scope="module")
@@ -106,33 +76,11 @@ def test_torchrun_restarts_a_killed_worker_and_the_run_completes_identically(tmp
     out = tmp_path / "run"
     proc = start(["pretrain", "--data", small_english_data, "--out", out, *ARGS], torchrun=True)
     wait_for_step(out, 7, proc)
-    workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and _env(int(p)).get("TORCHELASTIC_RUN_ID")
-               and _env(int(p)).get("LOCAL_RANK") == "1" and _parent_chain_has(int(p), proc.pid)]
-    assert workers, "no rank-1 worker found"
-    os.kill(min(workers), signal.SIGKILL)
+    kill_torchrun_worker(proc)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
     assert "resuming from" in stdout
     assert_bitwise_equal(weights(uninterrupted), weights(out))
-
-
-def _env(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
-
-
-def _parent_chain_has(pid: int, ancestor: int) -> bool:
-    while pid > 1:
-        if pid == ancestor:
-            return True
-        try:
-            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            return False
-    return False
 
 
 SLOW_WRITER = """
@@ -220,3 +168,19 @@ def test_non_finite_loss_is_skipped_then_stops_with_the_last_good_weights(tmp_pa
     assert len(saved) == 1
     w = load_file(saved[0] / "model.safetensors")
     assert all(torch.isfinite(t).all() for t in w.values())
+
+
+def test_a_kill_between_the_renames_of_a_replacement_loses_nothing(tmp_path):
+    """atomic_directory replaces NAME by moving it aside (.NAME.old-*), then renaming the new one in;
+    a kill between the two leaves no NAME. The cleanup puts the complete old one back."""
+    from bertgpu.checkpoint import latest_checkpoint, remove_stale_temporaries
+
+    root = tmp_path / "checkpoints"
+    for name in (".step-0000003.old-11-aa", ".step-0000004.tmp-12-bb", "step-0000002", ".step-0000002.old-13-cc"):
+        (root / name).mkdir(parents=True)
+        (root / name / "model.safetensors").write_text(name)
+    remove_stale_temporaries(tmp_path)
+    assert sorted(p.name for p in root.iterdir()) == ["step-0000002", "step-0000003"]
+    assert (root / "step-0000003" / "model.safetensors").read_text() == ".step-0000003.old-11-aa"
+    assert (root / "step-0000002" / "model.safetensors").read_text() == "step-0000002"
+    assert latest_checkpoint(tmp_path) == root / "step-0000003"

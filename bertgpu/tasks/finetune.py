@@ -21,6 +21,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,8 +41,8 @@ from ..data.classification import (ClassificationDataset, Examples, check_labels
 from ..data.tokenizer import Tokenizer, load_vocab
 from ..errors import UserError
 from ..model import BertForSequenceClassification
-from ..training import (RunLog, Throughput, autocast, build_optimizer, build_schedule, console_is_tty, format_rate,
-                        resolve_precision)
+from ..training import (LaggedFlags, RunLog, StopSignal, Throughput, autocast, build_optimizer, build_schedule,
+                        console_is_tty, format_rate, resolve_precision)
 
 # transformers' Trainer defaults that have no flag here.
 DEFAULT_EVAL_SPLIT = 0.1
@@ -113,29 +114,34 @@ def check(cfg: FinetuneConfig) -> Plan:
                 [w for w in warnings if w])
 
 
-def check_out_dir(out: str, overwrite: bool) -> None:
+def check_out_dir(out: str, overwrite: bool, resume: bool = False) -> None:
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {path} exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise UserError(f"output directory {path} is not empty; pass --overwrite to start afresh there")
+    if path.is_dir() and any(path.iterdir()) and not (overwrite or resume):
+        raise UserError(f"output directory {path} is not empty; pass --resume to continue the run there, "
+                        "or --overwrite to start afresh")
 
 
-def _run_workers(fn: Callable[[Any], Any], cfg: Any, nproc: int) -> None:
+def _run_workers(fn: Callable[[Any], Any], cfg: Any, nproc: int, max_restarts: int = 0) -> None:
     """Run ``fn(cfg)`` here (one process, or one worker of torchrun) or in ``nproc`` local workers."""
-    nproc = 1 if distributed.launched_externally() else distributed.resolve_nproc(nproc, cfg.device)
-    if nproc == 1:
+    if distributed.launched_externally():
+        distributed.worker_main(fn, cfg)
+        return
+    nproc = distributed.resolve_nproc(nproc, cfg.device)
+    if nproc == 1 and max_restarts == 0:
         distributed.worker_main(fn, cfg)
     else:
-        distributed.launch(distributed.worker_main, (fn, cfg), nproc)
+        distributed.launch(distributed.worker_main, (fn, cfg), nproc, max_restarts=max_restarts)
 
 
 def run_finetune(cfg: FinetuneConfig) -> None:
     """Check, then fine-tune here or in local workers."""
     cfg = dataclasses.replace(cfg, device=distributed.resolve_device(cfg.device))
     check(cfg)
-    check_out_dir(cfg.out, cfg.overwrite)
-    _run_workers(train, cfg, cfg.nproc)
+    if distributed.restart_count() == 0:
+        check_out_dir(cfg.out, cfg.overwrite, cfg.resume)
+    _run_workers(train, cfg, cfg.nproc, cfg.max_restarts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,14 +150,19 @@ def run_finetune(cfg: FinetuneConfig) -> None:
 
 def train(cfg: FinetuneConfig) -> Path:
     env = distributed.init(cfg.device)
+    # A restart by torchrun --max-restarts (or our --max-restarts) resumes by itself.
+    resume = cfg.resume or distributed.restart_count() > 0
     plan = check(cfg)
     device, world = env.device, env.world_size
     out = Path(cfg.out)
     if env.is_main:
-        if cfg.overwrite and out.exists():
+        if cfg.overwrite and not resume and out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True, exist_ok=True)
+        _remove_stale_temporaries(out)
     distributed.barrier()
+    resume_from = checkpoint.latest_checkpoint(out) if resume else None
+    state = checkpoint.load_training_state(resume_from) if resume_from is not None else None
 
     # Data: encoded once; every epoch a fresh order, cut into global batches shared by the ranks.
     tokenizer = Tokenizer(model_vocab(plan.model_dir), plan.lowercase)
@@ -165,11 +176,17 @@ def train(cfg: FinetuneConfig) -> Path:
         raise UserError(f"{len(train_set)} training example(s) cannot be shared by {world} processes")
     optim = OptimConfig(lr=cfg.lr, warmup=cfg.warmup, steps=cfg.epochs * steps_per_epoch,
                         weight_decay=cfg.weight_decay, clip=MAX_GRAD_NORM, adam_eps=ADAM_EPS)
+    if state is not None:
+        _check_resumable(state, resume_from, list(id2label.values()), len(train_set), b * world)
 
     # Model: the pretrained encoder; a fresh head unless the directory has one for these very labels.
+    # On resume, the checkpoint's whole classifier.
     torch.manual_seed(cfg.seed)
     model = BertForSequenceClassification(plan.model_config)
-    checkpoint.load_weights(model if plan.keep_head else model.bert, plan.model_dir)
+    if resume_from is not None:
+        checkpoint.load_weights(model, resume_from)
+    else:
+        checkpoint.load_weights(model if plan.keep_head else model.bert, plan.model_dir)
     model.to(device)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
         if world > 1 else None
@@ -180,90 +197,176 @@ def train(cfg: FinetuneConfig) -> Path:
     optimizer = build_optimizer(model, optim, device)
     schedule = build_schedule(optimizer, optim)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    meter = Throughput(0.0, None, world)
-    log = RunLog(out, env.is_main)
-    if env.is_main:
-        for warning in plan.warnings:
-            print(f"bertgpu: warning: {warning}", file=sys.stderr, flush=True)
-        n_params = sum(p.numel() for p in model.parameters())
-        print(f"bertgpu finetune: {n_params / 1e6:.1f}M parameters, {world} process(es) on {device.type}, "
-              f"{precision}, {len(train_set):,} training and {len(eval_set):,} evaluation examples, "
-              f"labels {', '.join(id2label.values())}, global batch {b * world} = {b} x {world}, "
-              f"{optim.steps} steps in {cfg.epochs} epoch(s)", flush=True)
-    bar = tqdm(total=optim.steps, disable=not (env.is_main and console_is_tty()), unit="step")
-    write = tqdm.write if not bar.disable else _print
     # Running sums on the device (no host sync inside a step): loss, correct, examples, real tokens.
     window = torch.zeros(4, dtype=torch.float64, device=device)
     epoch_sums = torch.zeros(4, dtype=torch.float64, device=device)
     history: list[dict[str, Any]] = []
     kept: list[Path] = []
     best: dict[str, Any] | None = None
-    step = steps_in_window = 0
+    step = steps_in_window = in_epoch = 0
+    first_epoch = 1
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        scaler.load_state_dict(state["scaler"])
+        step, first_epoch, in_epoch = state["step"], state["position"]["epoch"], state["position"]["step_in_epoch"]
+        if len(state["rng"]) == world:
+            torch.set_rng_state(state["rng"][env.rank]["cpu"])
+            if device.type == "cuda" and state["rng"][env.rank].get("cuda") is not None:
+                torch.cuda.set_rng_state(state["rng"][env.rank]["cuda"], device)
+        history, best = state["history"], state["best"]
+        kept = [out / p for p in state["kept"]]
+        steps_in_window = state["steps_in_window"]
+        if env.is_main:  # the all-reduced sums of the interrupted run come back once, on rank 0
+            window += state["window"].to(device)
+            epoch_sums += state["epoch_sums"].to(device)
 
-    for epoch in range(1, cfg.epochs + 1):
-        net.train()
-        for indices, global_size in train_batches(len(train_set), b, world, env.rank, cfg.seed, epoch):
-            batch = {k: v.to(device, non_blocking=True) for k, v in train_set.batch(indices).items()}
-            with autocast(precision, device):
-                logits = net(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-            loss_sum = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
-            # DDP averages gradients over processes; scale so the result is the global batch's mean loss's.
-            scaler.scale(loss_sum / global_size * world).backward()
-            scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
-            scaler.step(optimizer)
-            scaler.update()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-            step += 1
-            steps_in_window += 1
-            bar.update(1)
-            with torch.no_grad():
-                sums = torch.stack([loss_sum.detach(), (logits.argmax(-1) == batch["labels"]).sum(),
-                                    torch.tensor(len(indices), device=device), batch["attention_mask"].sum()]).double()
-                window += sums
-                epoch_sums += sums
+    meter = Throughput(0.0, None, world)
+    log = RunLog(out, env.is_main, start_step=step)
+    if env.is_main:
+        for warning in plan.warnings:
+            print(f"bertgpu: warning: {warning}", file=sys.stderr, flush=True)
+        n_params = sum(p.numel() for p in model.parameters())
+        how = f"; resuming from {resume_from} at step {step}" if resume_from is not None else ""
+        print(f"bertgpu finetune: {n_params / 1e6:.1f}M parameters, {world} process(es) on {device.type}, "
+              f"{precision}, {len(train_set):,} training and {len(eval_set):,} evaluation examples, "
+              f"labels {', '.join(id2label.values())}, global batch {b * world} = {b} x {world}, "
+              f"{optim.steps} steps in {cfg.epochs} epoch(s){how}", flush=True)
+    bar = tqdm(total=optim.steps, initial=step, disable=not (env.is_main and console_is_tty()), unit="step")
+    write = tqdm.write if not bar.disable else _print
 
-            if step % cfg.log_every == 0:
-                s = distributed.all_reduce_sum(window.clone()).tolist()
-                window.zero_()
-                rates = meter.rates(steps_in_window, int(s[2]), int(s[3]))
-                steps_in_window = 0
-                values = {"loss": s[0] / s[2], "accuracy": s[1] / s[2], "lr": schedule.get_last_lr()[0],
-                          "epoch": epoch, **rates}
-                _check_finite(values["loss"], step)
-                log.log(step, values, f"epoch {epoch} step {step}/{optim.steps} | loss {values['loss']:.4f} | "
-                        f"acc {values['accuracy']:.3f} | lr {values['lr']:.2e} | "
-                        f"{format_rate(rates['seq_per_s'])} examples/s", write=write)
-
-        # Evaluate, save, keep the best.
-        s = distributed.all_reduce_sum(epoch_sums.clone()).tolist()
-        epoch_sums.zero_()
-        metrics = compute_metrics(predict_logits(model, eval_set, b, env, precision), eval_set.labels)
-        record = {"epoch": epoch, "step": step, "train_loss": s[0] / s[2], "train_accuracy": s[1] / s[2],
-                  **{f"eval_{k}": v for k, v in metrics.items()}}
-        _check_finite(record["train_loss"], step)
-        history.append(record)
-        is_best = best is None or record[f"eval_{cfg.metric}"] > best[f"eval_{cfg.metric}"]
-        best = record if is_best else best
-        line = (f"epoch {epoch} eval | loss {metrics['loss']:.4f} | accuracy {metrics['accuracy']:.4f} | "
-                f"f1 {metrics['f1']:.4f} | {metrics['examples']} examples{' | best so far' if is_best else ''}")
-        log.log(step, {k: v for k, v in record.items() if k != "step"}, line, write=write)
+    def save_state(epoch: int, in_epoch: int) -> Path:
+        """A resumable checkpoint (out/checkpoints/step-N, only the newest kept): the classifier plus
+        optimizer, schedule, scaler, every rank's RNG, the data position and the run's records."""
+        rngs = distributed.all_gather_object(
+            {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
+        sums = [distributed.all_reduce_sum(t.clone()).cpu() for t in (window, epoch_sums)]
+        path = out / "checkpoints" / f"step-{step:07d}"
         if env.is_main:
-            kept = save_epoch(out, epoch, model, plan, cfg, record, kept, best, is_best)
-            _write_json_atomic(out / METRICS_NAME, {
-                "metric": cfg.metric, "best_epoch": best["epoch"], "best_checkpoint": _epoch_dir(best["epoch"]),
-                "best": best, "labels": list(id2label.values()), "train_examples": len(train_set),
-                "eval_examples": len(eval_set), "epochs": history})
+            state = {"position": {"epoch": epoch, "step_in_epoch": in_epoch}, "optimizer": optimizer.state_dict(),
+                     "schedule": schedule.state_dict(), "scaler": scaler.state_dict(), "rng": rngs,
+                     "window": sums[0], "epoch_sums": sums[1], "steps_in_window": steps_in_window,
+                     "history": history, "best": best, "kept": [str(p.relative_to(out)) for p in kept],
+                     "labels": list(id2label.values()), "train_examples": len(train_set), "global_batch": b * world,
+                     "world_size": world}
+            path = checkpoint.save_checkpoint(out, step, model, plan.model_config, state, cfg,
+                                              vocab_path=model_vocab(plan.model_dir), do_lower_case=plan.lowercase,
+                                              keep=1)
         distributed.barrier()
-        meter.reset()  # the next rate covers training steps only, not this evaluation
-    bar.close()
-    log.close()
+        return path
+
+    def interrupted(signum: int, path: Path) -> distributed.Interrupted:
+        name = signal.Signals(signum).name if signum else "a signal on another rank"
+        return distributed.Interrupted(f"stopped by {name} after step {step}; checkpoint {path}. "
+                                       "Run the same command with --resume to continue.", signum or signal.SIGTERM)
+
+    stop = StopSignal()
+    flags = LaggedFlags(device)
+    try:
+        for epoch in range(first_epoch, cfg.epochs + 1):
+            net.train()
+            batches = train_batches(len(train_set), b, world, env.rank, cfg.seed, epoch)
+            for indices, global_size in batches[in_epoch:]:  # on resume: straight to the next batch
+                batch = {k: v.to(device, non_blocking=True) for k, v in train_set.batch(indices).items()}
+                with autocast(precision, device):
+                    logits = net(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+                loss_sum = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
+                # DDP averages gradients over processes; scale so the result is the global batch's mean loss's.
+                scaler.scale(loss_sum / global_size * world).backward()
+                scaler.unscale_(optimizer)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_GRAD_NORM)
+                scaler.step(optimizer)
+                scaler.update()
+                schedule.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                in_epoch += 1
+                steps_in_window += 1
+                bar.update(1)
+                with torch.no_grad():
+                    sums = torch.stack([loss_sum.detach(), (logits.argmax(-1) == batch["labels"]).sum(),
+                                        torch.full((), len(indices), device=device),
+                                        batch["attention_mask"].sum()]).double()
+                    window += sums
+                    epoch_sums += sums
+                # Did any rank get SIGINT/SIGTERM? Read on the host one step late on a GPU (no wait).
+                stop_flag = distributed.all_reduce_sum(torch.full((1,), float(stop.signum > 0), device=device))
+                stop_now = any(values[0] > 0 for _, values in flags.push(step, stop_flag))
+
+                if step % cfg.log_every == 0:
+                    s = distributed.all_reduce_sum(window.clone()).tolist()
+                    window.zero_()
+                    rates = meter.rates(steps_in_window, int(s[2]), int(s[3]))
+                    steps_in_window = 0
+                    values = {"loss": s[0] / s[2], "accuracy": s[1] / s[2], "lr": schedule.get_last_lr()[0],
+                              "epoch": epoch, **rates}
+                    _check_finite(values["loss"], step)
+                    log.log(step, values, f"epoch {epoch} step {step}/{optim.steps} | loss {values['loss']:.4f} | "
+                            f"acc {values['accuracy']:.3f} | lr {values['lr']:.2e} | "
+                            f"{format_rate(rates['seq_per_s'])} examples/s", write=write)
+                if stop_now:
+                    raise interrupted(stop.signum, save_state(epoch, in_epoch))
+                if step % cfg.save_every == 0 and in_epoch < len(batches):  # the epoch's end saves anyway
+                    save_state(epoch, in_epoch)
+
+            if any(values[0] > 0 for _, values in flags.flush()):
+                raise interrupted(stop.signum, save_state(epoch, in_epoch))  # resumes at this evaluation
+            in_epoch = 0
+
+            # Evaluate, save, keep the best.
+            s = distributed.all_reduce_sum(epoch_sums.clone()).tolist()
+            epoch_sums.zero_()
+            metrics = compute_metrics(predict_logits(model, eval_set, b, env, precision), eval_set.labels)
+            record = {"epoch": epoch, "step": step, "train_loss": s[0] / s[2], "train_accuracy": s[1] / s[2],
+                      **{f"eval_{k}": v for k, v in metrics.items()}}
+            _check_finite(record["train_loss"], step)
+            history.append(record)
+            is_best = best is None or record[f"eval_{cfg.metric}"] > best[f"eval_{cfg.metric}"]
+            best = record if is_best else best
+            line = (f"epoch {epoch} eval | loss {metrics['loss']:.4f} | accuracy {metrics['accuracy']:.4f} | "
+                    f"f1 {metrics['f1']:.4f} | {metrics['examples']} examples{' | best so far' if is_best else ''}")
+            log.log(step, {k: v for k, v in record.items() if k != "step"}, line, write=write)
+            if env.is_main:
+                kept = save_epoch(out, epoch, model, plan, cfg, record, kept, best, is_best)
+                _write_json_atomic(out / METRICS_NAME, {
+                    "metric": cfg.metric, "best_epoch": best["epoch"], "best_checkpoint": _epoch_dir(best["epoch"]),
+                    "best": best, "labels": list(id2label.values()), "train_examples": len(train_set),
+                    "eval_examples": len(eval_set), "epochs": history})
+            path = save_state(epoch + 1, 0)
+            meter.reset()  # the next rate covers training steps only, not this evaluation
+            if distributed.all_reduce_sum(torch.tensor([float(stop.signum > 0)], device=device)).item():
+                raise interrupted(stop.signum, path)  # a signal during the evaluation: all of it is saved
+    finally:
+        stop.restore()
+        bar.close()
+        log.close()
     if env.is_main:
         print(f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  "
               f"(transformers.BertForSequenceClassification.from_pretrained('{out / 'best'}'), "
               f"or bertgpu predict --model {out / 'best'} TEXT)", flush=True)
     return out / "best"
+
+
+def _check_resumable(state: dict[str, Any], path: Path, labels: list[str], train_examples: int,
+                     global_batch: int) -> None:
+    """A resumed run must see the data and batches it was trained on, or its position means nothing."""
+    was = (state.get("labels"), state.get("train_examples"), state.get("global_batch"))
+    if was[0] != labels:
+        raise UserError(f"cannot resume from {path}: it was trained on labels {was[0]}, the data has {labels}")
+    if was[1] != train_examples:
+        raise UserError(f"cannot resume from {path}: it was trained on {was[1]} examples, the training data now "
+                        f"has {train_examples}; resume with the same data, or start afresh with --overwrite")
+    if was[2] != global_batch:
+        raise UserError(f"cannot resume from {path}: its global batch was {was[2]} (batch size x processes), "
+                        f"now {global_batch}; resume with the same --batch-size and number of processes")
+
+
+def _remove_stale_temporaries(out: Path) -> None:
+    """What a killed write left behind (never a complete checkpoint; a complete one moved aside is put back)."""
+    checkpoint.remove_stale_temporaries(out)
+    checkpoint.recover_directories(out)  # best/
+    for p in out.glob(".*.tmp"):  # _write_atomic's files
+        p.unlink(missing_ok=True)
 
 
 def _print(line: str) -> None:
