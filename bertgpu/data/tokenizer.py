@@ -177,34 +177,51 @@ def train_vocab(
     slightly different vocabs: the ``tokenizers`` trainer breaks ties in hash-map order
     (huggingface/tokenizers#1794), so keep the file rather than expecting to regenerate it.
     """
-    reader = CorpusReader(resolve_inputs(inputs))
+    files = resolve_inputs(inputs)
     if size < _FIRST_LEARNED + MIN_LEARNED_TOKENS:
         raise UserError(f"vocab size {size} is too small: it must be at least {_FIRST_LEARNED + MIN_LEARNED_TOKENS}")
     learned_slots = size - _FIRST_LEARNED
+    # Every character needs a slot (twice for Latin: "a" and "##a"); tokenizers' default cap of 1,000
+    # characters would turn most of a Chinese corpus into [UNK]. First 3/4 of the slots; when that cap
+    # binds and word pieces leave slots empty (Chinese characters are words of their own and never
+    # merge), once more with the empty slots given to the next most frequent characters.
+    alphabet_cap = learned_slots * 3 // 4
+    reader = CorpusReader(files)
+    learned = _train_wordpiece(reader, learned_slots, alphabet_cap, cased, progress)
+    if not learned:
+        raise UserError(f"no text to learn a vocab from in {', '.join(map(str, inputs))}: the corpus is empty")
+    for message in reader.warnings:
+        warnings.warn(message, stacklevel=2)
+    cap_binds = sum(1 for t in learned if len(t) == 1) >= alphabet_cap
+    if len(learned) < learned_slots and cap_binds:
+        alphabet_cap += learned_slots - len(learned)
+        learned = _train_wordpiece(CorpusReader(files), learned_slots, alphabet_cap, cased, progress)
+        cap_binds = sum(1 for t in learned if len(t) == 1) >= alphabet_cap
+    tokens = ["[PAD]", *(f"[unused{i}]" for i in range(_UNUSED)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    tokens += learned[:learned_slots]
+    if len(tokens) < size:
+        why = (f"its {alphabet_cap:,} most frequent characters are in and nothing more merges; its rarer "
+               f"characters will be [UNK] (a larger --size keeps more of them)" if cap_binds
+               else "no further word piece occurs twice")
+        warnings.warn(f"the corpus gives {len(tokens):,} vocab entries, fewer than the {size:,} asked for: {why}",
+                      stacklevel=2)
+    return _write_atomically(Path(out), "".join(t + "\n" for t in tokens))
+
+
+def _train_wordpiece(reader: CorpusReader, learned_slots: int, alphabet_cap: int, cased: bool,
+                     progress: bool) -> list[str]:
+    """The learned tokens (special tokens excluded), in the trainer's id order."""
     trainer = trainers.WordPieceTrainer(
         vocab_size=learned_slots + len(SPECIAL_TOKENS),
         min_frequency=2,
         special_tokens=list(SPECIAL_TOKENS),
-        # Every character needs a slot (twice for Latin: "a" and "##a"); the default of 1,000 would
-        # turn most of a Chinese corpus into [UNK].
-        limit_alphabet=learned_slots // 2,
+        limit_alphabet=alphabet_cap,
         continuing_subword_prefix="##",
         show_progress=progress and sys.stderr.isatty(),  # off a terminal it only prints blank lines
     )
     backend = _bert_pipeline(WordPiece(unk_token="[UNK]"), lowercase=not cased)
     backend.train_from_iterator(_batches(reader.lines()), trainer=trainer)
-    learned = [t for t, _ in sorted(backend.get_vocab().items(), key=lambda kv: kv[1]) if t not in SPECIAL_TOKENS]
-    if not learned:
-        raise UserError(f"no text to learn a vocab from in {', '.join(map(str, inputs))}: the corpus is empty")
-    for message in reader.warnings:
-        warnings.warn(message, stacklevel=2)
-    tokens = ["[PAD]", *(f"[unused{i}]" for i in range(_UNUSED)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    tokens += learned[:learned_slots]
-    if len(tokens) < size:
-        warnings.warn(
-            f"the corpus only supports {len(tokens):,} vocab entries, fewer than the {size:,} asked for", stacklevel=2
-        )
-    return _write_atomically(Path(out), "".join(t + "\n" for t in tokens))
+    return [t for t, _ in sorted(backend.get_vocab().items(), key=lambda kv: kv[1]) if t not in SPECIAL_TOKENS]
 
 
 def _batches(lines: Iterator[str], batch: int = 1000) -> Iterator[list[str]]:
