@@ -124,8 +124,8 @@ class LaggedFlags:
     otherwise identical) values at the same step, so all ranks decide alike.
     """
 
-    def __init__(self, device: torch.device):
-        self.lag = 1 if device.type == "cuda" else 0
+    def __init__(self, device: torch.device, lag: int | None = None):
+        self.lag = (1 if device.type == "cuda" else 0) if lag is None else lag
         self.pending: list[tuple[int, torch.Tensor, torch.cuda.Event | None]] = []
 
     def push(self, step: int, flags: torch.Tensor) -> list[tuple[int, list[float]]]:
