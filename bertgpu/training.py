@@ -168,6 +168,13 @@ class Throughput:
     def reset(self) -> None:
         self.t0 = time.perf_counter()
 
+    def pause(self) -> None:
+        """Stop the clock (an evaluation between training steps); ``resume`` starts it again."""
+        self.paused_at = time.perf_counter()
+
+    def resume(self) -> None:
+        self.t0 += time.perf_counter() - self.paused_at
+
     def rates(self, steps: int, sequences: int, tokens: int) -> dict[str, float]:
         dt = max(time.perf_counter() - self.t0, 1e-9)
         out = {"steps_per_s": steps / dt, "seq_per_s": sequences / dt, "tokens_per_s": tokens / dt}

