@@ -21,7 +21,7 @@ import signal
 import time
 import warnings
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from functools import cached_property
 from itertools import chain
@@ -38,6 +38,8 @@ from .tokenizer import Tokenizer, vocab_sha256
 FORMAT = "bertgpu-shards"
 VERSION = 1
 CHUNK_CHARS = 2 * 2**20  # text per work item: large enough to amortize pickling, small enough to stream
+MIN_CHUNK_CHARS = 64 * 2**10  # the smallest work item, at the end of the input (see _tokenized_chunks)
+ENCODE_LINES = 1000  # sentences per encode_batch call inside a work item (see _tokenize_chunk)
 
 # (tokens, sentence lengths, sentences per document) of one chunk of documents
 Chunk = tuple[np.ndarray, np.ndarray, np.ndarray]
@@ -48,11 +50,23 @@ def _token_dtype(vocab_size: int) -> np.dtype:
 
 
 def _tokenize_chunk(tokenizer: Tokenizer, documents: list[list[str]]) -> Chunk:
-    """Tokenize whole documents in one ``encode_batch``; drop sentences (then documents) left without tokens."""
+    """Tokenize whole documents; drop sentences (then documents) left without tokens.
+
+    The sentences go to ``encode_batch`` ``ENCODE_LINES`` at a time and each batch's ids become one
+    numpy array at once: the per-token objects ``tokenizers`` returns (an ``Encoding`` with its token
+    strings and offsets, a Python int per id) then live for one small batch, not the whole chunk,
+    which keeps a worker's memory small and the tokenizer faster (its working set stays in cache).
+    """
     sentences = list(chain.from_iterable(documents))
-    ids = tokenizer.encode_batch(sentences)
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    tokens = np.fromiter(chain.from_iterable(ids), dtype=_token_dtype(tokenizer.vocab_size), count=int(lengths.sum()))
+    dtype = _token_dtype(tokenizer.vocab_size)
+    parts: list[np.ndarray] = []
+    lengths = np.empty(len(sentences), dtype=np.int64)
+    for start in range(0, len(sentences), ENCODE_LINES):
+        ids = tokenizer.encode_batch(sentences[start : start + ENCODE_LINES])
+        batch_lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        lengths[start : start + len(ids)] = batch_lengths
+        parts.append(np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(batch_lengths.sum())))
+    tokens = np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
     kept = lengths > 0
     doc_of_sentence = np.repeat(np.arange(len(documents)), [len(d) for d in documents])
     per_document = np.bincount(doc_of_sentence[kept], minlength=len(documents))
@@ -77,16 +91,18 @@ def _tokenize_in_worker(documents: list[list[str]]) -> Chunk:
     return _tokenize_chunk(_worker_tokenizer, documents)
 
 
-def _chunks(documents: Iterator[list[str]]) -> Iterator[list[list[str]]]:
-    """Group documents into work items of about ``CHUNK_CHARS`` characters of text."""
+def _chunks(documents: Iterator[list[str]], chunk_chars: Callable[[], int]) -> Iterator[list[list[str]]]:
+    """Group documents into work items of about ``chunk_chars()`` characters of text (asked anew for each item)."""
     chunk: list[list[str]] = []
     size = 0
+    limit = chunk_chars()
     for document in documents:
         chunk.append(document)
         size += sum(map(len, document))
-        if size >= CHUNK_CHARS:
+        if size >= limit:
             yield chunk
             chunk, size = [], 0
+            limit = chunk_chars()
     if chunk:
         yield chunk
 
@@ -95,12 +111,21 @@ def _tokenized_chunks(reader: CorpusReader, tokenizer: Tokenizer, workers: int) 
     """Tokenized chunks in input order, on ``workers`` processes (in this one for ``workers=1``).
 
     At most ``2 * workers`` chunks are in flight, so memory stays flat however large the corpus.
+    Chunks are ``CHUNK_CHARS`` of text until the input left to read is under ``2 * workers`` of
+    them, then shrink with it (down to ``MIN_CHUNK_CHARS``), so that the workers finish close
+    together instead of one tokenizing the last big chunk alone, and a small corpus is shared by all
+    workers. The output does not depend on where chunks end.
     """
-    chunks = _chunks(reader.documents())
     if workers == 1:
-        for chunk in chunks:
+        for chunk in _chunks(reader.documents(), lambda: CHUNK_CHARS):
             yield _tokenize_chunk(tokenizer, chunk)
         return
+
+    def chunk_chars() -> int:
+        left = reader.total_bytes - reader.bytes_read
+        return min(CHUNK_CHARS, max(MIN_CHUNK_CHARS, left // (2 * workers)))
+
+    chunks = _chunks(reader.documents(), chunk_chars)
     pool = ProcessPoolExecutor(
         workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(tokenizer,)
     )
