@@ -329,10 +329,9 @@ class FinetuneConfig:
     epochs: int = opt(3, "passes over the training data; evaluated and saved after each")
     lr: float = opt(2e-5, "peak learning rate (AdamW)")
     batch_size: int = opt(8, "examples per process per step")
-    group_by_length: bool = opt(True, "train on batches of similar length, as transformers' group_by_length, "
-                                      "so that little padding is computed: 1.8x the examples/s of random "
-                                      "batches on short reviews (BENCHMARKS.md) (--no-group-by-length: random "
-                                      "batches)", flag="--no-group-by-length")
+    group_by_length: bool = opt(True, "batches of similar length, as transformers' group_by_length, so little "
+                                      "padding is computed (1.8x the examples/s on short reviews, BENCHMARKS.md); "
+                                      "--no-group-by-length: random batches", flag="--no-group-by-length")
     max_seq_length: int = opt(128, "tokens per example at most, [CLS] and [SEP]s included (longest-first truncation)")
     weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)")
     warmup: float = opt(0.0, "linear warmup: steps if >= 1, else a fraction of all steps")
