@@ -186,14 +186,16 @@ class DataConfig:
 class OptimConfig:
     """Optimizer and learning-rate schedule: linear warmup, then linear decay to zero."""
 
+    optimizer: str = opt("adamw", "adamw (fused), or lamb (per-tensor trust ratios, for very large global "
+                                  "batches)", choices=["adamw", "lamb"])
     lr: float = opt(1e-4, "peak learning rate")
     warmup: float = opt(0.01, "warmup: steps if >= 1, else a fraction of --steps")
     steps: int = opt(1000, "optimizer steps to train")
-    weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)")
+    weight_decay: float = opt(0.01, "AdamW/LAMB weight decay (not on biases and LayerNorm)")
     clip: float = opt(1.0, "clip the global gradient norm to this (0: no clipping)")
-    adam_beta1: float = opt(0.9, "AdamW beta1")
-    adam_beta2: float = opt(0.999, "AdamW beta2")
-    adam_eps: float = opt(1e-6, "AdamW epsilon")
+    adam_beta1: float = opt(0.9, "AdamW/LAMB beta1")
+    adam_beta2: float = opt(0.999, "AdamW/LAMB beta2")
+    adam_eps: float = opt(1e-6, "AdamW/LAMB epsilon")
 
     def __post_init__(self) -> None:
         if self.steps < 1:

@@ -17,11 +17,11 @@ from .config import OptimConfig
 from .errors import UserError
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with BERT's grouping: no weight decay on biases and LayerNorm weights.
+def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    """AdamW or LAMB with BERT's grouping: no weight decay on biases and LayerNorm weights.
 
-    Fused (one kernel for all parameters) on CUDA and CPU alike: on CPU it is ~8x faster than the
-    per-tensor loop, and it can skip a step on the device (``skip_if``), with no host sync.
+    AdamW is fused (one kernel for all parameters) on CUDA and CPU alike: on CPU it is ~8x faster
+    than the per-tensor loop, and it can skip a step on the device (``skip_if``), with no host sync.
     """
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -29,8 +29,65 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.devi
             continue
         (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
-                             fused=device.type in ("cuda", "cpu"))
+    betas = (cfg.adam_beta1, cfg.adam_beta2)
+    if cfg.optimizer == "lamb":
+        return Lamb(groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps, fused=device.type in ("cuda", "cpu"))
+
+
+class Lamb(torch.optim.Optimizer):
+    """LAMB (You et al., 2019, "Large Batch Optimization for Deep Learning"), as NVIDIA's FusedLAMB
+    applies it to BERT: Adam's bias-corrected update plus decoupled weight decay, scaled per tensor
+    by the trust ratio ||w|| / ||update|| (1 where either norm is 0). As in FusedLAMB, tensors without
+    weight decay (biases, LayerNorm) take the plain Adam step. Gradient clipping is the caller's
+    (global norm, before the step).
+
+    Honours ``skip_if``: where the 0-dim ``found_inf`` is 1 the step changes nothing (weights, moments,
+    step count), decided on the device. A loop over tensors, not one fused kernel: AdamW is the
+    faster choice unless large batches need LAMB.
+    """
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
+                 weight_decay: float = 0.01):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        bad = getattr(self, "found_inf", None)
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                if state["step"].device != p.device:  # a loaded state keeps the step where it was saved
+                    state["step"] = state["step"].to(p.device)
+                step, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
+                grad = p.grad
+                if bad is None:
+                    keep = 1.0
+                    step += 1
+                    m.lerp_(grad, 1 - beta1)
+                    v.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+                else:  # moments move by nothing where the step is skipped: beta -> 1
+                    keep = 1 - bad.to(p.device, torch.float32)
+                    grad = torch.nan_to_num(grad, nan=0.0, posinf=0.0, neginf=0.0)
+                    step += keep
+                    m.lerp_(grad, (1 - beta1) * keep)
+                    v.mul_(1 - (1 - beta2) * keep).add_(grad * grad * ((1 - beta2) * keep))
+                t = step.clamp(min=1)
+                update = (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + eps)
+                if wd != 0:
+                    update.add_(p, alpha=wd)
+                    w_norm, u_norm = p.norm(), update.norm()
+                    trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                    update.mul_(trust)
+                p.add_(update * keep, alpha=-lr)
+        return None
 
 
 def skip_if(optimizer: torch.optim.Optimizer, bad: torch.Tensor | None) -> None:

@@ -39,3 +39,51 @@ def test_a_non_finite_step_is_skipped_on_the_device_by_the_fused_optimizer():
     optimizer.step()
     assert not torch.equal(before["weight"], model.weight.detach())  # a finite step is taken
     assert all(s["step"].item() == 1 for s in optimizer.state.values())
+
+
+def _reference_lamb(params: list[torch.Tensor], grads: list[list[torch.Tensor]], decays: list[float], lr: float,
+                    betas=(0.9, 0.999), eps=1e-6) -> list[torch.Tensor]:
+    """LAMB written out from the paper (Algorithm 2, with Adam's bias correction), in float64, one
+    tensor at a time; tensors without weight decay take the plain Adam step, as NVIDIA's FusedLAMB."""
+    out = []
+    for p, gs, wd in zip(params, grads, decays):
+        w, m, v = p.double().clone(), torch.zeros_like(p, dtype=torch.float64), torch.zeros_like(p, dtype=torch.float64)
+        for t, g in enumerate(gs, start=1):
+            g = g.double()
+            m = betas[0] * m + (1 - betas[0]) * g
+            v = betas[1] * v + (1 - betas[1]) * g * g
+            r = (m / (1 - betas[0] ** t)) / ((v / (1 - betas[1] ** t)).sqrt() + eps)
+            if wd:
+                r = r + wd * w
+                ratio = w.norm() / r.norm() if w.norm() > 0 and r.norm() > 0 else 1.0
+                r = ratio * r
+            w = w - lr * r
+        out.append(w)
+    return out
+
+
+def test_lamb_equals_the_paper_written_out_and_skips_a_non_finite_step():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
+    start = [p.detach().clone() for p in model.parameters()]
+    optimizer = build_optimizer(model, OptimConfig(optimizer="lamb", lr=0.01, steps=10, weight_decay=0.01),
+                                torch.device("cpu"))
+    grads: list[list[torch.Tensor]] = [[] for _ in start]
+    for i in range(4):
+        optimizer.zero_grad()
+        loss = model(torch.randn(16, 8)).pow(2).mean()
+        if i == 2:  # a non-finite step in the middle: skipped on the device, as if it never happened
+            loss = loss * float("inf")
+        loss.backward()
+        bad = (~torch.isfinite(torch.nn.utils.clip_grad_norm_(model.parameters(), float("inf")))).float()
+        skip_if(optimizer, bad)
+        optimizer.step()
+        if i != 2:
+            for k, p in enumerate(model.parameters()):
+                grads[k].append(p.grad.detach().clone())
+    decays = [0.01 if p.ndim >= 2 else 0.0 for p in model.parameters()]
+    expected = _reference_lamb(start, grads, decays, lr=0.01)
+    for got, want in zip(model.parameters(), expected):
+        torch.testing.assert_close(got.detach().double(), want, rtol=0, atol=1e-6)
+    assert all(s["step"].item() == 3 for s in optimizer.state.values())
+    assert all(not torch.equal(a, b.detach()) for a, b in zip(start, model.parameters()))
