@@ -189,6 +189,18 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return dirs[-1] if dirs else None
 
 
+def open_run_dir(run_dir: Path, start_afresh: bool) -> None:
+    """Make the run directory (emptied first when starting afresh) and clean up after a killed write:
+    temporaries go, a complete checkpoint moved aside is put back (here and in checkpoints/)."""
+    if start_afresh and run_dir.exists():
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_temporaries(run_dir)
+    recover_directories(run_dir)  # e.g. fine-tuning's best/
+    for p in run_dir.glob(".*.tmp"):  # files written then renamed (fine-tuning's metrics.json)
+        p.unlink(missing_ok=True)
+
+
 def remove_stale_temporaries(run_dir: str | os.PathLike) -> None:
     """Clean up after a killed checkpoint write. A temporary (``.NAME.tmp-*``) is never complete and
     goes. A replaced directory moved aside (``.NAME.old-*``) is complete: it goes when ``NAME`` is in

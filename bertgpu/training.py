@@ -150,6 +150,23 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return None
 
 
+def gather_rng_states(device: torch.device) -> list[dict]:
+    """Every rank's dropout RNG state (CPU, and CUDA on a GPU), in rank order, for a checkpoint."""
+    from .distributed import all_gather_object
+
+    return all_gather_object({"cpu": torch.get_rng_state(),
+                              "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
+
+
+def restore_rng_state(states: list[dict], rank: int, world: int, device: torch.device) -> None:
+    """This rank's RNG from ``gather_rng_states``; on another process count the streams start anew."""
+    if len(states) != world:
+        return
+    torch.set_rng_state(states[rank]["cpu"])
+    if device.type == "cuda" and states[rank].get("cuda") is not None:
+        torch.cuda.set_rng_state(states[rank]["cuda"], device)
+
+
 class StopSignal:
     """Records SIGINT/SIGTERM so a training loop can finish its step and checkpoint before exiting."""
 

@@ -42,7 +42,7 @@ from ..data.tokenizer import Tokenizer, load_vocab
 from ..errors import UserError
 from ..model import BertForSequenceClassification
 from ..training import (LaggedFlags, RunLog, StopSignal, Throughput, autocast, build_optimizer, build_schedule,
-                        console_is_tty, format_rate, resolve_precision)
+                        console_is_tty, format_rate, gather_rng_states, resolve_precision, restore_rng_state)
 
 # transformers' Trainer defaults that have no flag here.
 DEFAULT_EVAL_SPLIT = 0.1
@@ -156,10 +156,7 @@ def train(cfg: FinetuneConfig) -> Path:
     device, world = env.device, env.world_size
     out = Path(cfg.out)
     if env.is_main:
-        if cfg.overwrite and not resume and out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True, exist_ok=True)
-        _remove_stale_temporaries(out)
+        checkpoint.open_run_dir(out, start_afresh=cfg.overwrite and not resume)
     distributed.barrier()
     resume_from = checkpoint.latest_checkpoint(out) if resume else None
     state = checkpoint.load_training_state(resume_from) if resume_from is not None else None
@@ -212,10 +209,7 @@ def train(cfg: FinetuneConfig) -> Path:
         schedule.load_state_dict(state["schedule"])
         scaler.load_state_dict(state["scaler"])
         step, first_epoch, in_epoch = state["step"], state["position"]["epoch"], state["position"]["step_in_epoch"]
-        if len(state["rng"]) == world:
-            torch.set_rng_state(state["rng"][env.rank]["cpu"])
-            if device.type == "cuda" and state["rng"][env.rank].get("cuda") is not None:
-                torch.cuda.set_rng_state(state["rng"][env.rank]["cuda"], device)
+        restore_rng_state(state["rng"], env.rank, world, device)
         history, best = state["history"], state["best"]
         kept = [out / p for p in state["kept"]]
         steps_in_window = state["steps_in_window"]
@@ -240,8 +234,7 @@ def train(cfg: FinetuneConfig) -> Path:
     def save_state(epoch: int, in_epoch: int) -> Path:
         """A resumable checkpoint (out/checkpoints/step-N, only the newest kept): the classifier plus
         optimizer, schedule, scaler, every rank's RNG, the data position and the run's records."""
-        rngs = distributed.all_gather_object(
-            {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
+        rngs = gather_rng_states(device)
         sums = [distributed.all_reduce_sum(t.clone()).cpu() for t in (window, epoch_sums)]
         path = out / "checkpoints" / f"step-{step:07d}"
         if env.is_main:
@@ -366,14 +359,6 @@ def _check_resumable(state: dict[str, Any], path: Path, labels: list[str], train
     if state.get("group_by_length", group_by_length) != group_by_length:
         raise UserError(f"cannot resume from {path}: it was trained with{'out' if group_by_length else ''} "
                         f"--no-group-by-length, which orders the batches; resume with the same setting")
-
-
-def _remove_stale_temporaries(out: Path) -> None:
-    """What a killed write left behind (never a complete checkpoint; a complete one moved aside is put back)."""
-    checkpoint.remove_stale_temporaries(out)
-    checkpoint.recover_directories(out)  # best/
-    for p in out.glob(".*.tmp"):  # _write_atomic's files
-        p.unlink(missing_ok=True)
 
 
 def _print(line: str) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import shutil
 import signal
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,8 @@ from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
 from ..model import BertForPreTraining, training_flops_per_sequence
 from ..training import (LaggedFlags, RunLog, StopSignal, Throughput, autocast, build_optimizer, build_schedule,
-                        console_is_tty, format_rate, ignore_stop_signals, peak_flops, resolve_precision, skip_if)
+                        console_is_tty, format_rate, gather_rng_states, ignore_stop_signals, peak_flops,
+                        resolve_precision, restore_rng_state, skip_if)
 
 
 @dataclass
@@ -115,10 +115,7 @@ def train(cfg: PretrainConfig) -> Path:
     device, world = env.device, env.world_size
     run_dir = Path(cfg.out)
     if env.is_main:
-        if cfg.overwrite and not resume and run_dir.exists():
-            shutil.rmtree(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        checkpoint.remove_stale_temporaries(run_dir)
+        checkpoint.open_run_dir(run_dir, start_afresh=cfg.overwrite and not resume)
     distributed.barrier()
     resume_from = checkpoint.latest_checkpoint(run_dir) if resume else None
 
@@ -162,10 +159,7 @@ def train(cfg: PretrainConfig) -> Path:
         schedule.load_state_dict(state["schedule"])
         scaler.load_state_dict(state["scaler"])
         step, epoch, in_epoch = state["step"], state["position"]["epoch"], state["position"]["step_in_epoch"]
-        if len(state["rng"]) == world:  # on another process count, dropout streams start anew
-            torch.set_rng_state(state["rng"][env.rank]["cpu"])
-            if device.type == "cuda" and state["rng"][env.rank].get("cuda") is not None:
-                torch.cuda.set_rng_state(state["rng"][env.rank]["cuda"], device)
+        restore_rng_state(state["rng"], env.rank, world, device)
         if env.is_main:
             sums += state["log_sums"].to(device)
 
@@ -183,8 +177,7 @@ def train(cfg: PretrainConfig) -> Path:
     write = tqdm.write if not bar.disable else (lambda line: print(line, flush=True))
 
     def save(reason: str = "") -> Path:
-        rngs = distributed.all_gather_object(
-            {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
+        rngs = gather_rng_states(device)
         log_sums = sums.clone()
         distributed.all_reduce_sum(log_sums)
         path = run_dir / "checkpoints" / f"step-{step:07d}"
