@@ -190,39 +190,38 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
 
 
 def open_run_dir(run_dir: Path, start_afresh: bool) -> None:
-    """Make the run directory (emptied first when starting afresh) and clean up after a killed write:
-    temporaries go, a complete checkpoint moved aside is put back (here and in checkpoints/)."""
+    """Make the run directory (emptied first when starting afresh) and clean up after a killed write."""
     if start_afresh and run_dir.exists():
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_temporaries(run_dir)
-    recover_directories(run_dir)  # e.g. fine-tuning's best/
-    for p in run_dir.glob(".*.tmp"):  # files written then renamed (fine-tuning's metrics.json)
-        p.unlink(missing_ok=True)
 
 
 def remove_stale_temporaries(run_dir: str | os.PathLike) -> None:
-    """Clean up after a killed checkpoint write. A temporary (``.NAME.tmp-*``) is never complete and
-    goes. A replaced directory moved aside (``.NAME.old-*``) is complete: it goes when ``NAME`` is in
-    place, and becomes ``NAME`` again when the kill fell between the two renames of a replacement."""
-    recover_directories(Path(run_dir) / "checkpoints")
+    """Clean up after a killed write, in ``run_dir/checkpoints`` and ``run_dir`` (fine-tuning's best/).
 
-
-def recover_directories(root: Path) -> None:
-    """``remove_stale_temporaries`` for the directories ``atomic_directory`` wrote directly in ``root``."""
-    if not root.is_dir():
-        return
-    for p in sorted(root.iterdir()):
-        if not p.name.startswith("."):
+    A temporary directory (``.NAME.tmp-*``) is never complete and goes. A replaced directory moved
+    aside (``.NAME.old-*``) is complete: it goes when ``NAME`` is in place, and becomes ``NAME``
+    again when the kill fell between the two renames of a replacement. A temporary file
+    (``.NAME.tmp``, fine-tuning's metrics.json) goes.
+    """
+    run_dir = Path(run_dir)
+    for root in (run_dir / "checkpoints", run_dir):
+        if not root.is_dir():
             continue
-        if ".tmp-" in p.name:
-            shutil.rmtree(p, ignore_errors=True)
-        elif ".old-" in p.name:
-            final = root / p.name[1:].split(".old-")[0]
-            if final.exists():
+        for p in sorted(root.iterdir()):
+            if not p.name.startswith("."):
+                continue
+            if ".tmp-" in p.name:
                 shutil.rmtree(p, ignore_errors=True)
-            else:
-                os.rename(p, final)
+            elif ".old-" in p.name:
+                final = root / p.name[1:].split(".old-")[0]
+                if final.exists():
+                    shutil.rmtree(p, ignore_errors=True)
+                else:
+                    os.rename(p, final)
+            elif p.name.endswith(".tmp") and p.is_file():
+                p.unlink(missing_ok=True)
 
 
 def save_checkpoint(

@@ -330,8 +330,9 @@ def train_batches(num_examples: int, batch_size: int, world: int, rank: int, see
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(num_examples)
     size = batch_size * world
-    global_batches = [order[start:start + size] for start in range(0, num_examples, size)]
-    if lengths is not None:
+    if lengths is None:
+        global_batches = [order[start:start + size] for start in range(0, num_examples, size)]
+    else:
         global_batches = _group_by_length(order, np.asarray(lengths), size, rng)
     return [(global_batch[rank::world].tolist(), len(global_batch)) for global_batch in global_batches
             if len(global_batch) >= world]
