@@ -108,6 +108,31 @@ def test_documents_split_at_blank_lines_and_files(uncased_vocab, tmp_path):
                     ["sixth in a new file."], ["seventh"]]
 
 
+def test_document_without_blank_lines_is_cut(english_corpus, uncased_vocab, tmp_path, monkeypatch):
+    """A corpus with no blank lines is not one document held whole: it is cut every MAX_DOCUMENT_CHARS
+    characters (at a line end), with a warning naming where, and the pieces spread over the workers."""
+    from bertgpu.data import corpus as corpus_module
+
+    monkeypatch.setattr(corpus_module, "MAX_DOCUMENT_CHARS", 5_000)
+    lines = [line for line in english_corpus.read_text().splitlines() if line.strip()]
+    flat = tmp_path / "flat.txt"
+    flat.write_text("\n".join(lines) + "\n\nA short document.\n")
+    reader = CorpusReader([flat])
+    docs = list(reader.documents())
+    assert [line for doc in docs for line in doc] == lines + ["A short document."]
+    assert docs[-1] == ["A short document."]
+    for doc in docs[:-2]:  # every piece but the last of the long document reached the bound, and no more
+        assert sum(map(len, doc)) >= 5_000 > sum(map(len, doc[:-1]))
+    assert len(docs) > 10 and reader.cut_documents == 1
+    assert reader.warnings == [f"1 document(s) ran past 5,000 characters without a blank line and were cut into "
+                               f"documents of that size (first cut at {flat}:{len(docs[0])}); the format puts a "
+                               "blank line between documents"]
+    monkeypatch.setattr(shards, "CHUNK_CHARS", 20_000)
+    with pytest.warns(UserWarning, match="were cut into documents"):
+        meta = prepare([str(flat)], str(uncased_vocab), str(tmp_path / "out"), workers=2, progress=False)
+    assert meta["documents"] == len(docs)
+
+
 def test_workers_give_identical_output(english_corpus, english_shards, uncased_vocab, tmp_path, monkeypatch):
     monkeypatch.setattr(shards, "CHUNK_CHARS", 20_000)  # many chunks, so order across workers matters
     out = tmp_path / "two"

@@ -19,6 +19,9 @@ from ..errors import UserError
 _SNIFF_BYTES = 8192  # a NUL byte in this many leading bytes marks a file as binary
 # A line longer than this is almost surely not one sentence (a file without newlines, a data dump).
 MAX_LINE_CHARS = 100_000
+# A document is cut after this many characters (a long novel is ~1M). Without the cut, a corpus with no
+# blank lines would be one document: held whole in memory and tokenized by one worker.
+MAX_DOCUMENT_CHARS = 1_000_000
 
 
 def resolve_inputs(patterns: Iterable[str | os.PathLike]) -> list[Path]:
@@ -79,6 +82,9 @@ class CorpusReader:
         self.first_bad: str | None = None
         self.long_lines = 0
         self.first_long: str | None = None
+        self.line_number = 0  # of the line last read, in its file
+        self.cut_documents = 0
+        self.first_cut: str | None = None
         self._done_bytes = 0
         self._raw: BinaryIO | None = None
 
@@ -99,19 +105,36 @@ class CorpusReader:
             out.append(f"{self.long_lines:,} line(s) are longer than {MAX_LINE_CHARS:,} characters (first at "
                        f"{self.first_long}); the format is one sentence per line, and pretraining uses only the "
                        "first tokens of a sentence that long")
+        if self.cut_documents:
+            out.append(f"{self.cut_documents:,} document(s) ran past {MAX_DOCUMENT_CHARS:,} characters without a "
+                       f"blank line and were cut into documents of that size (first cut at {self.first_cut}); "
+                       "the format puts a blank line between documents")
         return out
 
     def documents(self) -> Iterator[list[str]]:
-        """Yield each document as its list of stripped, non-empty lines."""
+        """Yield each document as its list of stripped, non-empty lines (cut every ``MAX_DOCUMENT_CHARS``)."""
         for path in self.paths:
             document: list[str] = []
+            chars = 0
+            cut = False  # has the document being read been cut already?
             for line in self._file_lines(path):
-                if line:
+                if not line:
+                    cut = False
+                    if not document:
+                        continue
+                else:
                     document.append(line)
-                elif document:
-                    self.documents_read += 1
-                    yield document
-                    document = []
+                    chars += len(line)
+                    if chars < MAX_DOCUMENT_CHARS:
+                        continue
+                    if not cut:
+                        self.cut_documents += 1
+                        if self.first_cut is None:
+                            self.first_cut = f"{path}:{self.line_number}"
+                    cut = True
+                self.documents_read += 1
+                yield document
+                document, chars = [], 0
             if document:
                 self.documents_read += 1
                 yield document
@@ -150,6 +173,7 @@ class CorpusReader:
                         if self.first_long is None:
                             self.first_long = f"{path}:{number}"
                     self.lines_read += 1
+                    self.line_number = number
                     yield line.strip()
         except (OSError, EOFError, zlib.error) as e:  # unreadable, or a corrupt or truncated .gz
             raise UserError(f"{path}: cannot be read: {e}") from None
