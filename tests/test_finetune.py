@@ -187,3 +187,35 @@ def test_best_checkpoint_and_save_total_limit(tmp_path, uncased_vocab, sentiment
     relabelled = tmp_path / "relabelled.csv"
     relabelled.write_text("text,label\n" + "".join(f"好{i},good\n差{i},bad\n" for i in range(10)), encoding="utf-8")
     assert not check(FinetuneConfig(model=str(out / "best"), train=str(relabelled), out=str(tmp_path / "x"))).keep_head
+
+
+def test_evaluate_matches_unnamed_labels_to_integer_labels(finetuned, sentiment, held_out_metrics, tmp_path):
+    """A classifier whose config names its classes LABEL_0, LABEL_1 (transformers' default when a
+    model was trained without names) is evaluated on data labelled 0, 1 by number, with the same
+    metrics as under the real names; a label past the model's classes is still an error."""
+    import shutil
+
+    model = tmp_path / "unnamed"
+    shutil.copytree(finetuned / "best", model)
+    config = read_json(model / "config.json")
+    assert config["id2label"] == {"0": "negative", "1": "positive"}
+    config["id2label"] = {"0": "LABEL_0", "1": "LABEL_1"}
+    config["label2id"] = {"LABEL_0": 0, "LABEL_1": 1}
+    (model / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    numbered = tmp_path / "test.csv"
+    with open(sentiment[1], encoding="utf-8", newline="") as f_in, open(numbered, "w", encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f_in))
+        writer = csv.DictWriter(f, fieldnames=["text", "label"])
+        writer.writeheader()
+        writer.writerows({"text": r["text"], "label": {"negative": "0", "positive": "1"}[r["label"]]} for r in rows)
+    run_cli("evaluate", "--model", model, "--data", numbered, "--batch-size", "24", "--device", "cpu",
+            "--output", tmp_path / "m.json")
+    metrics = read_json(tmp_path / "m.json")
+    for key in ("examples", "accuracy", "f1", "confusion"):
+        assert metrics[key] == held_out_metrics[0][key], key
+
+    with open(numbered, "a", encoding="utf-8") as f:
+        f.write("one more review,2\n")
+    proc = run_cli("evaluate", "--model", model, "--data", numbered, "--device", "cpu", check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert f"{numbered}:{len(rows) + 2}: label '2' never appears in the model's labels" in proc.stderr

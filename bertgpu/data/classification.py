@@ -223,6 +223,17 @@ def label_names(examples: Examples) -> list[str]:
     return sorted(names)
 
 
+def as_data_labels(model_labels: Sequence[str], examples: Examples) -> list[str]:
+    """The model's label names as the data spells them. transformers names classes it was given no
+    names for LABEL_0, LABEL_1, ...; data labelled 0, 1, ... means those same classes, by number."""
+    names = list(model_labels)
+    data = set(examples.labels or ())
+    placeholders = names == [f"LABEL_{i}" for i in range(len(names))]
+    if placeholders and not data <= set(names) and all(_INTEGER.fullmatch(label) for label in data):
+        return [str(i) for i in range(len(names))]
+    return names
+
+
 def check_labels(examples: Examples, known: Sequence[str], source: str) -> None:
     """Every label of ``examples`` must be one of ``known`` (the labels seen in ``source``)."""
     known_set = set(known)

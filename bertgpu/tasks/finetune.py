@@ -35,9 +35,9 @@ from tqdm import tqdm
 from .. import checkpoint, distributed
 from ..classifier import Classifier, model_lowercase, model_vocab
 from ..config import EvaluateConfig, FinetuneConfig, ModelConfig, OptimConfig, PredictConfig
-from ..data.classification import (ClassificationDataset, Examples, check_labels, detect_format, eval_batches,
-                                   label_names, load_examples, read_table, require_columns, split_examples,
-                                   Table, train_batches)
+from ..data.classification import (ClassificationDataset, Examples, Table, as_data_labels, check_labels, detect_format,
+                                   eval_batches, label_names, load_examples, read_table, require_columns,
+                                   split_examples, train_batches)
 from ..data.tokenizer import Tokenizer, load_vocab
 from ..errors import UserError
 from ..model import BertForSequenceClassification
@@ -475,20 +475,21 @@ def compute_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, Any
             "f1": f1_value, "examples": len(labels), "confusion": confusion.tolist()}
 
 
-def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, Path]:
-    """The labelled examples to evaluate on and where the metrics go; UserError on any mistake."""
+def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
+    """The labelled examples to evaluate on, the model's labels as the data names them (``as_data_labels``)
+    and where the metrics go; UserError on any mistake."""
     model_dir, config = check_model_dir(cfg.model)
     if not config.id2label:
         raise UserError(f"{model_dir} is not a classifier: its config.json has no id2label "
                         f"(fine-tune it first: bertgpu finetune --model {model_dir} ...)")
     resolve_precision(cfg.precision, torch.device(distributed.resolve_device(cfg.device)))
     examples = load_examples(cfg.data, cfg.text_column, cfg.pair_column or None, cfg.label_column, cfg.format)
-    check_labels(examples, [config.id2label[i] for i in sorted(config.id2label)],
-                 f"the model's labels ({model_dir / 'config.json'})")
+    names = as_data_labels([config.id2label[i] for i in sorted(config.id2label)], examples)
+    check_labels(examples, names, f"the model's labels ({model_dir / 'config.json'})")
     output = Path(cfg.output) if cfg.output else model_dir / "eval_results.json"
     if output.is_dir() or not os.access(output.parent, os.W_OK):
         raise UserError(f"cannot write the metrics to {output}; choose another --output")
-    return examples, output
+    return examples, names, output
 
 
 def run_evaluate(cfg: EvaluateConfig) -> None:
@@ -500,10 +501,9 @@ def run_evaluate(cfg: EvaluateConfig) -> None:
 
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     env = distributed.init(cfg.device)
-    examples, output = check_evaluate(cfg)
+    examples, names, output = check_evaluate(cfg)
     clf = Classifier.load(cfg.model, env.device, cfg.max_seq_length or None)
-    dataset = ClassificationDataset(examples, clf.tokenizer, clf.max_seq_length,
-                                    {name: i for i, name in enumerate(clf.labels)})
+    dataset = ClassificationDataset(examples, clf.tokenizer, clf.max_seq_length, {name: i for i, name in enumerate(names)})
     precision = resolve_precision(cfg.precision, env.device)
     metrics = compute_metrics(predict_logits(clf.model, dataset, cfg.batch_size, env, precision), dataset.labels)
     result = {"model": str(cfg.model), "data": str(cfg.data), "labels": clf.labels,
