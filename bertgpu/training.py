@@ -120,6 +120,14 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
+def allow_tf32(device: torch.device) -> None:
+    """On a GPU, fp32 matmuls and convolutions run on TF32 tensor cores (10-bit mantissa inputs, fp32
+    accumulation): what the bf16/fp16 autocast leaves in fp32 runs several times faster."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
 def autocast(precision: str, device: torch.device):
     if precision == "fp32":
         return contextlib.nullcontext()

@@ -41,8 +41,9 @@ from ..data.classification import (ClassificationDataset, Examples, Table, as_da
 from ..data.tokenizer import Tokenizer, load_vocab
 from ..errors import UserError
 from ..model import BertForSequenceClassification
-from ..training import (LaggedFlags, RunLog, StopSignal, Throughput, autocast, build_optimizer, build_schedule,
-                        console_is_tty, format_rate, gather_rng_states, resolve_precision, restore_rng_state)
+from ..training import (LaggedFlags, RunLog, StopSignal, Throughput, allow_tf32, autocast, build_optimizer,
+                        build_schedule, console_is_tty, format_rate, gather_rng_states, resolve_precision,
+                        restore_rng_state)
 
 # transformers' Trainer defaults that have no flag here.
 DEFAULT_EVAL_SPLIT = 0.1
@@ -196,6 +197,7 @@ def train(cfg: FinetuneConfig) -> Path:
     optimizer = build_optimizer(model, optim, device)
     schedule = build_schedule(optimizer, optim)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    allow_tf32(device)
     # Running sums on the device (no host sync inside a step): loss, correct, examples, real tokens.
     window = torch.zeros(4, dtype=torch.float64, device=device)
     epoch_sums = torch.zeros(4, dtype=torch.float64, device=device)

@@ -30,9 +30,9 @@ from ..data.shards import ShardedCorpus
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
 from ..model import BertForPreTraining, training_flops_per_sequence
-from ..training import (LaggedFlags, RunLog, StopSignal, Throughput, autocast, build_optimizer, build_schedule,
-                        console_is_tty, format_rate, gather_rng_states, ignore_stop_signals, peak_flops,
-                        resolve_precision, restore_rng_state, skip_if)
+from ..training import (LaggedFlags, RunLog, StopSignal, Throughput, allow_tf32, autocast, build_optimizer,
+                        build_schedule, console_is_tty, format_rate, gather_rng_states, ignore_stop_signals,
+                        peak_flops, resolve_precision, restore_rng_state, skip_if)
 
 
 @dataclass
@@ -145,9 +145,7 @@ def train(cfg: PretrainConfig) -> Path:
     optimizer = build_optimizer(model, cfg.optim, device)
     schedule = build_schedule(optimizer, cfg.optim)
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    allow_tf32(device)
     # Running sums since the last log line, on the device (no host sync for them inside a step):
     # mlm loss, mlm correct, masked, nsp loss, nsp correct, sequences, real tokens.
     sums = torch.zeros(7, dtype=torch.float64, device=device)
