@@ -9,6 +9,7 @@ torch.compile, the CLI on one GPU (NCCL with two or more), and ``bertgpu bench``
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -135,8 +136,6 @@ def test_pretrain_cli_on_one_gpu(tmp_path, small_english_data, extra):
 
     # Resume on the GPU: without its last checkpoint the run goes on from step 6 and ends where it did.
     # Not bitwise (atomic adds in the embedding backward), so the final loss is compared loosely.
-    import shutil
-
     shutil.rmtree(out / "checkpoints" / "step-0000012")
     run_cli("pretrain", "--data", small_english_data, "--out", out, "--model", "mini", "--device", "cuda",
             "--nproc", "1", "--steps", "12", "--batch-size", "16", "--log-every", "4", "--save-every", "6",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -193,8 +194,6 @@ def test_evaluate_matches_unnamed_labels_to_integer_labels(finetuned, sentiment,
     """A classifier whose config names its classes LABEL_0, LABEL_1 (transformers' default when a
     model was trained without names) is evaluated on data labelled 0, 1 by number, with the same
     metrics as under the real names; a label past the model's classes is still an error."""
-    import shutil
-
     model = tmp_path / "unnamed"
     shutil.copytree(finetuned / "best", model)
     config = read_json(model / "config.json")
