@@ -55,6 +55,16 @@ def uncased_vocab(minilm_dir) -> Path:
     return minilm_dir / "vocab.txt"
 
 
+def at_real_tokens(tensor, attention_mask):
+    """The rows of ``tensor`` ([B, L, ...]) at real tokens only: ``[n_real, ...]``.
+
+    Hidden states and MLM logits at padding positions mean nothing (no loss or prediction reads them)
+    and depend on how a kernel treats a fully masked-out query, which differs between CPUs (AVX2 vs
+    AVX512) and libraries, so parity tests compare real tokens only.
+    """
+    return tensor[attention_mask.bool()]
+
+
 def run_cli(*args: str, check: bool = True, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
     """Run `python -m bertgpu ARGS` as a user would; return the finished process (text output)."""
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}

@@ -22,6 +22,7 @@ from bertgpu.model import (
     BertModel,
     training_flops_per_sequence,
 )
+from conftest import at_real_tokens
 
 ATOL = 1e-5
 SENTENCES = [
@@ -106,10 +107,12 @@ def test_pretraining_logits_match_transformers():
         mlm, nsp = ours(**batch)
         ref = theirs(**batch)
     assert mlm.shape == (3, 16, config.vocab_size) and nsp.shape == (3, 2)
-    torch.testing.assert_close(mlm, ref.prediction_logits, atol=ATOL, rtol=0)
+    mask = batch["attention_mask"]
+    torch.testing.assert_close(at_real_tokens(mlm, mask), at_real_tokens(ref.prediction_logits, mask), atol=ATOL, rtol=0)
     torch.testing.assert_close(nsp, ref.seq_relationship_logits, atol=ATOL, rtol=0)
 
-    # The fast path: the MLM head only at the masked positions equals the full logits gathered there.
+    # The fast path: the MLM head only at the masked positions equals the full logits gathered there
+    # (real tokens only: row 1 has 11 of them, row 2 five).
     positions = torch.tensor([[1, 4, 9], [0, 2, 10], [3, 3, 4]])
     with torch.no_grad():
         mlm_at, nsp_at = ours(**batch, mlm_positions=positions)
@@ -134,8 +137,10 @@ def test_activations_match_transformers(hidden_act):
     config = tiny_config(hidden_act=hidden_act)
     ours, theirs = twin_pretraining(config)
     batch = padded_batch(config.vocab_size, seed=1)
+    mask = batch["attention_mask"]
     with torch.no_grad():
-        torch.testing.assert_close(ours(**batch)[0], theirs(**batch).prediction_logits, atol=ATOL, rtol=0)
+        torch.testing.assert_close(at_real_tokens(ours(**batch)[0], mask),
+                                   at_real_tokens(theirs(**batch).prediction_logits, mask), atol=ATOL, rtol=0)
 
 
 def test_pretraining_gradients_match_transformers():
@@ -201,7 +206,11 @@ def test_minilm_hidden_states_match_transformers(minilm_dir):
         hidden, pooled = ours(**batch)
         ref = theirs(**batch)
     assert hidden.shape[-1] == 384
-    torch.testing.assert_close(hidden, ref.last_hidden_state, atol=ATOL, rtol=0)
+    # Real tokens only: at padding positions the two differ by up to 6e-5 on AVX512 CPUs (2.7e-6 on
+    # real tokens), a difference in how kernels treat rows no output ever reads.
+    mask = batch["attention_mask"]
+    torch.testing.assert_close(at_real_tokens(hidden, mask), at_real_tokens(ref.last_hidden_state, mask),
+                               atol=ATOL, rtol=0)
     torch.testing.assert_close(pooled, ref.pooler_output, atol=ATOL, rtol=0)
 
 
@@ -225,7 +234,8 @@ def test_minilm_into_pretraining_model_reports_missing_heads(minilm_dir):
         hidden, _ = load_pretrained(minilm_dir, BertModel).eval()(**batch)
         ours_hidden, _ = model.bert(**batch)
     assert mlm.shape[-1] == 30522 and torch.isfinite(mlm).all() and torch.isfinite(nsp).all()
-    torch.testing.assert_close(ours_hidden, hidden, atol=ATOL, rtol=0)
+    mask = batch["attention_mask"]
+    torch.testing.assert_close(at_real_tokens(ours_hidden, mask), at_real_tokens(hidden, mask), atol=ATOL, rtol=0)
 
 
 # --- save_pretrained / from_pretrained round trips ------------------------------------------------
@@ -260,9 +270,10 @@ def test_pretraining_round_trip_through_transformers(tmp_path, minilm_dir):
         mlm, nsp = ours(**batch)
         ref = theirs(**batch)
         again_mlm, again_nsp = load_pretrained(out, BertForPreTraining).eval()(**batch)
-    torch.testing.assert_close(mlm, ref.prediction_logits, atol=ATOL, rtol=0)
+    mask = batch["attention_mask"]
+    torch.testing.assert_close(at_real_tokens(mlm, mask), at_real_tokens(ref.prediction_logits, mask), atol=ATOL, rtol=0)
     torch.testing.assert_close(nsp, ref.seq_relationship_logits, atol=ATOL, rtol=0)
-    torch.testing.assert_close(again_mlm, mlm, atol=0, rtol=0)
+    torch.testing.assert_close(at_real_tokens(again_mlm, mask), at_real_tokens(mlm, mask), atol=0, rtol=0)
     torch.testing.assert_close(again_nsp, nsp, atol=0, rtol=0)
 
     tokenizer = transformers.BertTokenizer.from_pretrained(out)
