@@ -1,0 +1,211 @@
+"""Processes: starting them, joining them into one group, and their exits.
+
+PyTorch's own stack is the engine: ``launch`` starts local workers through torch's elastic launcher
+(the machinery behind ``torchrun``), and every worker, whether started by us or by ``torchrun``
+(single or multi-node), reads RANK / WORLD_SIZE / LOCAL_RANK from the environment and joins one
+process group: NCCL on CUDA, gloo on CPU. How the model and the data are spread over these
+processes is ``dims.py``'s and ``parallelize.py``'s business.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from ..errors import UserError
+
+# A worker exits with one of these after printing its own one-line message, so the launcher adds none.
+USER_ERROR_EXIT = 3
+INTERRUPTED_EXIT = 4
+
+
+class Interrupted(Exception):
+    """Training stopped on SIGINT/SIGTERM after writing a checkpoint; the message says how to resume."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def restart_count() -> int:
+    """How many times torchrun (or our launcher) has restarted this worker group."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
+def launched_externally() -> bool:
+    """True inside a worker of torchrun (or of our own launcher)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def resolve_device(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda: no CUDA GPU is available here")
+    return device
+
+
+def resolve_nproc(nproc: int, device: str) -> int:
+    """How many local processes to start: one per GPU by default, 1 on CPU."""
+    if device == "cuda":
+        gpus = torch.cuda.device_count()
+        if nproc > gpus:
+            raise UserError(f"--nproc {nproc} is more than the {gpus} GPU(s) present")
+        return nproc or gpus
+    return nproc or 1
+
+
+def launch(fn: Callable[..., Any], args: tuple, nproc: int, max_restarts: int = 0) -> None:
+    """Run ``fn(*args)`` in ``nproc`` local worker processes with torch's elastic launcher.
+
+    A worker that failed on a user error, or stopped on a signal, has already printed its one line;
+    any other failure is reported with the failing rank and its exit code. With ``max_restarts``
+    the whole group is restarted after a failure (the workers resume from the latest checkpoint).
+    """
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    # After SIGTERM, give the workers time to finish their step and write a checkpoint (newer torch).
+    extra = {"shutdown_timeout": 120} if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)} else {}
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"bertgpu-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",  # like torchrun --standalone: a free port on this machine
+        max_restarts=max_restarts,
+        monitor_interval=0.1,
+        start_method="spawn",
+        **extra,
+    )
+    try:
+        elastic_launch(config, fn)(*args)
+    except SignalException as e:  # Ctrl-C or SIGTERM reached the launcher: the workers checkpoint and say so
+        raise SystemExit(128 + int(e.sigval)) from None
+    except ChildFailedError as e:
+        codes = {f.exitcode for f in e.failures.values()}
+        if USER_ERROR_EXIT in codes:
+            raise SystemExit(2) from None
+        if INTERRUPTED_EXIT in codes:
+            raise SystemExit(130) from None
+        rank, failure = e.get_first_failure()
+        raise SystemExit(f"bertgpu: error: worker rank {rank} failed with exit code {failure.exitcode} "
+                         f"(its traceback is printed above)") from None
+
+
+def init(device: str) -> DistEnv:
+    """Join the process group if there is more than one process; pick this process's device."""
+    rank = int(os.environ.get("RANK", 0))
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+        # Share the cores between the local processes instead of oversubscribing them.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if device == "cuda" else "gloo"
+        kwargs: dict[str, Any] = {"device_id": dev} if device == "cuda" else {}
+        if restart_count() > 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            # The elastic agent keeps one store across restarts and torch adds no per-attempt prefix
+            # (it assumes a new store per retry), so a restarted group would read the dead group's
+            # addresses and fail to connect. Join through a prefix of this attempt's own.
+            base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
+                                 is_master=False, timeout=timedelta(minutes=10))
+            kwargs.update(store=dist.PrefixStore(f"bertgpu/restart-{restart_count()}", base),
+                          rank=rank, world_size=world)
+        dist.init_process_group(backend, **kwargs)
+    return DistEnv(rank, world, local_rank, local_world, dev)
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    """Sum a tensor over all processes, in place (no-op with one process)."""
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    """The maximum of a tensor over all processes, in place (no-op with one process)."""
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def all_gather_object(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (``[obj]`` with one process)."""
+    if not dist.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (``obj`` itself with one process)."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def world_size(nproc: int, device: str) -> int:
+    """The number of processes a run will have, known before they start: torchrun's WORLD_SIZE inside
+    one of its workers, else the local processes we would start."""
+    if launched_externally():
+        return int(os.environ["WORLD_SIZE"])
+    return resolve_nproc(nproc, device)
+
+
+def worker_main(fn: Callable[..., Any], *args: Any) -> Any:
+    """Entry point of every worker: a UserError or an interruption becomes one line (from rank 0)
+    and a non-zero exit, never a traceback."""
+    try:
+        return fn(*args)
+    except UserError as e:
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"bertgpu: error: {e}", file=sys.stderr, flush=True)
+        sys.exit(USER_ERROR_EXIT if launched_externally() else 2)
+    except Interrupted as e:
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(f"bertgpu: {e}", file=sys.stderr, flush=True)
+        sys.exit(INTERRUPTED_EXIT if launched_externally() else 128 + e.signum)
+    finally:
+        shutdown()
