@@ -152,7 +152,7 @@ def test_pretrain_on_two_gpus_with_nccl(tmp_path, small_english_data):
     out = tmp_path / "run"
     proc = run_cli("pretrain", "--data", small_english_data, "--out", out, "--model", "mini", "--device", "cuda",
                    "--nproc", "2", "--steps", "6", "--batch-size", "8", "--log-every", "3")
-    assert "2 process(es) on cuda" in proc.stdout and "global batch 16" in proc.stdout
+    assert "2 processes = dp 2, ddp, on cuda" in proc.stdout and "global batch 16" in proc.stdout
 
 
 def test_bench_on_cuda_prints_mfu_and_a_speedup(capsys):
