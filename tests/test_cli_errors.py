@@ -139,8 +139,9 @@ def test_only_one_sentence_documents_suggests_no_nsp(tmp_path, uncased_vocab):
                    check=False)
     assert_one_line_error(proc, "single sentence", "--no-nsp")
     assert not (tmp_path / "run").exists()
+    # MLM alone on 2 processes: DDP must not wait for gradients of the NSP head, which gets none.
     run_cli("pretrain", "--data", tmp_path / "data", "--model", "tiny", "--out", tmp_path / "run", "--no-nsp",
-            "--steps", "2", "--batch-size", "4", "--loader-workers", "0")
+            "--steps", "2", "--batch-size", "4", "--loader-workers", "0", "--nproc", "2", "--device", "cpu")
 
 
 def test_binary_file(tmp_path, uncased_vocab):

@@ -118,6 +118,9 @@ def train(cfg: PretrainConfig) -> Path:
     model = BertForPreTraining(plan.model_config, pad_vocab_multiple=cfg.pad_vocab_multiple)
     if run.resume_from is not None or plan.init_from is not None:
         checkpoint.load_weights(model, run.resume_from or plan.init_from)
+    if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
+        for unused in (model.bert.pooler, model.cls.seq_relationship):
+            unused.requires_grad_(False)
     net = run.parallelize(model, compile=cfg.compile)
     optimizer = build_optimizer(model, cfg.optim, device)
     scaler = torch.amp.GradScaler(device.type, enabled=run.precision == "fp16")
