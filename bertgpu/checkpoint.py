@@ -284,9 +284,11 @@ def save_checkpoint(
     do_lower_case: bool,
     keep: int,
     architecture: str | None = None,
+    rank_tensors: dict[str, torch.Tensor] | None = None,
 ) -> Path:
     """Write the resumable checkpoint ``run_dir/checkpoints/step-NNNNNNN`` atomically and keep the
-    newest ``keep``. Every process calls this, together.
+    newest ``keep``. Every process calls this, together; ``rank_tensors`` is state of this process's
+    own (PowerSGD's error feedback), saved beside its optimizer shard (``load_rank_tensors``).
 
     The directory is a Hugging Face BERT directory that transformers loads as it is (the weights
     gathered from every process's shard, written by rank 0); beside the weights lie the optimizer
@@ -305,7 +307,7 @@ def save_checkpoint(
         _write_json(tmp / RUN_CONFIG_NAME, {"step": step, "config": dataclasses.asdict(run_config)})
 
     kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
-    _save_collectively(path, model, write, optimizer, kept)
+    _save_collectively(path, model, write, optimizer, kept, rank_tensors)
     if _is_main():
         for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
@@ -342,7 +344,7 @@ def _is_main() -> bool:
 
 
 def _save_collectively(final: Path, model: nn.Module, write: Any, optimizer: torch.optim.Optimizer | None,
-                       kept: str) -> None:
+                       kept: str, rank_tensors: dict[str, torch.Tensor] | None = None) -> None:
     """Gather the weights, write them (rank 0, through ``write(tmp, weights)``) and the optimizer's
     shards (every rank) into a temporary directory, and rename it to ``final`` once every rank has
     succeeded. A failure anywhere becomes the same UserError on every rank, with nothing left behind."""
@@ -353,6 +355,8 @@ def _save_collectively(final: Path, model: nn.Module, write: Any, optimizer: tor
 
     weights = full_state_dict(model)
     tensors = optimizer_tensors(model, optimizer) if optimizer is not None else None
+    if tensors is not None and rank_tensors:
+        tensors["rank"] = {str(dist.get_rank() if dist.is_initialized() else 0): rank_tensors}
     is_main = _is_main()
     reason = ""
     tmp = new_temporary(final) if is_main else None
@@ -469,6 +473,28 @@ class _MetadataUnpickler(pickle.Unpickler):
         if name in self.ALLOWED.get(module, ()) or is_dtype:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
+
+
+def load_rank_tensors(path: str | os.PathLike, rank: int) -> dict[str, torch.Tensor] | None:
+    """The tensors process ``rank`` saved of its own (``save_checkpoint(rank_tensors=...)``), or None if
+    it saved none. Every process calls this, together."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    folder = Path(path) / OPTIMIZER_DIR
+    reader = _safe_reader(folder)
+    prefix = f"rank.{rank}."
+    saved = {key[len(prefix):]: meta for key, meta in reader.read_metadata().state_dict_metadata.items()
+             if key.startswith(prefix)}
+    template = {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype) for key, meta in saved.items()}
+    try:
+        with _single_process_is_meant():
+            dcp.load({"rank": {str(rank): template}} if template else {}, storage_reader=reader,
+                     no_dist=not dist.is_initialized())
+    except (OSError, RuntimeError, ValueError, dcp.api.CheckpointException) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        raise UserError(f"{folder}: cannot load process {rank}'s state, the files are damaged ({reason})") from None
+    return template or None
 
 
 def _safe_reader(folder: Path) -> Any:

@@ -50,7 +50,7 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
             else:
                 kwargs["action"] = "store_false" if default else "store_true"
         else:
-            kwargs["type"] = base
+            kwargs["type"] = meta.get("cli_type", base)
             if meta.get("choices"):
                 kwargs["choices"] = meta["choices"]
             if meta.get("required"):

@@ -159,6 +159,56 @@ def _max_bad_steps() -> Any:
     return opt(10, "stop after this many non-finite losses in a row (each is skipped), the last good weights saved")
 
 
+def _lr_scaling() -> Any:
+    return opt("none", "scale the peak learning rate with the global batch: linear (x global / --reference-batch) "
+                       "or sqrt (x its square root); more processes make the global batch larger",
+               choices=["none", "linear", "sqrt"])
+
+
+def _reference_batch() -> Any:
+    return opt(256, "the global batch the given --lr is meant for, with --lr-scaling")
+
+
+def _check_lr_scaling(reference_batch: int) -> None:
+    if reference_batch < 1:
+        raise UserError(f"--reference-batch must be at least 1, got {reference_batch}")
+
+
+def scaled_lr(lr: float, global_batch: int, scaling: str, reference_batch: int) -> float:
+    """``lr`` x (global batch / reference batch) with linear scaling (Goyal et al. 2017), x its square
+    root with sqrt scaling (Krizhevsky 2014; what LAMB's authors use for BERT), unchanged with none."""
+    ratio = global_batch / reference_batch
+    return lr * {"none": 1.0, "linear": ratio, "sqrt": ratio ** 0.5}[scaling]
+
+
+def _batch_size(default: int, what: str) -> Any:
+    return opt(default, f"{what} per data-parallel rank per micro-step: one number for every rank, or one per rank "
+                        "(48,16: unequal GPUs; the global batch is their sum x --grad-accum)", cli_type=str)
+
+
+def parse_batch_sizes(value: Any) -> int | tuple[int, ...]:
+    """--batch-size as given: one number (the same on every data-parallel rank) or one per rank ("48,16")."""
+    parts = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else [value]
+    try:
+        sizes = [int(str(p).strip()) for p in parts]
+    except ValueError:
+        raise UserError(f"--batch-size {value}: give a number, or one number per data-parallel rank (48,16)") from None
+    if not sizes or min(sizes) < 1:
+        raise UserError(f"--batch-size must be at least 1, got {value}")
+    return sizes[0] if len(sizes) == 1 else tuple(sizes)
+
+
+def per_rank_sizes(batch_size: int | tuple[int, ...], dp: int) -> list[int]:
+    """Each data-parallel rank's batch size."""
+    if isinstance(batch_size, int):
+        return [batch_size] * dp
+    if len(batch_size) != dp:
+        sizes = ",".join(map(str, batch_size))
+        raise UserError(f"--batch-size {sizes} gives {len(batch_size)} sizes for {dp} data-parallel rank(s): give one "
+                        "number, or one per data-parallel rank")
+    return list(batch_size)
+
+
 def _auto_workers() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
@@ -216,22 +266,33 @@ class DataConfig:
 class OptimConfig:
     """Optimizer and learning-rate schedule: linear warmup, then linear decay to zero."""
 
-    optimizer: str = opt("adamw", "adamw (fused), or lamb (per-tensor trust ratios, for very large global "
-                                  "batches)", choices=["adamw", "lamb"])
-    lr: float = opt(1e-4, "peak learning rate")
+    optimizer: str = opt("adamw", "adamw (fused), lamb (per-tensor trust ratios, for very large global batches) "
+                                  "or rmsprop (torch.optim.RMSprop)", choices=["adamw", "lamb", "rmsprop"])
+    lr: float = opt(1e-4, "peak learning rate (before --lr-scaling)")
+    lr_scaling: str = _lr_scaling()
+    reference_batch: int = _reference_batch()
     warmup: float = opt(0.01, "warmup: steps if >= 1, else a fraction of --steps")
     steps: int = opt(1000, "optimizer steps to train")
-    weight_decay: float = opt(0.01, "AdamW/LAMB weight decay (not on biases and LayerNorm)")
+    weight_decay: float = opt(0.01, "weight decay (not on biases and LayerNorm); decoupled for AdamW and LAMB, "
+                                    "added to the gradient for RMSprop as torch does")
     clip: float = opt(1.0, "clip the global gradient norm to this (0: no clipping)")
     adam_beta1: float = opt(0.9, "AdamW/LAMB beta1")
     adam_beta2: float = opt(0.999, "AdamW/LAMB beta2")
-    adam_eps: float = opt(1e-6, "AdamW/LAMB epsilon")
+    adam_eps: float = opt(1e-6, "AdamW/LAMB/RMSprop epsilon")
+    rmsprop_alpha: float = opt(0.99, "RMSprop's smoothing constant of the squared-gradient average")
 
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise UserError(f"--steps must be at least 1, got {self.steps}")
         if self.lr <= 0:
             raise UserError(f"--lr must be positive, got {self.lr}")
+        _check_lr_scaling(self.reference_batch)
+        if not 0 <= self.rmsprop_alpha < 1:
+            raise UserError(f"--rmsprop-alpha must be in [0, 1), got {self.rmsprop_alpha}")
+
+    def peak_lr(self, global_batch: int) -> float:
+        """The peak learning rate for this global batch, after --lr-scaling."""
+        return scaled_lr(self.lr, global_batch, self.lr_scaling, self.reference_batch)
 
     @property
     def warmup_steps(self) -> int:
@@ -251,10 +312,25 @@ class ParallelConfig:
                      "data-parallel degree is processes / tp, and --batch-size is per data-parallel rank)")
     activation_checkpointing: bool = opt(False, "keep only each encoder layer's input and recompute the rest in the "
                                                 "backward pass: activation memory for about a third more compute")
+    grad_compression: str = opt("none", "compress the gradients the data-parallel processes exchange: fp16 or bf16 "
+                                        "(half the bytes), or powersgd (low-rank factors with error feedback: a "
+                                        "fraction of the bytes; DDP only). Under --strategy fsdp, and --tp, fp16/bf16 "
+                                        "set the dtype gradients are reduce-scattered in",
+                                choices=["none", "fp16", "bf16", "powersgd"])
+    powersgd_rank: int = opt(4, "PowerSGD's matrix approximation rank (higher: more bytes, closer to the gradient)")
+    powersgd_warmup: int = opt(0, "optimizer steps of uncompressed all-reduce before PowerSGD starts (0: a tenth "
+                                  "of the run's steps; at least 2)")
+    balance: str = opt("none", "auto: time each process's first steps, then give each a per-rank batch size in "
+                               "proportion to its speed, keeping the global batch (unequal GPUs; DDP only)",
+                       choices=["none", "auto"])
 
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise UserError(f"--tp must be at least 1, got {self.tp}")
+        if self.powersgd_rank < 1:
+            raise UserError(f"--powersgd-rank must be at least 1, got {self.powersgd_rank}")
+        if self.powersgd_warmup < 0:
+            raise UserError(f"--powersgd-warmup must be at least 0, got {self.powersgd_warmup}")
 
 
 @dataclass
@@ -269,7 +345,7 @@ class PretrainConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     nproc: int = _nproc()
     device: str = opt("auto", "where to train", choices=_DEVICE_CHOICES)
-    batch_size: int = opt(32, "sequences per data-parallel rank per micro-step")
+    batch_size: int | tuple[int, ...] = _batch_size(32, "sequences")
     grad_accum: int = opt(1, "micro-steps per optimizer step")
     precision: str = _precision()
     seed: int = opt(42, "seed for data order, masking, pairing and initialisation")
@@ -286,8 +362,7 @@ class PretrainConfig:
                                       "matmuls (checkpoints keep the true vocab size; 1: no padding)")
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
+        self.batch_size = parse_batch_sizes(self.batch_size)
         if self.grad_accum < 1:
             raise UserError(f"--grad-accum must be at least 1, got {self.grad_accum}")
         if self.save_every < 1 or self.log_every < 1:
@@ -375,7 +450,9 @@ class FinetuneConfig:
     out: str = opt("", "output directory: checkpoints/, best/ (the final classifier), metrics.json, "
                        "log.jsonl, tensorboard/", required=True)
     epochs: int = opt(3, "passes over the training data; evaluated and saved after each")
-    lr: float = opt(2e-5, "peak learning rate (AdamW)")
+    lr: float = opt(2e-5, "peak learning rate (AdamW; before --lr-scaling)")
+    lr_scaling: str = _lr_scaling()
+    reference_batch: int = _reference_batch()
     batch_size: int = opt(8, "examples per data-parallel rank per step")
     group_by_length: bool = opt(True, "batches of similar length, as transformers' group_by_length, so little "
                                       "padding is computed (1.8x the examples/s on short reviews, BENCHMARKS.md); "
@@ -404,6 +481,7 @@ class FinetuneConfig:
             raise UserError(f"--epochs must be at least 1, got {self.epochs}")
         if self.lr <= 0:
             raise UserError(f"--lr must be positive, got {self.lr}")
+        _check_lr_scaling(self.reference_batch)
         if self.batch_size < 1:
             raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
         if self.save_total_limit < 0 or self.log_every < 1:

@@ -18,7 +18,7 @@ from .errors import UserError
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW or LAMB with BERT's grouping: no weight decay on biases and LayerNorm weights.
+    """AdamW, LAMB or RMSprop with BERT's grouping: no weight decay on biases and LayerNorm weights.
 
     AdamW is fused (one kernel for all parameters) on CUDA and CPU alike: on CPU it is ~8x faster
     than the per-tensor loop, and it can skip a step on the device (``skip_if``), with no host sync.
@@ -36,6 +36,8 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.devi
     betas = (cfg.adam_beta1, cfg.adam_beta2)
     if cfg.optimizer == "lamb":
         return Lamb(param_groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps)
+    if cfg.optimizer == "rmsprop":
+        return torch.optim.RMSprop(param_groups, lr=cfg.lr, alpha=cfg.rmsprop_alpha, eps=cfg.adam_eps, foreach=True)
     return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps,
                              fused=device.type in ("cuda", "cpu"))
 
@@ -95,6 +97,11 @@ class Lamb(torch.optim.Optimizer):
         return None
 
 
+def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step()`` honours ``skip_if``: fused AdamW and our LAMB do."""
+    return isinstance(optimizer, Lamb) or bool(optimizer.defaults.get("fused"))
+
+
 def skip_if(optimizer: torch.optim.Optimizer, bad: torch.Tensor | None) -> None:
     """Make the next ``optimizer.step()`` a no-op where the 0-dim tensor ``bad`` is 1 (a non-finite
     gradient), decided on the device: the fused kernels read it as GradScaler's ``found_inf``, so
@@ -130,13 +137,25 @@ def optimizer_step(net, optimizer: torch.optim.Optimizer, scaler: torch.amp.Grad
     scaler.unscale_(optimizer)
     grad_norm = net.clip_grad_norm_(clip if clip > 0 else float("inf"))
     bad = (~torch.isfinite(grad_norm)).float()
-    if precision != "fp16":
+    if precision == "fp16":
+        scaler.step(optimizer)
+    elif skips_on_device(optimizer):
         skip_if(optimizer, bad)
-    scaler.step(optimizer)
+        scaler.step(optimizer)
+    elif not bad.item():  # torch's RMSprop has no kernel that reads found_inf: the host looks (a sync)
+        optimizer.step()
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
     schedule.step()
     return bad
+
+
+def describe_lr(lr: float, peak: float, scaling: str, global_batch: int, reference_batch: int) -> str:
+    """The peak learning rate for the start line, with how --lr-scaling made it."""
+    if scaling == "none":
+        return f"peak lr {peak:.3g}"
+    ratio = f"{global_batch}/{reference_batch}" if scaling == "linear" else f"sqrt({global_batch}/{reference_batch})"
+    return f"peak lr {peak:.3g} = {lr:.3g} x {ratio} (--lr-scaling {scaling})"
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

@@ -204,17 +204,36 @@ def test_no_nsp_gives_single_segments(english_data):
 
 
 def test_global_batches_do_not_depend_on_process_count():
-    """Step k trains on the same instances for 2 processes x 4, 1 x 8 and 1 x 4 x 2 accumulation."""
-    def step_sets(world, b, accum):
-        per_rank = [list(GlobalBatchSampler(100, b, world, r, accum, seed=1, epoch=0)) for r in range(world)]
+    """Step k trains on the same instances for 2 processes x 4, 1 x 8, 1 x 4 x 2 accumulation and
+    unequal per-rank sizes (6 + 2, 1 + 7)."""
+    def step_sets(sizes, accum, start=0):
+        per_rank = [list(GlobalBatchSampler(100, sizes, r, accum, seed=1, epoch=0, start_instance=start))
+                    for r in range(len(sizes))]
+        for r, batches in enumerate(per_rank):
+            assert all(len(mb) == sizes[r] for mb in batches)
         steps = len(per_rank[0]) // accum
-        return [sorted(i for r in range(world) for mb in per_rank[r][k * accum:(k + 1) * accum] for i in mb)
+        return [sorted(i for r in range(len(sizes)) for mb in per_rank[r][k * accum:(k + 1) * accum] for i in mb)
                 for k in range(steps)]
 
-    ref = step_sets(1, 8, 1)
+    ref = step_sets([8], 1)
     assert len(ref) == 12
-    assert step_sets(2, 4, 1) == ref
-    assert step_sets(1, 4, 2) == ref
-    assert step_sets(2, 2, 2) == ref
+    assert step_sets([4, 4], 1) == ref
+    assert step_sets([4], 2) == ref
+    assert step_sets([2, 2], 2) == ref
+    assert step_sets([6, 2], 1) == ref
+    assert step_sets([1, 7], 1) == ref
+    assert step_sets([3, 1], 2) == ref
     flat = [i for s in ref for i in s]
     assert len(set(flat)) == len(flat)  # disjoint shares, no instance twice in an epoch
+    # A resumed run with another global batch starts at the instance where the last one stopped.
+    order = GlobalBatchSampler(100, [8], 0, 1, seed=1, epoch=0).order
+    assert step_sets([2, 2], 1, start=16)[0] == sorted(order[16:20])
+
+
+def test_shares_of_a_global_batch_spread_over_it():
+    from bertgpu.data.sharing import owners, share
+
+    assert owners([4, 4]).tolist() == [0, 1] * 4  # equal sizes: DistributedSampler's stride
+    assert owners([6, 2]).tolist().count(1) == 2 and owners([6, 2]).tolist()[:4].count(1) == 1  # spread, not last
+    batch = np.arange(10)
+    assert sorted(np.concatenate([share(batch, [3, 5, 2], r) for r in range(3)]).tolist()) == list(range(10))

@@ -28,6 +28,7 @@ import torch
 
 from ..config import DataConfig
 from ..errors import UserError
+from .sharing import share
 from .shards import ShardedCorpus
 
 IGNORE_INDEX = -100  # label of positions that are not predicted (as in transformers)
@@ -271,16 +272,19 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
     """Yields this rank's micro-batches (lists of indices) for the steps of one epoch.
 
     The epoch's order is one permutation seeded by (seed, epoch). Global batch k is
-    ``order[start + k*G : start + (k+1)*G]``, with G = batch × dp × accum and ``start`` the instances
-    of the epoch already trained (a resumed run); data-parallel rank r takes ``global_batch[r::dp]``
-    and yields it as ``accum`` micro-batches of ``batch``, so step k trains on the same instances
-    whatever the number of processes or accumulation steps. The epoch ends when fewer than G remain.
+    ``order[start + k*G : start + (k+1)*G]``, with G = sum(sizes) × accum and ``start`` the instances
+    of the epoch already trained (a resumed run); data-parallel rank r takes its share of it (``sizes[r]
+    × accum`` instances, see ``sharing``; with equal sizes every dp-th, as DistributedSampler) and
+    yields it as ``accum`` micro-batches of ``sizes[r]``. Step k therefore trains on the same instances
+    whatever the number of processes, the per-rank sizes or the accumulation steps. The epoch ends when
+    fewer than G instances remain.
     """
 
-    def __init__(self, num_instances: int, batch_size: int, dp_size: int, dp_rank: int, grad_accum: int,
-                 seed: int, epoch: int, start_instance: int = 0):
-        self.b, self.dp, self.rank, self.accum = batch_size, dp_size, dp_rank, grad_accum
-        self.global_batch = batch_size * dp_size * grad_accum
+    def __init__(self, num_instances: int, sizes: list[int], dp_rank: int, grad_accum: int, seed: int, epoch: int,
+                 start_instance: int = 0):
+        self.sizes, self.rank, self.accum = list(sizes), dp_rank, grad_accum
+        self.b = self.sizes[dp_rank]
+        self.global_batch = sum(self.sizes) * grad_accum
         self.start = start_instance
         self.steps = max(0, num_instances - start_instance) // self.global_batch
         self.order = np.random.default_rng([seed, epoch, _TAG_ORDER]).permutation(num_instances)
@@ -290,8 +294,9 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
 
     def __iter__(self):
         G, b = self.global_batch, self.b
+        slots = [size * self.accum for size in self.sizes]
         for k in range(self.steps):
             first = self.start + k * G
-            mine = self.order[first:first + G][self.rank::self.dp]
+            mine = share(self.order[first:first + G], slots, self.rank)
             for m in range(self.accum):
                 yield mine[m * b:(m + 1) * b].tolist()

@@ -48,9 +48,33 @@ class DistEnv:
         return self.rank == 0
 
 
+_generation: int | None = None
+
+
 def restart_count() -> int:
-    """How many times torchrun (or our launcher) has restarted this worker group."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    """How many times torchrun (or our launcher) has started this job's worker group before this one:
+    0 for the first, more after a worker died and the group was restarted (which resumes).
+
+    torchrun's TORCHELASTIC_RESTART_COUNT does not count the restarts of a node whose group was
+    restarted because another node's failed (a membership change, free of --max-restarts), and such
+    a node's workers would take themselves for a fresh start. So every worker counts itself in the
+    job's own store, which the elastic agents keep for the whole job: the first group's workers bring
+    the count to WORLD_SIZE, the next group's to twice that, and so on.
+    """
+    global _generation
+    if _generation is None:
+        _generation = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and "MASTER_ADDR" in os.environ:
+            world = int(os.environ["WORLD_SIZE"])
+            starts = _job_store().add("bertgpu/worker-starts", 1)
+            _generation = max(_generation, (starts - 1) // world)
+    return _generation
+
+
+def _job_store() -> dist.TCPStore:
+    """The elastic agents' store, kept for the whole job (across restarts of the worker group)."""
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
+                         is_master=False, timeout=timedelta(minutes=10))
 
 
 def launched_externally() -> bool:
@@ -136,9 +160,7 @@ def init(device: str) -> DistEnv:
             # The elastic agent keeps one store across restarts and torch adds no per-attempt prefix
             # (it assumes a new store per retry), so a restarted group would read the dead group's
             # addresses and fail to connect. Join through a prefix of this attempt's own.
-            base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
-                                 is_master=False, timeout=timedelta(minutes=10))
-            kwargs.update(store=dist.PrefixStore(f"bertgpu/restart-{restart_count()}", base),
+            kwargs.update(store=dist.PrefixStore(f"bertgpu/restart-{restart_count()}", _job_store()),
                           rank=rank, world_size=world)
         dist.init_process_group(backend, **kwargs)
     return DistEnv(rank, world, local_rank, local_world, dev)

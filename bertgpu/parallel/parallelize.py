@@ -24,11 +24,14 @@ The tasks call ``parallelize`` and use what it returns; they never wrap a model 
 from __future__ import annotations
 
 import contextlib
+from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from .compression import Compression, bytes_per_step
+from .compression import register as register_compression
 from .dims import ParallelDims
 
 
@@ -45,8 +48,12 @@ class ParallelModel:
     goes through (the DDP wrapper, or the model).
     """
 
-    def __init__(self, module: nn.Module, model: nn.Module, dims: ParallelDims):
+    def __init__(self, module: nn.Module, model: nn.Module, dims: ParallelDims,
+                 compression: Compression = Compression(), powersgd=None, mute: list[bool] | None = None):
         self.module, self.model, self.dims = module, model, dims
+        self.compression = compression
+        self.powersgd = powersgd  # PowerSGD's state, when it compresses the gradients
+        self._mute = mute or [False]
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -73,6 +80,35 @@ class ParallelModel:
         if skip and hasattr(self.module, "no_sync"):
             return self.module.no_sync()
         return contextlib.nullcontext()
+
+    def comm_bytes_per_step(self, step: int) -> int:
+        """The bytes of gradient this process hands to the data-parallel collective at optimizer step
+        ``step`` (see ``compression.bytes_per_step``)."""
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        return bytes_per_step(trainable, self.compression, fsdp=self.dims.fsdp, step=step, dp=self.dims.dp)
+
+    def settle_buckets(self, forward: Callable[[], Any]) -> None:
+        """Let DDP lay out its gradient buckets before a resumed PowerSGD run's first step.
+
+        DDP lays its buckets out anew after its first synchronised backward pass (by the order in
+        which gradients become ready), and PowerSGD's state is kept per bucket: a resumed run's first
+        step would meet the state of another layout. So that step is made a silent one first: the
+        forward pass ``forward()`` and a backward pass of zero, the hook muted (no communication, no
+        state touched), the RNG put back and the gradients dropped. The buckets are then those the
+        state was saved with, and the run continues bit for bit.
+        """
+        if self.powersgd is None:
+            return
+        devices = [torch.cuda.current_device()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+        with torch.random.fork_rng(devices=devices):
+            self._mute[0] = True
+            try:
+                outputs = forward()
+                sum(o.float().sum() for o in outputs if torch.is_tensor(o)).mul(0.0).backward()
+            finally:
+                self._mute[0] = False
+        for p in self.model.parameters():
+            p.grad = None
 
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip the gradients to a global norm of ``max_norm`` (``inf``: no clipping); return the norm
@@ -105,8 +141,10 @@ def clip_grad_norm_(parameters: list[torch.Tensor], max_norm: float) -> torch.Te
 
 
 def parallelize(model: nn.Module, dims: ParallelDims, device: torch.device, *, precision: str = "fp32",
-                activation_checkpointing: bool = False, compile: bool = False) -> ParallelModel:
-    """Spread ``model`` (its weights already loaded, the same on every process) over ``dims``."""
+                activation_checkpointing: bool = False, compile: bool = False,
+                compression: Compression = Compression(), seed: int = 0) -> ParallelModel:
+    """Spread ``model`` (its weights already loaded, the same on every process) over ``dims``, its
+    gradients reduced with ``compression``."""
     if not dims.fsdp:
         model.to(device)  # fully_shard moves each shard itself: a model bigger than one GPU is never whole on one
     if dims.tp > 1:
@@ -117,15 +155,16 @@ def parallelize(model: nn.Module, dims: ParallelDims, device: torch.device, *, p
         for layer in encoder_layers(model):
             layer.compile(dynamic=False)  # every batch has the same shapes: one graph
     if dims.fsdp:
-        apply_fsdp(model, dims, precision)
-        return ParallelModel(model, model, dims)
+        apply_fsdp(model, dims, precision, reduce_dtype=compression.dtype)
+        return ParallelModel(model, model, dims, compression)
     if dims.dp > 1:
         from torch.nn.parallel import DistributedDataParallel
 
         ddp = DistributedDataParallel(model, process_group=dims.dp_group,
                                       device_ids=[device.index] if device.type == "cuda" else None)
-        return ParallelModel(ddp, model, dims)
-    return ParallelModel(model, model, dims)
+        powersgd, mute = register_compression(ddp, compression, dims.dp_group, seed)
+        return ParallelModel(ddp, model, dims, compression, powersgd, mute)
+    return ParallelModel(model, model, dims, compression)
 
 
 def apply_tensor_parallel(model: nn.Module, dims: ParallelDims) -> None:
@@ -155,12 +194,14 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
         layers[i] = checkpoint_wrapper(layer, preserve_rng_state=True)
 
 
-def apply_fsdp(model: nn.Module, dims: ParallelDims, precision: str) -> None:
-    """fully_shard every encoder layer, then the root (embeddings, tied decoder, pooler, heads)."""
+def apply_fsdp(model: nn.Module, dims: ParallelDims, precision: str, reduce_dtype: torch.dtype | None = None) -> None:
+    """fully_shard every encoder layer, then the root (embeddings, tied decoder, pooler, heads).
+    Parameters are gathered in bf16 under --precision bf16; gradients are reduced in fp32, or in
+    ``reduce_dtype`` (--grad-compression fp16/bf16)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" \
-        else MixedPrecisionPolicy()
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
+                              reduce_dtype=reduce_dtype or torch.float32)
     mesh = dims.dp_mesh
     for layer in encoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp)

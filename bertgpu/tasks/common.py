@@ -23,9 +23,10 @@ import torch
 from tqdm import tqdm
 
 from .. import checkpoint
-from ..config import ModelConfig
+from ..config import ModelConfig, per_rank_sizes
 from ..errors import UserError
 from ..parallel import ParallelDims, ParallelModel, launch, parallelize
+from ..parallel.compression import Compression, load_state_tensors, state_tensors
 from ..training import (LaggedFlags, RunLog, StopSignal, allow_tf32, console_is_tty, gather_rng_states, peak_memory_mb,
                         resolve_precision, restore_rng_state)
 
@@ -48,6 +49,19 @@ def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
     if precision == "fp16" and (dims.tp > 1 or dims.fsdp):
         raise UserError("--precision fp16 works with --strategy ddp only (its gradient scaler cannot see sharded "
                         "gradients): use --precision bf16")
+    parallel = cfg.parallel
+    if parallel.grad_compression == "powersgd" and (dims.fsdp or dims.tp > 1):
+        raise UserError("--grad-compression powersgd works with --strategy ddp without --tp only (FSDP and tensor "
+                        "parallelism reduce-scatter gradients, which PowerSGD cannot compress): use fp16 or bf16, "
+                        "the dtype gradients are reduced in")
+    if parallel.balance == "auto":
+        if dims.dp == 1:
+            raise UserError("--balance auto needs at least 2 data-parallel processes: with one there is nothing to "
+                            "balance")
+        if dims.fsdp or dims.tp > 1:
+            raise UserError("--balance auto works with --strategy ddp without --tp only: FSDP and tensor parallelism "
+                            "synchronise every layer, so a slow process slows all and cannot be timed alone")
+    per_rank_sizes(cfg.batch_size, dims.dp)
     return dims
 
 
@@ -106,21 +120,37 @@ class TrainingRun:
     def layout(self) -> tuple[int, int, int]:
         return self.dims.world_size, self.dims.dp, self.dims.tp
 
-    def parallelize(self, model: torch.nn.Module, compile: bool = False) -> ParallelModel:
+    def parallelize(self, model: torch.nn.Module, total_steps: int, compile: bool = False) -> ParallelModel:
         """Spread ``model`` (the same weights on every process) over the processes; seed dropout: the
         processes of one tensor-parallel group draw the same masks, each data-parallel rank its own."""
+        parallel = self.cfg.parallel
+        compression = Compression(parallel.grad_compression, parallel.powersgd_rank,
+                                  parallel.powersgd_warmup or max(2, total_steps // 10))
         net = parallelize(model, self.dims, self.device, precision=self.precision,
-                          activation_checkpointing=self.cfg.parallel.activation_checkpointing, compile=compile)
+                          activation_checkpointing=parallel.activation_checkpointing, compile=compile,
+                          compression=compression, seed=self.cfg.seed)
         torch.manual_seed(self.cfg.seed + 1 + self.dims.dp_rank)
         return net
 
-    def restore(self, net: ParallelModel, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
-        """On resume: the optimizer state (whatever layout wrote it), the gradient scaler and this
-        process's RNG. The loop restores its own fields from ``self.state``."""
+    def restore(self, net: ParallelModel, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                sample_forward: Callable[[], Any]) -> None:
+        """On resume: the optimizer state (whatever layout wrote it), the gradient scaler, this
+        process's RNG and PowerSGD's state (same layout only). ``sample_forward`` runs the model on a
+        batch, for PowerSGD's silent first step (``ParallelModel.settle_buckets``). The loop restores
+        its own fields from ``self.state``."""
         if self.state is None:
             return
         checkpoint.load_optimizer_state(net.model, optimizer, self.resume_from)
         scaler.load_state_dict(self.state["scaler"])
+        if net.powersgd is not None:
+            same_layout = list(self.state.get("layout", ())) == list(self.layout)
+            saved = checkpoint.load_rank_tensors(self.resume_from, self.env.rank)
+            if same_layout and saved is not None:
+                load_state_tensors(net.powersgd, saved)
+                net.settle_buckets(sample_forward)
+            else:
+                self.warn("PowerSGD starts afresh (warm-up included): the checkpoint was written by another layout "
+                          "or without PowerSGD")
         anew = hash((self.cfg.seed, self.dims.dp_rank, self.start_step)) % 2**63
         restore_rng_state(self.state["rng"], self.env.rank, self.layout, self.device, anew)
 
@@ -133,7 +163,9 @@ class TrainingRun:
                         unit="step")
 
     def write(self, line: str) -> None:
-        """A line on the console that does not break the progress bar."""
+        """A line on the console (rank 0's) that does not break the progress bar."""
+        if not self.is_main:
+            return
         if self.bar is not None and not self.bar.disable:
             tqdm.write(line)
         else:
@@ -148,7 +180,8 @@ class TrainingRun:
                 "layout": list(self.layout)}
         return checkpoint.save_checkpoint(self.out, step, net.model, optimizer, model_config, full, self.cfg,
                                           vocab_path=vocab_path, do_lower_case=do_lower_case, keep=keep,
-                                          architecture=architecture)
+                                          architecture=architecture,
+                                          rank_tensors=state_tensors(net.powersgd) if net.powersgd else None)
 
     def end_step(self, step: int, bad: torch.Tensor, *, flush: bool, save: Callable[[], Path]) -> bool:
         """After every optimizer step: queue its flags (was it skipped; was any process asked to stop)
@@ -176,8 +209,7 @@ class TrainingRun:
                 continue
             self.skipped += 1
             self.bad_in_a_row += 1
-            if self.is_main:
-                self.write(f"step {flag_step}: non-finite loss or gradient, step skipped ({self.skipped} so far)")
+            self.write(f"step {flag_step}: non-finite loss or gradient, step skipped ({self.skipped} so far)")
             if self.precision != "fp16" and self.bad_in_a_row >= self.cfg.max_bad_steps:
                 self.flags.flush()  # the steps after it are skipped too: nothing is lost by not reading them
                 path = save()

@@ -25,15 +25,17 @@ import torch
 import torch.nn.functional as F
 
 from .. import checkpoint
-from ..config import PRESETS, ModelConfig, PretrainConfig
+from ..config import PRESETS, ModelConfig, PretrainConfig, per_rank_sizes
 from ..data.pretraining import IGNORE_INDEX, GlobalBatchSampler, PretrainingDataset, check_nsp_possible
 from ..data.shards import ShardedCorpus
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
 from ..model import BertForPreTraining, training_flops_per_sequence
 from ..parallel import ParallelModel, launch
-from ..training import (Sums, Throughput, autocast, build_optimizer, build_schedule, format_rate, ignore_stop_signals,
-                        optimizer_step, peak_flops)
+from ..parallel.balance import Balancer
+from ..parallel.compression import describe as describe_compression
+from ..training import (Sums, Throughput, autocast, build_optimizer, build_schedule, describe_lr, format_rate,
+                        ignore_stop_signals, optimizer_step, peak_flops)
 from .common import TrainingRun, check_layout, check_out_dir, run_workers
 
 # What the log sums between two log lines (summed over the data-parallel ranks).
@@ -107,11 +109,11 @@ def train(cfg: PretrainConfig) -> Path:
     # Data: one global order per epoch; each data-parallel rank reads only its share of each global batch.
     corpus = ShardedCorpus(cfg.data.data)
     dataset = PretrainingDataset(corpus, cfg.data, cfg.seed, load_vocab(corpus.vocab_path))
-    b, accum = cfg.batch_size, cfg.grad_accum
-    global_batch = b * dims.dp * accum
+    sizes, accum = per_rank_sizes(cfg.batch_size, dims.dp), cfg.grad_accum  # per data-parallel rank
+    global_batch = sum(sizes) * accum
     if len(dataset) < global_batch:
         raise UserError(f"{cfg.data.data} gives {len(dataset)} instances per epoch, fewer than one global batch "
-                        f"of {global_batch} (batch size {b} x {dims.dp} data-parallel ranks x {accum} accumulation)")
+                        f"of {global_batch} ({describe_batch(sizes, accum)})")
 
     # Model: the same initial weights on every process (same seed, or the checkpoint's), then spread.
     torch.manual_seed(cfg.seed)
@@ -121,44 +123,53 @@ def train(cfg: PretrainConfig) -> Path:
     if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
         for unused in (model.bert.pooler, model.cls.seq_relationship):
             unused.requires_grad_(False)
-    net = run.parallelize(model, compile=cfg.compile)
-    optimizer = build_optimizer(model, cfg.optim, device)
+    net = run.parallelize(model, cfg.optim.steps, compile=cfg.compile)
+    optim = dataclasses.replace(cfg.optim, lr=cfg.optim.peak_lr(global_batch))
+    optimizer = build_optimizer(model, optim, device)
     scaler = torch.amp.GradScaler(device.type, enabled=run.precision == "fp16")
-    run.restore(net, optimizer, scaler)
+    run.restore(net, optimizer, scaler, sample_forward=lambda: net(**_sample_batch(dataset, device)))
 
     step, epoch, instance = run.start_step, 0, 0  # instance: how many of the epoch's instances are trained
-    schedule = build_schedule(optimizer, cfg.optim, step)
+    schedule = build_schedule(optimizer, optim, step)
     sums = Sums(device, *LOG_SUMS)
     moved = ""
+    balancer = Balancer(device, enabled=cfg.parallel.balance == "auto")
     if run.state is not None:
         epoch, instance = run.state["position"]["epoch"], run.state["position"]["instance"]
         sums.restore(run.state["log_sums"], dims)
         if run.state["global_batch"] != global_batch:
             moved = (f"; the global batch changed from {run.state['global_batch']} to {global_batch}: continuing at "
                      f"instance {instance:,} of epoch {epoch}")
+        elif balancer.enabled and run.state.get("balanced") and len(run.state["batch_sizes"]) == dims.dp:
+            sizes, balancer.enabled = list(run.state["batch_sizes"]), False  # the sizes --balance auto chose
 
     meter = Throughput(training_flops_per_sequence(plan.model_config, cfg.data.max_seq_length,
                                                    cfg.data.max_predictions), peak_flops(device, run.precision),
                        dims.world_size)
     n_params = sum(p.numel() for p in model.parameters())
     how = f"resuming from {run.resume_from} at step {step}{moved}" if run.resume_from else "starting"
-    run.start(f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {dims.describe()}, on {device.type}, "
-              f"{run.precision}, global batch {global_batch} = {b} x {dims.dp} x {accum}, "
+    compressed = f", gradients {describe_compression(net.compression)}" if dims.dp > 1 and \
+        net.compression.kind != "none" else ""
+    run.start(f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {dims.describe()}{compressed}, on {device.type}, "
+              f"{run.precision}, global batch {global_batch} = {describe_batch(sizes, accum)}, "
+              f"{describe_lr(cfg.optim.lr, optim.lr, cfg.optim.lr_scaling, global_batch, cfg.optim.reference_batch)}, "
               f"{len(dataset):,} instances in epoch {epoch}; {how}", cfg.optim.steps)
 
     def save() -> Path:
         state = {"position": {"epoch": epoch, "instance": instance}, "global_batch": global_batch,
+                 "batch_sizes": sizes, "balanced": cfg.parallel.balance == "auto" and not balancer.enabled,
                  "log_sums": sums.gathered(dims)}
         return run.save(step, net, optimizer, scaler, state, plan.model_config, vocab_path=corpus.vocab_path,
                         do_lower_case=plan.lowercase, keep=cfg.keep)
 
     window = 0  # steps since the last log line
+    comm_bytes = 0  # gradient bytes exchanged by this process since the last log line
     saved = run.resume_from
     batches = None
     try:
         while step < cfg.optim.steps:
             dataset.set_epoch(epoch)
-            sampler = GlobalBatchSampler(len(dataset), b, dims.dp, dims.dp_rank, accum, cfg.seed, epoch, instance)
+            sampler = GlobalBatchSampler(len(dataset), sizes, dims.dp_rank, accum, cfg.seed, epoch, instance)
             loader = torch.utils.data.DataLoader(
                 dataset, batch_sampler=sampler, num_workers=cfg.data.loader_workers, pin_memory=device.type == "cuda",
                 prefetch_factor=4 if cfg.data.loader_workers else None,
@@ -169,25 +180,34 @@ def train(cfg: PretrainConfig) -> Path:
             batches = iter(loader)
             for _ in range(min(sampler.steps, cfg.optim.steps - step)):
                 micro = [{k: v.to(device, non_blocking=True) for k, v in next(batches).items()} for _ in range(accum)]
-                step_sums = train_step(net, micro, global_batch, cfg.data.nsp, scaler, run.precision, sums)
+                step_sums = train_step(net, micro, global_batch, cfg.data.nsp, scaler, run.precision, sums, balancer)
                 bad = optimizer_step(net, optimizer, scaler, schedule, cfg.optim.clip, run.precision)
                 step, instance, window = step + 1, instance + global_batch, window + 1
+                comm_bytes += net.comm_bytes_per_step(step)
                 run.bar.update(1)
                 sums.add(torch.where(bad > 0, 0.0, step_sums))  # a skipped step's loss is not logged
                 checkpoint_due = step % cfg.save_every == 0 or step == cfg.optim.steps
                 stop_now = run.end_step(step, bad, flush=checkpoint_due, save=save)
                 if step % cfg.log_every == 0 or step == cfg.optim.steps:
                     s = sums.read(dims)
-                    values = {**log_values(s, cfg.data.nsp), "lr": schedule.get_last_lr()[0],
+                    values = {**log_values(s, cfg.data.nsp), "lr": schedule.get_last_lr()[0], "peak_lr": optim.lr,
                               "global_batch": global_batch, "epoch": epoch, "skipped_steps": run.skipped,
                               "layout": dims.describe(), "peak_memory_mb": run.peak_memory_mb(),
+                              "comm_bytes_per_step": comm_bytes / max(window, 1),
                               **meter.rates(window, int(s["sequences"]), int(s["tokens"]))}
-                    window = 0
+                    window = comm_bytes = 0
                     run.log.log(step, values, log_line(step, cfg.optim.steps, values, cfg.data.nsp), write=run.write)
                 if checkpoint_due or stop_now:
                     saved = save()
                 if stop_now:
                     raise run.interrupted(step, saved)
+                balanced = balancer.end_step(sizes)
+                if balanced is not None and balanced[0] != sizes:
+                    run.write(f"balance: per-rank batch sizes {','.join(map(str, sizes))} -> "
+                              f"{','.join(map(str, balanced[0]))} (forward passes took "
+                              f"{', '.join(f'{ms:.1f}' for ms in balanced[1])} ms per sequence)")
+                    sizes = balanced[0]
+                    break  # a new sampler, from this instance on, with the new sizes
             batches = loader = None  # let this epoch's DataLoader workers go
             if len(dataset) - instance < global_batch:
                 epoch, instance = epoch + 1, 0
@@ -205,7 +225,7 @@ def train(cfg: PretrainConfig) -> Path:
 
 
 def train_step(net: ParallelModel, micro: list[dict[str, torch.Tensor]], global_batch: int, nsp: bool,
-               scaler: torch.amp.GradScaler, precision: str, sums: Sums) -> torch.Tensor:
+               scaler: torch.amp.GradScaler, precision: str, sums: Sums, balancer: Balancer) -> torch.Tensor:
     """The forward and backward passes of one optimizer step over this rank's micro-batches; return
     the step's log sums (``LOG_SUMS`` order), still on the device.
 
@@ -219,7 +239,7 @@ def train_step(net: ParallelModel, micro: list[dict[str, torch.Tensor]], global_
     n_masked = dims.dp_sum(sum((mb["mlm_labels"] != IGNORE_INDEX).sum() for mb in micro).float())
     step_sums = torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device)
     for i, mb in enumerate(micro):
-        with net.no_sync(i < len(micro) - 1), autocast(precision, device):
+        with net.no_sync(i < len(micro) - 1), autocast(precision, device), balancer.forward(len(mb["input_ids"])):
             mlm_logits, nsp_logits = net(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"],
                                          mb["mlm_positions"])
         mlm_logits, labels = mlm_logits.float().flatten(0, 1), mb["mlm_labels"].flatten()
@@ -240,6 +260,19 @@ def train_step(net: ParallelModel, micro: list[dict[str, torch.Tensor]], global_
     return step_sums
 
 
+def describe_batch(sizes: list[int], accum: int) -> str:
+    """``4 x 2 x 1`` (per-rank batch x data-parallel ranks x accumulation), or ``(6 + 2) x 1``."""
+    if len(set(sizes)) == 1:
+        return f"{sizes[0]} x {len(sizes)} x {accum}"
+    return f"({' + '.join(map(str, sizes))}) x {accum}"
+
+
+def _sample_batch(dataset: PretrainingDataset, device: torch.device) -> dict[str, torch.Tensor]:
+    """Two instances as a batch, for a step that only lays out DDP's buckets (settle_buckets)."""
+    batch = torch.utils.data.default_collate([dataset[i] for i in range(2)])
+    return {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask", "mlm_positions")}
+
+
 def log_values(s: dict[str, float], nsp: bool) -> dict[str, float]:
     """Losses and accuracies from the sums of a log window."""
     mlm = s["mlm_loss"] / max(s["masked"], 1)
@@ -256,4 +289,6 @@ def log_line(step: int, steps: int, values: dict, nsp: bool) -> str:
              f" | {format_rate(values['seq_per_s'])} seq/s | {format_rate(values['tokens_per_s'])} tok/s")
     if "mfu" in values:
         line += f" | mfu {100 * values['mfu']:.1f}%"
+    if values.get("comm_bytes_per_step"):
+        line += f" | grads {values['comm_bytes_per_step'] / 2**20:.2f} MiB/step"
     return line + f" | peak mem {values['peak_memory_mb'] / 1024:.2f} GiB"

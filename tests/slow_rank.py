@@ -1,0 +1,26 @@
+"""`python tests/slow_rank.py COMMAND ...`: the bertgpu CLI, with one process made slower.
+
+For the --balance auto test, a stand-in for a slower GPU: when this process's RANK is SLOW_RANK, every
+forward pass of the pretraining model first sleeps SLOW_SECONDS per sequence. It lives here, in the
+tests, and patches the model from outside: the product has no such switch that a user could hit.
+"""
+
+import os
+import sys
+import time
+
+from bertgpu.cli import main
+from bertgpu.model import BertForPreTraining
+
+if os.environ.get("RANK") == os.environ.get("SLOW_RANK"):
+    forward = BertForPreTraining.forward
+
+    def slow_forward(self, input_ids, *args, **kwargs):
+        time.sleep(float(os.environ["SLOW_SECONDS"]) * input_ids.shape[0])
+        return forward(self, input_ids, *args, **kwargs)
+
+    BertForPreTraining.forward = slow_forward
+
+if __name__ == "__main__":
+    sys.argv[0] = "bertgpu"
+    main()
