@@ -162,7 +162,7 @@ class PrepareConfig:
     text_field: str = opt("text", "the field (JSON Lines) or column (Parquet) that holds a record's text")
     split_sentences: str | None = opt(
         None, "auto: split each line (a paragraph: a newline separates paragraphs in a record) into sentences, "
-        "with nupunkt for Latin-script text and after 。！？ for Chinese and Japanese; lines: a line is a sentence "
+        "with sentencex for Latin-script text and after 。！？ for Chinese and Japanese; lines: a line is a sentence "
         "(the original BERT format); none: keep each paragraph whole (in a record, the same as lines). "
         "Default: lines for plain text, auto for JSON Lines and Parquet", choices=["auto", "lines", "none"])
 
