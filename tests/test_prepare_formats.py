@@ -251,9 +251,9 @@ def test_long_records_are_cut_and_long_paragraphs_warned(english_corpus, uncased
         assert sum(map(len, doc)) >= 5_000 > sum(map(len, doc[:-1]))
     assert reader.cut_records == 1 and reader.long_lines == 1
     assert reader.warnings == [
-        f"1 line(s) are longer than 2,000 characters (first at {path}:3); each is kept as one sentence, and "
-        "pretraining uses only the first tokens of a sentence that long (--split-sentences auto splits lines into "
-        "sentences)",
+        f"1 line(s) are longer than 2,000 characters (first at {path}:3), each kept as one sentence, one sentence "
+        "per line; pretraining uses only the first tokens of a sentence that long (--split-sentences auto splits "
+        "lines into sentences)",
         f"1 record(s) ran past 5,000 characters and were cut into documents of that size, at paragraph ends "
         f"(first at {path}:2)",
     ]

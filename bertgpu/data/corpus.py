@@ -202,8 +202,8 @@ class CorpusReader:
                        f"(first at {self.first_bad})")
         if self.long_lines:
             out.append(f"{self.long_lines:,} line(s) are longer than {MAX_LINE_CHARS:,} characters (first at "
-                       f"{self.first_long}); each is kept as one sentence, and pretraining uses only the first "
-                       "tokens of a sentence that long (--split-sentences auto splits lines into sentences)")
+                       f"{self.first_long}), each kept as one sentence, one sentence per line; pretraining uses only "
+                       "the first tokens of a sentence that long (--split-sentences auto splits lines into sentences)")
         if self.cut_documents:
             out.append(f"{self.cut_documents:,} document(s) ran past {MAX_DOCUMENT_CHARS:,} characters without a "
                        f"blank line and were cut into documents of that size (first cut at {self.first_cut}); "
