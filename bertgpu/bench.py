@@ -76,7 +76,7 @@ def run(cfg: BenchConfig) -> dict[str, float]:
         import transformers
     except ImportError:
         raise UserError("bertgpu bench compares with transformers: pip install transformers") from None
-    from .distributed import resolve_device
+    from .parallel.launch import resolve_device
 
     device = torch.device(resolve_device(cfg.device))
     precision = resolve_precision(cfg.precision, device)

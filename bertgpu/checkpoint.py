@@ -5,6 +5,16 @@ A directory saved here is what ``transformers`` writes for the same model (``con
 Hugging Face BERT directory loads into our models. Weights are read with safetensors only: a
 pickle (``pytorch_model.bin``) can run code when loaded. A model whose vocab is padded for speed
 (``pad_vocab_multiple``) is saved with its vocab_size real rows and loads such files back.
+
+A training checkpoint is such a directory plus what it takes to continue: the optimizer's
+per-parameter state through ``torch.distributed.checkpoint`` (each process writes the shard it
+holds, and a resume on another layout reads what it needs), and the plain values of the run
+(data position, RNGs, scaler) in ``training_state.pt``. Model and optimizer state are taken
+through ``torch.distributed.checkpoint.state_dict`` on every process, which sees through FSDP
+shards, DTensors and the wrapper prefixes of DDP, compile and activation checkpointing: this
+module is the one place that handles them. Nothing read back can run code: safetensors for the
+weights, ``torch.load(weights_only=True)`` for the state, and an allow-list for the metadata pickle
+of torch.distributed.checkpoint.
 """
 
 from __future__ import annotations
@@ -13,9 +23,11 @@ import contextlib
 import dataclasses
 import json
 import os
+import pickle
 import re
 import secrets
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -47,20 +59,39 @@ def _is_vocab_rows(name: str) -> bool:
     return name.endswith(_VOCAB_ROWS)
 
 
-def export_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+def export_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
     """The model's tensors as a Hugging Face BERT stores them: on the CPU, tied aliases dropped
-    (safetensors refuses shared tensors; transformers re-ties them), vocab padding cut off."""
+    (safetensors refuses shared tensors; transformers re-ties them), vocab padding cut off.
+
+    ``state`` is the model's full state dict when it was gathered from processes that each hold a
+    shard (``full_state_dict``); by default, the model's own.
+    """
     model = unwrap(model)
     aliases = getattr(model, "tied_weights", {})
     vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
     tensors = {}
-    for name, tensor in model.state_dict().items():
+    for name, tensor in (model.state_dict() if state is None else state).items():
         if name in aliases:
             continue
         if vocab_size is not None and _is_vocab_rows(name):
             tensor = tensor[:vocab_size]
         tensors[name] = tensor.detach().cpu().contiguous()
     return tensors
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The model's whole state dict on the CPU of rank 0 (``None`` on the other ranks).
+
+    Every process must call it: FSDP and tensor-parallel parameters are gathered from their shards.
+    Names are the plain model's, whatever wraps it (DDP, compile, activation checkpointing).
+    """
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if not dist.is_initialized():
+        return get_model_state_dict(model)
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return state if dist.get_rank() == 0 else None
 
 
 def _fsync(path: Path) -> None:
@@ -79,31 +110,43 @@ def atomic_directory(final_path: str | os.PathLike) -> Iterator[Path]:
     complete contents: never a half-written checkpoint that a resume would trust.
     """
     final = Path(final_path)
-    parent = final.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = parent / f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    tmp.mkdir()
+    tmp = new_temporary(final)
     try:
         yield tmp
-        for root, dirs, files in os.walk(tmp):
-            for name in files:
-                _fsync(Path(root, name))
-            _fsync(Path(root))
-        if final.exists():
-            old = parent / f".{final.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
-            os.rename(final, old)
-            try:
-                os.rename(tmp, final)
-            except BaseException:
-                os.rename(old, final)
-                raise
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, final)
-        _fsync(parent)
+        commit(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def new_temporary(final: Path) -> Path:
+    """A new, empty, hidden sibling of ``final`` to build it in (``.NAME.tmp-*``: never taken as complete)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.parent / f".{final.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    return tmp
+
+
+def commit(tmp: Path, final: Path) -> None:
+    """Make the complete directory ``tmp`` into ``final``: every file fsynced, then renamed, the
+    previous ``final`` (if any) moved aside first and removed last."""
+    parent = final.parent
+    for root, dirs, files in os.walk(tmp):
+        for name in files:
+            _fsync(Path(root, name))
+        _fsync(Path(root))
+    if final.exists():
+        old = parent / f".{final.name}.old-{os.getpid()}-{secrets.token_hex(4)}"
+        os.rename(final, old)
+        try:
+            os.rename(tmp, final)
+        except BaseException:
+            os.rename(old, final)
+            raise
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, final)
+    _fsync(parent)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -126,10 +169,11 @@ def save_pretrained(
     do_lower_case: bool,
     architecture: str | None = None,
 ) -> Path:
-    """Write a Hugging Face BERT directory, atomically; return its path.
+    """Write a Hugging Face BERT directory of a model in this process, atomically; return its path.
 
     ``architecture`` (config.json's ``architectures``) defaults to the model's class name, which
-    is the transformers class with the same parameters.
+    is the transformers class with the same parameters. (A model spread over processes is saved
+    with ``save_model_dir``, which every process calls.)
     """
     out = Path(out_dir)
     with atomic_directory(out) as tmp:
@@ -146,11 +190,13 @@ def write_pretrained(
     vocab_path: str | os.PathLike,
     do_lower_case: bool,
     architecture: str | None = None,
+    state: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """The files of a Hugging Face BERT directory, written into ``directory`` (not atomic by itself)."""
+    """The files of a Hugging Face BERT directory, written into ``directory`` (not atomic by itself).
+    ``state``: the model's full state dict, when gathered from processes (``full_state_dict``)."""
     model = unwrap(model)
-    architecture = architecture or type(model).__name__
-    tensors = export_state_dict(model)
+    architecture = architecture or type(model).__name__.removeprefix("FSDP")
+    tensors = export_state_dict(model, state)
     tokenizer_config = {
         "tokenizer_class": "BertTokenizer",
         "do_lower_case": do_lower_case,
@@ -169,7 +215,8 @@ def write_pretrained(
 # ---------------------------------------------------------------------------------------------
 # Training checkpoints: a Hugging Face directory plus the state to continue training from it.
 
-STATE_NAME = "training_state.pt"  # optimizer, schedule, scaler, RNGs, data position: tensors and plain values
+STATE_NAME = "training_state.pt"  # plain values: data position, RNGs, scaler, records (rank 0)
+OPTIMIZER_DIR = "optimizer"  # the optimizer's per-parameter tensors: torch.distributed.checkpoint, a file per process
 RUN_CONFIG_NAME = "bertgpu.json"  # the task's config dataclass, as JSON
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -228,6 +275,7 @@ def save_checkpoint(
     run_dir: Path,
     step: int,
     model: nn.Module,
+    optimizer: torch.optim.Optimizer,
     model_config: ModelConfig,
     state: dict[str, Any],
     run_config: Any,
@@ -235,28 +283,219 @@ def save_checkpoint(
     vocab_path: str | os.PathLike,
     do_lower_case: bool,
     keep: int,
+    architecture: str | None = None,
 ) -> Path:
-    """Write ``run_dir/checkpoints/step-NNNNNNN`` atomically and keep the newest ``keep``.
+    """Write the resumable checkpoint ``run_dir/checkpoints/step-NNNNNNN`` atomically and keep the
+    newest ``keep``. Every process calls this, together.
 
-    The directory is a Hugging Face BERT directory that transformers loads as it is; beside the
-    weights lie the training state (``state``: tensors and plain values only, read back with
-    ``torch.load(weights_only=True)``) and the run's config. If the write fails (a full disk), the
-    previous checkpoint stays the latest and nothing half-written remains.
+    The directory is a Hugging Face BERT directory that transformers loads as it is (the weights
+    gathered from every process's shard, written by rank 0); beside the weights lie the optimizer
+    state (``optimizer/``, each process writing its own shard), the plain training state (``state``:
+    tensors and plain values only, read back with ``torch.load(weights_only=True)``) and the run's
+    config. If the write fails (a full disk), the previous checkpoint stays the latest and nothing
+    half-written remains.
     """
     path = Path(run_dir) / "checkpoints" / f"step-{step:07d}"
     previous = latest_checkpoint(run_dir)
-    try:
-        with atomic_directory(path) as tmp:
-            write_pretrained(model, model_config, tmp, vocab_path=vocab_path, do_lower_case=do_lower_case)
-            torch.save({"step": step, **state}, tmp / STATE_NAME)
-            _write_json(tmp / RUN_CONFIG_NAME, {"step": step, "config": dataclasses.asdict(run_config)})
-    except (OSError, SafetensorError, RuntimeError) as e:  # safetensors and torch.save wrap write errors
-        reason = getattr(e, "strerror", None) or str(e).strip().splitlines()[-1]
-        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
-        raise UserError(f"could not write checkpoint {path} ({reason}); {kept}") from None
-    for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+
+    def write(tmp: Path, weights: dict[str, torch.Tensor]) -> None:
+        write_pretrained(model, model_config, tmp, vocab_path=vocab_path, do_lower_case=do_lower_case,
+                         architecture=architecture, state=weights)
+        torch.save({"step": step, **state}, tmp / STATE_NAME)
+        _write_json(tmp / RUN_CONFIG_NAME, {"step": step, "config": dataclasses.asdict(run_config)})
+
+    kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+    _save_collectively(path, model, write, optimizer, kept)
+    if _is_main():
+        for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def save_model_dir(
+    path: Path,
+    model: nn.Module,
+    model_config: ModelConfig,
+    *,
+    vocab_path: str | os.PathLike,
+    do_lower_case: bool,
+    architecture: str | None = None,
+    json_files: dict[str, Any] | None = None,
+) -> Path:
+    """Write a Hugging Face BERT directory of a model spread over processes, atomically (every
+    process calls this; rank 0 writes), with more JSON files beside the weights."""
+
+    def write(tmp: Path, weights: dict[str, torch.Tensor]) -> None:
+        write_pretrained(model, model_config, tmp, vocab_path=vocab_path, do_lower_case=do_lower_case,
+                         architecture=architecture, state=weights)
+        for name, obj in (json_files or {}).items():
+            (tmp / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+    _save_collectively(Path(path), model, write, None, "nothing was replaced")
+    return Path(path)
+
+
+def _is_main() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _save_collectively(final: Path, model: nn.Module, write: Any, optimizer: torch.optim.Optimizer | None,
+                       kept: str) -> None:
+    """Gather the weights, write them (rank 0, through ``write(tmp, weights)``) and the optimizer's
+    shards (every rank) into a temporary directory, and rename it to ``final`` once every rank has
+    succeeded. A failure anywhere becomes the same UserError on every rank, with nothing left behind."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    from .parallel import launch
+
+    weights = full_state_dict(model)
+    tensors = optimizer_tensors(model, optimizer) if optimizer is not None else None
+    is_main = _is_main()
+    reason = ""
+    tmp = new_temporary(final) if is_main else None
+    tmp = launch.broadcast_object(tmp)
+    try:
+        if tensors is not None:
+            with _single_process_is_meant():
+                dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp / OPTIMIZER_DIR),
+                         no_dist=not dist.is_initialized())
+        if is_main:
+            write(tmp, weights)
+    except (OSError, SafetensorError, RuntimeError, dcp.api.CheckpointException) as e:
+        # safetensors, torch.save and torch.distributed.checkpoint wrap the OS's write errors
+        reason = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[-1]
+    reasons = launch.all_gather_object(reason) if dist.is_initialized() else [reason]
+    failed = [r for r in reasons if r]
+    if is_main:
+        if failed:
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            commit(tmp, final)
+    launch.barrier()
+    if failed:
+        raise UserError(f"could not write checkpoint {final} ({failed[0]}); {kept}")
+
+
+@contextlib.contextmanager
+def _single_process_is_meant() -> Iterator[None]:
+    """torch.distributed.checkpoint warns that it assumes one process when there is no process
+    group; a one-process run means exactly that."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is .*single process")
+        yield
+
+
+def optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's per-parameter tensors (moments, step counts) keyed by parameter name, as this
+    process holds them (DTensor shards under FSDP and tensor parallelism). Every process calls it.
+
+    Only tensors: the hyperparameters come from the config and the learning rate from the schedule
+    (a function of the step), so a checkpoint holds nothing that unpickling could run.
+    """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    state = get_optimizer_state_dict(model, optimizer)["state"]
+    for name, values in state.items():
+        for key, value in values.items():
+            if not torch.is_tensor(value):
+                raise TypeError(f"optimizer state {name}.{key} is a {type(value).__name__}, not a tensor")
+    return {"state": state}
+
+
+def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, path: str | os.PathLike) -> None:
+    """Load a checkpoint's optimizer state into ``optimizer``, whatever the layout it was saved from
+    (every process calls this and reads the parts of the saved tensors it holds now).
+
+    Refuses state whose shapes do not fit the model's parameters (as after a resume with another
+    vocab padding), naming the tensor, instead of failing later in a kernel.
+    """
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
+                                                         set_optimizer_state_dict)
+
+    folder = Path(path) / OPTIMIZER_DIR
+    if not (folder / ".metadata").is_file():
+        raise UserError(f"{folder} is missing: {path} is not a resumable bertgpu checkpoint (written by this "
+                        f"version); start from its weights with --model {path} instead")
+    reader = _safe_reader(folder)
+    saved = reader.read_metadata().state_dict_metadata
+    template = get_optimizer_state_dict(model, optimizer)  # creates the state tensors to load into
+    for name in list(template["state"]):
+        keys = {key: f"state.{name}.{key}" for key in template["state"][name]}
+        if not any(flat in saved for flat in keys.values()):
+            del template["state"][name]  # never stepped when saved (no gradient yet): it stays so
+            continue
+        for key, flat in keys.items():
+            value = template["state"][name][key]
+            if flat not in saved:
+                raise UserError(f"{folder}: no saved optimizer state {key} for parameter {name}: the checkpoint is "
+                                "of another model or optimizer")
+            if list(saved[flat].size) != list(value.shape):
+                raise UserError(f"{folder}: the saved optimizer state ({key} of {name}) has shape "
+                                f"{list(saved[flat].size)}, the model's parameter {list(value.shape)}: resume with "
+                                "the model settings the run was started with (such as the vocab padding)")
+    try:
+        with _single_process_is_meant():
+            dcp.load({"state": template["state"]}, storage_reader=reader, no_dist=not dist.is_initialized())
+    except (OSError, RuntimeError, ValueError, dcp.api.CheckpointException) as e:
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
+        raise UserError(f"{folder}: cannot load the optimizer state, the files are damaged ({reason}); "
+                        f"delete {path} to resume from the checkpoint before it") from None
+    # strict=False: parameters that had no state when saved (no gradient yet) have none now either.
+    set_optimizer_state_dict(model, optimizer, template, options=StateDictOptions(strict=False))
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Unpickles torch.distributed.checkpoint's metadata and nothing else: only the classes such
+    metadata is made of may be named, so a crafted file raises instead of running code."""
+
+    ALLOWED = {
+        "torch.distributed.checkpoint.metadata": {"Metadata", "TensorStorageMetadata", "ChunkStorageMetadata",
+                                                  "TensorProperties", "_MEM_FORMAT_ENCODING", "MetadataIndex",
+                                                  "StorageMeta", "BytesStorageMetadata"},
+        "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+        "torch.serialization": {"_get_layout"},
+        "torch": {"Size"},
+        "pathlib": {"PosixPath", "WindowsPath", "Path"},
+        "collections": {"OrderedDict"},
+    }
+
+    def find_class(self, module: str, name: str) -> Any:
+        is_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if name in self.ALLOWED.get(module, ()) or is_dtype:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in checkpoint metadata")
+
+
+def _safe_reader(folder: Path) -> Any:
+    """torch.distributed.checkpoint's FileSystemReader for ``folder``, except that its metadata pickle
+    is read through ``_MetadataUnpickler`` and only tensor entries are accepted (a non-tensor entry
+    would be unpickled whole by torch). The tensors themselves torch reads with ``weights_only=True``.
+    (Made on use: torch.distributed.checkpoint takes most of a second to import.)"""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta, TensorStorageMetadata
+
+    class SafeReader(FileSystemReader):
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            file = Path(self.path) / ".metadata"
+            try:
+                with open(file, "rb") as f:
+                    metadata = _MetadataUnpickler(f).load()
+            except Exception as e:  # noqa: BLE001 - damaged or crafted: either way one line naming the file
+                raise UserError(f"{file}: cannot read the checkpoint metadata, the file is damaged or not ours "
+                                f"({e})") from None
+            if not all(isinstance(m, TensorStorageMetadata) for m in metadata.state_dict_metadata.values()):
+                raise UserError(f"{file}: the checkpoint holds entries that are not tensors; it is not ours")
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return SafeReader(folder)
 
 
 def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
@@ -271,23 +510,6 @@ def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(f"{file}: cannot load the training state, the file is damaged or not ours ({reason}); "
                         f"delete {path} to resume from the checkpoint before it") from None
-
-
-def check_optimizer_state(optimizer: torch.optim.Optimizer, saved: dict[str, Any], path: str | os.PathLike) -> None:
-    """Refuse a saved optimizer state whose tensors do not fit the model's parameters, as after a
-    resume with another vocab padding: torch's ``load_state_dict`` does not compare shapes, and the
-    next step would fail with an obscure kernel error. Call before ``optimizer.load_state_dict``."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    for index, state in saved["state"].items():
-        if index >= len(params):
-            continue  # a different parameter count: load_state_dict itself says so
-        for key, value in state.items():
-            if torch.is_tensor(value) and value.ndim > 0 and value.shape != params[index].shape:
-                raise UserError(
-                    f"{path}: the saved optimizer state ({key} of parameter {index}) has shape {list(value.shape)}, "
-                    f"the model's parameter {list(params[index].shape)}: resume with the model settings the run "
-                    "was started with (such as the vocab padding)"
-                )
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:

@@ -99,15 +99,15 @@ def _finetune(cfg: FinetuneConfig) -> None:
 
 
 def _evaluate(cfg: EvaluateConfig) -> None:
-    from .tasks import finetune
+    from .tasks import predict
 
-    finetune.run_evaluate(cfg)
+    predict.run_evaluate(cfg)
 
 
 def _predict(cfg: PredictConfig) -> None:
-    from .tasks import finetune
+    from .tasks import predict
 
-    finetune.run_predict(cfg)
+    predict.run_predict(cfg)
 
 
 def _bench(cfg: BenchConfig) -> None:

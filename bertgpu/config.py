@@ -129,6 +129,36 @@ ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
 # Task configs: one dataclass per command. The CLI flags are generated from these fields.
 
 
+# Flags that several commands share, each documented once here.
+_DEVICE_CHOICES = ["auto", "cpu", "cuda"]
+_PRECISIONS = ["auto", "fp32", "bf16", "fp16"]
+
+
+def _nproc() -> Any:
+    return opt(0, "processes to start (0: one per GPU, or 1 on CPU); ignored under torchrun")
+
+
+def _precision() -> Any:
+    return opt("auto", "auto: bf16 on GPUs that support it, else fp32", choices=_PRECISIONS)
+
+
+def _resume() -> Any:
+    return opt(False, "continue from the latest resumable checkpoint in --out")
+
+
+def _overwrite() -> Any:
+    return opt(False, "start afresh in a non-empty --out directory, deleting what is there")
+
+
+def _max_restarts() -> Any:
+    return opt(0, "restart the local workers this many times after a failure (they resume from the latest "
+                  "checkpoint); under torchrun use its --max-restarts")
+
+
+def _max_bad_steps() -> Any:
+    return opt(10, "stop after this many non-finite losses in a row (each is skipped), the last good weights saved")
+
+
 def _auto_workers() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
@@ -222,6 +252,25 @@ class OptimConfig:
 
 
 @dataclass
+class ParallelConfig:
+    """How a training run is spread over its processes (bertgpu/parallel), for pretrain and finetune alike."""
+
+    strategy: str = opt("ddp", "data parallelism: ddp (every process holds the whole model and gradients are "
+                               "all-reduced) or fsdp (parameters, gradients and optimizer state sharded over the "
+                               "data-parallel processes with FSDP2; bf16 parameters and fp32 gradient reduction under "
+                               "--precision bf16)", choices=["ddp", "fsdp"])
+    tp: int = opt(1, "tensor-parallel degree: each encoder layer's matmuls split over this many processes, which "
+                     "train one batch together (it must divide the process count and the attention heads; the "
+                     "data-parallel degree is processes / tp, and --batch-size is per data-parallel rank)")
+    activation_checkpointing: bool = opt(False, "keep only each encoder layer's input and recompute the rest in the "
+                                                "backward pass: activation memory for about a third more compute")
+
+    def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise UserError(f"--tp must be at least 1, got {self.tp}")
+
+
+@dataclass
 class PretrainConfig:
     """`bertgpu pretrain`: masked LM + next-sentence prediction, data parallel over processes."""
 
@@ -230,22 +279,21 @@ class PretrainConfig:
     out: str = opt("", "run directory (checkpoints, logs, TensorBoard events)", required=True)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    nproc: int = opt(0, "processes to start (0: one per GPU, or 1 on CPU); ignored under torchrun")
-    device: str = opt("auto", "where to train", choices=["auto", "cpu", "cuda"])
-    batch_size: int = opt(32, "sequences per process per micro-step")
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    nproc: int = _nproc()
+    device: str = opt("auto", "where to train", choices=_DEVICE_CHOICES)
+    batch_size: int = opt(32, "sequences per data-parallel rank per micro-step")
     grad_accum: int = opt(1, "micro-steps per optimizer step")
-    precision: str = opt("auto", "auto: bf16 on GPUs that support it, else fp32",
-                         choices=["auto", "fp32", "bf16", "fp16"])
+    precision: str = _precision()
     seed: int = opt(42, "seed for data order, masking, pairing and initialisation")
     dropout: float | None = opt(None, "set the model's dropout probabilities (0 makes parity checks exact)")
     save_every: int = opt(1000, "write a checkpoint every N steps (and at the end)")
     log_every: int = opt(10, "log every K steps")
     keep: int = opt(3, "checkpoints to keep (the newest)")
-    resume: bool = opt(False, "continue from the latest complete checkpoint in --out")
-    overwrite: bool = opt(False, "start afresh in a non-empty run directory, deleting what is there")
-    max_restarts: int = opt(0, "restart the local workers this many times after a failure (they resume from "
-                                "the latest checkpoint); under torchrun use its --max-restarts")
-    max_bad_steps: int = opt(10, "stop after this many non-finite losses in a row (each is skipped)")
+    resume: bool = _resume()
+    overwrite: bool = _overwrite()
+    max_restarts: int = _max_restarts()
+    max_bad_steps: int = _max_bad_steps()
     compile: bool = opt(False, "torch.compile the model (static shapes: fixed prediction slots per sequence)")
     pad_vocab_multiple: int = opt(64, "pad the vocab inside the model to a multiple of this, for faster GPU "
                                       "matmuls (checkpoints keep the true vocab size; 1: no padding)")
@@ -270,11 +318,11 @@ class BenchConfig:
     """`bertgpu bench`: time pretraining steps of bertgpu and of transformers' BertForPreTraining."""
 
     model: str = opt("mini", "model preset (with bert-base's 30,522-token vocab)", choices=list(PRESETS))
-    device: str = opt("auto", "where to run (auto: CUDA when present)", choices=["auto", "cpu", "cuda"])
+    device: str = opt("auto", "where to run (auto: CUDA when present)", choices=_DEVICE_CHOICES)
     batch_size: int = opt(32, "sequences per step")
     seq_len: int = opt(128, "tokens per sequence")
     max_predictions: int = opt(20, "masked positions per sequence")
-    precision: str = opt("auto", "auto: bf16 on GPUs that support it, else fp32", choices=["auto", "fp32", "bf16", "fp16"])
+    precision: str = _precision()
     steps: int = opt(20, "timed steps per side (the median is reported)")
     warmup: int = opt(5, "untimed warm-up steps per side")
     compile: bool = opt(False, "torch.compile bertgpu's model")
@@ -316,10 +364,6 @@ _FORMAT_HELP = "file format, when the extension does not tell"
 _TEXT_HELP = "column holding the text"
 _PAIR_HELP = "column holding the second text of sentence-pair tasks"
 _LABEL_HELP = "column holding the label (names or integers)"
-_DEVICE_CHOICES = ["auto", "cpu", "cuda"]
-_PRECISIONS = ["auto", "fp32", "bf16", "fp16"]
-
-
 def _check_length(max_seq_length: int, allow_auto: bool) -> None:
     if allow_auto and max_seq_length == 0:
         return
@@ -345,7 +389,7 @@ class FinetuneConfig:
                        "log.jsonl, tensorboard/", required=True)
     epochs: int = opt(3, "passes over the training data; evaluated and saved after each")
     lr: float = opt(2e-5, "peak learning rate (AdamW)")
-    batch_size: int = opt(8, "examples per process per step")
+    batch_size: int = opt(8, "examples per data-parallel rank per step")
     group_by_length: bool = opt(True, "batches of similar length, as transformers' group_by_length, so little "
                                       "padding is computed (1.8x the examples/s on short reviews, BENCHMARKS.md); "
                                       "--no-group-by-length: random batches", flag="--no-group-by-length")
@@ -355,17 +399,18 @@ class FinetuneConfig:
     metric: str = opt("accuracy", "the evaluation metric that picks the best checkpoint",
                       choices=["accuracy", "f1"])
     save_total_limit: int = opt(3, "checkpoints to keep: the best and the newest (0: keep all)")
-    nproc: int = opt(0, "processes to start (0: one per GPU, or 1 on CPU); ignored under torchrun")
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    nproc: int = _nproc()
     device: str = opt("auto", "where to train", choices=_DEVICE_CHOICES)
-    precision: str = opt("auto", "auto: bf16 on GPUs that support it, else fp32", choices=_PRECISIONS)
+    precision: str = _precision()
     seed: int = opt(42, "seed for the head's initialisation, data order, dropout and --eval-split")
     log_every: int = opt(50, "log the training loss every K steps")
     save_every: int = opt(500, "also write a resumable checkpoint every N steps (one is always written at the "
                                "end of each epoch and on SIGINT/SIGTERM; only the newest is kept)")
-    resume: bool = opt(False, "continue from the latest resumable checkpoint in --out")
-    overwrite: bool = opt(False, "start afresh in a non-empty output directory, deleting what is there")
-    max_restarts: int = opt(0, "restart the local workers this many times after a failure (they resume from "
-                                "the latest checkpoint); under torchrun use its --max-restarts")
+    resume: bool = _resume()
+    overwrite: bool = _overwrite()
+    max_restarts: int = _max_restarts()
+    max_bad_steps: int = _max_bad_steps()
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -399,9 +444,9 @@ class EvaluateConfig:
     output: str = opt("", "where to write the metrics as JSON (default: eval_results.json in --model)")
     batch_size: int = opt(32, "examples per process per forward pass")
     max_seq_length: int = opt(0, "tokens per example at most (0: the length the model was fine-tuned with)")
-    nproc: int = opt(0, "processes to start (0: one per GPU, or 1 on CPU); ignored under torchrun")
+    nproc: int = _nproc()
     device: str = opt("auto", "where to run", choices=_DEVICE_CHOICES)
-    precision: str = opt("auto", "auto: bf16 on GPUs that support it, else fp32", choices=_PRECISIONS)
+    precision: str = _precision()
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:

@@ -70,23 +70,27 @@ class BertEmbeddings(nn.Module):
 
 
 class BertSelfAttention(nn.Module):
-    """Multi-head self-attention through PyTorch's fused scaled_dot_product_attention."""
+    """Multi-head self-attention through PyTorch's fused scaled_dot_product_attention.
+
+    The reshapes count heads from the projections' width, not from the config, so that the same code
+    runs on a slice of the heads (the Q/K/V projections split column-wise over processes).
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         h = config.hidden_size
-        self.num_heads = config.num_attention_heads
+        self.head_dim = h // config.num_attention_heads
         self.query = nn.Linear(h, h)
         self.key = nn.Linear(h, h)
         self.value = nn.Linear(h, h)
         self.dropout_p = config.attention_probs_dropout_prob
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-        B, L, H = x.shape
-        # [B, L, H] -> [B, heads, L, head_dim]
-        q, k, v = (p(x).view(B, L, self.num_heads, -1).transpose(1, 2) for p in (self.query, self.key, self.value))
+        B, L, _ = x.shape
+        # [B, L, heads x head_dim] -> [B, heads, L, head_dim]
+        q, k, v = (p(x).view(B, L, -1, self.head_dim).transpose(1, 2) for p in (self.query, self.key, self.value))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0)
-        return y.transpose(1, 2).reshape(B, L, H)
+        return y.transpose(1, 2).reshape(B, L, -1)
 
 
 class BertDenseAddNorm(nn.Module):

@@ -22,17 +22,22 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.devi
 
     AdamW is fused (one kernel for all parameters) on CUDA and CPU alike: on CPU it is ~8x faster
     than the per-tensor loop, and it can skip a step on the device (``skip_if``), with no host sync.
+    A fused kernel takes tensors of one kind, so parameters are grouped by kind too: plain tensors
+    apart from DTensors, and DTensors by mesh (a model spread with tensor parallelism holds both).
     """
-    decay, no_decay = [], []
+    groups: dict[tuple, list[torch.nn.Parameter]] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
-    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        decay = not (p.ndim < 2 or "LayerNorm" in name)
+        groups.setdefault((decay, type(p).__name__, id(getattr(p, "device_mesh", None))), []).append(p)
+    param_groups = [{"params": params, "weight_decay": cfg.weight_decay if decay else 0.0}
+                    for (decay, *_), params in sorted(groups.items(), key=lambda kv: not kv[0][0])]
     betas = (cfg.adam_beta1, cfg.adam_beta2)
     if cfg.optimizer == "lamb":
-        return Lamb(groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps, fused=device.type in ("cuda", "cpu"))
+        return Lamb(param_groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps)
+    return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps,
+                             fused=device.type in ("cuda", "cpu"))
 
 
 class Lamb(torch.optim.Optimizer):
@@ -98,8 +103,9 @@ def skip_if(optimizer: torch.optim.Optimizer, bad: torch.Tensor | None) -> None:
     optimizer.found_inf = bad
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    """Linear warmup to the peak, then linear decay to zero at the last step."""
+def build_schedule(optimizer: torch.optim.Optimizer, cfg: OptimConfig, step: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+    """Linear warmup to the peak, then linear decay to zero at the last step; at ``step`` already
+    (a resumed run: the learning rate is a function of the step alone, so it needs no saved state)."""
     warmup, total = cfg.warmup_steps, cfg.steps
 
     def factor(step: int) -> float:
@@ -107,7 +113,30 @@ def build_schedule(optimizer: torch.optim.Optimizer, cfg: OptimConfig) -> torch.
             return (step + 1) / warmup
         return max(0.0, (total - step) / max(1, total - warmup))
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+    for group in optimizer.param_groups:
+        group["initial_lr"] = cfg.lr
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch=step - 1)
+
+
+def optimizer_step(net, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                   schedule: torch.optim.lr_scheduler.LRScheduler, clip: float, precision: str) -> torch.Tensor:
+    """Unscale, clip the global gradient norm (``clip`` 0: no clipping), step, and move the schedule on.
+
+    ``net`` is the ``ParallelModel`` (its ``clip_grad_norm_`` sees through gradient shards). A
+    non-finite gradient norm (the same on every process: gradients are reduced first) skips the step
+    on the device; with fp16 the scaler does the same itself. Return the 0-dim flag of a skipped step,
+    still on the device: reading it is the caller's choice (``LaggedFlags``), not a sync here.
+    """
+    scaler.unscale_(optimizer)
+    grad_norm = net.clip_grad_norm_(clip if clip > 0 else float("inf"))
+    bad = (~torch.isfinite(grad_norm)).float()
+    if precision != "fp16":
+        skip_if(optimizer, bad)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    schedule.step()
+    return bad
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:
@@ -158,21 +187,74 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return None
 
 
-def gather_rng_states(device: torch.device) -> list[dict]:
-    """Every rank's dropout RNG state (CPU, and CUDA on a GPU), in rank order, for a checkpoint."""
-    from .distributed import all_gather_object
+def gather_rng_states(device: torch.device, layout: tuple[int, ...]) -> dict:
+    """Every rank's dropout RNG state (CPU, and CUDA on a GPU), in rank order, for a checkpoint;
+    ``layout`` (the degrees of parallelism) says which rank holds which stream."""
+    from .parallel.launch import all_gather_object
 
-    return all_gather_object({"cpu": torch.get_rng_state(),
-                              "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})
+    return {"layout": list(layout), "states": all_gather_object({
+        "cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})}
 
 
-def restore_rng_state(states: list[dict], rank: int, world: int, device: torch.device) -> None:
-    """This rank's RNG from ``gather_rng_states``; on another process count the streams start anew."""
-    if len(states) != world:
+def restore_rng_state(saved: dict, rank: int, layout: tuple[int, ...], device: torch.device, seed: int) -> None:
+    """This rank's RNG from ``gather_rng_states``. On another layout the streams start anew, seeded
+    by ``seed`` (the same on the processes of a tensor-parallel group, so their dropout agrees)."""
+    if list(saved.get("layout", ())) != list(layout):
+        torch.manual_seed(seed)
         return
-    torch.set_rng_state(states[rank]["cpu"])
-    if device.type == "cuda" and states[rank].get("cuda") is not None:
-        torch.cuda.set_rng_state(states[rank]["cuda"], device)
+    state = saved["states"][rank]
+    torch.set_rng_state(state["cpu"])
+    if device.type == "cuda" and state.get("cuda") is not None:
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+class Sums:
+    """Running sums of named quantities (losses, counts) on the device: added to without a host sync,
+    summed over the data-parallel ranks and read by name once per log line.
+
+    ``of(name=value, ...)`` makes one step's values into a tensor in field order, so that a step's
+    contribution can be dropped on the device (a skipped step) before it is added.
+    """
+
+    def __init__(self, device: torch.device, *names: str):
+        self.names = names
+        self.device = device
+        self.total = torch.zeros(len(names), dtype=torch.float64, device=device)
+
+    def of(self, **values) -> torch.Tensor:
+        # Numbers become tensors through torch.full: torch.tensor(x, device="cuda") synchronises the stream.
+        return torch.stack([value.double() if torch.is_tensor(value)
+                            else torch.full((), value, dtype=torch.float64, device=self.device)
+                            for value in (values[name] for name in self.names)])
+
+    def add(self, values: torch.Tensor) -> None:
+        self.total += values
+
+    def read(self, dims) -> dict[str, float]:
+        """The sums over every data-parallel rank (``dims``: a ParallelDims), then zero them."""
+        total = dims.dp_sum(self.total.clone()).tolist()
+        self.total.zero_()
+        return dict(zip(self.names, total))
+
+    def gathered(self, dims) -> torch.Tensor:
+        """The sums over every data-parallel rank, on the CPU, left as they are (for a checkpoint)."""
+        return dims.dp_sum(self.total.clone()).cpu()
+
+    def restore(self, saved: torch.Tensor, dims) -> None:
+        """Back from ``gathered`` on resume: on data-parallel rank 0 only, since they are summed again."""
+        self.total.zero_()
+        if dims.dp_rank == 0:
+            self.total += saved.to(self.device)
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """This process's peak memory so far, in MiB: what the CUDA caching allocator handed out on a GPU,
+    the resident set size (weights, gradients, optimizer state, activations, Python) on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
 class StopSignal:

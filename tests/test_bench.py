@@ -19,7 +19,8 @@ def test_bench_cli_on_cpu_prints_both_sides_and_ends_with_the_speedup(uncased_vo
         assert abs(float(tokens_s.replace(",", "")) - 128 * float(seq_s)) <= 128 * 0.05 + 1  # seq 128
     speedup = re.fullmatch(r"speedup: (\d+\.\d\d)", lines[-1])
     ratio = float(rows["transformers"][0]) / float(rows["bertgpu"][0])  # of step times printed to 0.1 ms
-    assert speedup and abs(float(speedup[1]) - ratio) <= 0.02 * ratio
+    # The speedup is printed to 0.01 and the step times to 0.1 ms: both roundings allowed for.
+    assert speedup and abs(float(speedup[1]) - ratio) <= 0.005 + 0.02 * ratio
 
 
 def test_bench_with_a_missing_vocab_is_one_clear_line(tmp_path):

@@ -81,6 +81,44 @@ def test_bad_flags(tmp_path, english_data):
     assert_one_line_error(proc, "nodata", "bertgpu prepare")
 
 
+@pytest.mark.parametrize("command, flags, needles", [
+    ("pretrain", ["--tp", "2", "--nproc", "3"], ["--tp 2 does not divide the 3 process"]),
+    ("pretrain", ["--tp", "4", "--nproc", "4"], ["--tp 4 does not divide", "2 attention heads"]),
+    ("pretrain", ["--tp", "2", "--nproc", "1"], ["--tp 2 needs at least 2 processes, the run has 1"]),
+    ("pretrain", ["--tp", "0"], ["--tp must be at least 1"]),
+    ("finetune", ["--tp", "3", "--nproc", "2"], ["--tp 3 needs at least 3 processes"]),
+], ids=["tp-not-dividing-processes", "tp-not-dividing-heads", "tp-without-processes", "tp-zero", "finetune-tp"])
+def test_bad_layouts(tmp_path, english_data, minilm_dir, command, flags, needles):
+    """Checked before any process starts: nothing is written."""
+    if command == "pretrain":
+        args = ["pretrain", "--data", english_data, "--model", "tiny"]
+    else:
+        reviews = tmp_path / "reviews.csv"
+        reviews.write_text("text,label\ngood,pos\nbad,neg\nfine,pos\nawful,neg\n")
+        args = ["finetune", "--model", minilm_dir, "--train", reviews]
+    proc = run_cli(*args, "--out", tmp_path / "run", "--device", "cpu", *flags, check=False)
+    assert_one_line_error(proc, *needles)
+    assert not (tmp_path / "run").exists()
+
+
+def test_fp16_with_sharded_gradients_is_refused(monkeypatch):
+    """fp16's gradient scaler decides on each process's own gradients; with FSDP or tensor parallelism
+    those are shards, so the processes could disagree on skipping a step: bf16 is the answer."""
+    import torch
+
+    from bertgpu.config import ModelConfig, ParallelConfig, PretrainConfig
+    from bertgpu.errors import UserError
+    from bertgpu.tasks.common import check_layout
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    model = ModelConfig.preset("tiny", vocab_size=100)
+    for parallel in (ParallelConfig(strategy="fsdp"), ParallelConfig(tp=2)):
+        cfg = PretrainConfig(model="tiny", out="x", nproc=2, device="cuda", precision="fp16", parallel=parallel)
+        with pytest.raises(UserError, match="--precision fp16 works with --strategy ddp only.*bf16"):
+            check_layout(cfg, model)
+    check_layout(PretrainConfig(model="tiny", out="x", nproc=2, device="cuda", precision="fp16"), model)  # ddp: fine
+
+
 def test_non_empty_run_directory_needs_overwrite(tmp_path, english_data):
     run = tmp_path / "run"
     run.mkdir()
@@ -101,8 +139,9 @@ def test_only_one_sentence_documents_suggests_no_nsp(tmp_path, uncased_vocab):
                    check=False)
     assert_one_line_error(proc, "single sentence", "--no-nsp")
     assert not (tmp_path / "run").exists()
+    # MLM alone on 2 processes: DDP must not wait for gradients of the NSP head, which gets none.
     run_cli("pretrain", "--data", tmp_path / "data", "--model", "tiny", "--out", tmp_path / "run", "--no-nsp",
-            "--steps", "2", "--batch-size", "4", "--loader-workers", "0")
+            "--steps", "2", "--batch-size", "4", "--loader-workers", "0", "--nproc", "2", "--device", "cpu")
 
 
 def test_binary_file(tmp_path, uncased_vocab):
@@ -156,7 +195,7 @@ def test_model_and_data_disagree_on_vocab_size(tmp_path, english_data):
 def test_no_gpu_or_too_few_gpus(tmp_path, english_data, monkeypatch):
     import torch
 
-    from bertgpu import distributed
+    from bertgpu.parallel import launch
     from bertgpu.errors import UserError
 
     if not torch.cuda.is_available():
@@ -165,8 +204,8 @@ def test_no_gpu_or_too_few_gpus(tmp_path, english_data, monkeypatch):
         assert_one_line_error(proc, "no CUDA GPU")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(UserError, match="--nproc 4 is more than the 2 GPU"):
-        distributed.resolve_nproc(4, "cuda")
-    assert distributed.resolve_nproc(0, "cuda") == 2
+        launch.resolve_nproc(4, "cuda")
+    assert launch.resolve_nproc(0, "cuda") == 2
 
 
 def _limit_file_size():

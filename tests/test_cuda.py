@@ -119,8 +119,9 @@ def test_fused_adamw_skips_a_non_finite_step_on_cuda():
     assert all(s["step"].item() == 1 for s in optimizer.state.values())
 
 
-@pytest.mark.parametrize("extra", [["--precision", "bf16"], ["--precision", "fp16"], ["--precision", "bf16", "--compile"]],
-                         ids=["bf16", "fp16", "bf16-compile"])
+@pytest.mark.parametrize("extra", [["--precision", "bf16"], ["--precision", "fp16"], ["--precision", "bf16", "--compile"],
+                                   ["--precision", "bf16", "--compile", "--activation-checkpointing"]],
+                         ids=["bf16", "fp16", "bf16-compile", "bf16-compile-ac"])
 def test_pretrain_cli_on_one_gpu(tmp_path, small_english_data, extra):
     out = tmp_path / "run"
     proc = run_cli("pretrain", "--data", small_english_data, "--out", out, "--model", "mini", "--device", "cuda",
@@ -152,7 +153,28 @@ def test_pretrain_on_two_gpus_with_nccl(tmp_path, small_english_data):
     out = tmp_path / "run"
     proc = run_cli("pretrain", "--data", small_english_data, "--out", out, "--model", "mini", "--device", "cuda",
                    "--nproc", "2", "--steps", "6", "--batch-size", "8", "--log-every", "3")
-    assert "2 process(es) on cuda" in proc.stdout and "global batch 16" in proc.stdout
+    assert "2 processes = dp 2, ddp, on cuda" in proc.stdout and "global batch 16" in proc.stdout
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("layout", [["--strategy", "fsdp", "--compile", "--activation-checkpointing"],
+                                    ["--tp", "2", "--compile"]], ids=["fsdp-compile-ac", "tp2-compile"])
+def test_sharded_layouts_on_two_gpus_with_nccl_bf16_and_compile(tmp_path, small_english_data, layout):
+    """What the CPU suite cannot run: FSDP2 and DTensor under NCCL, with bf16 parameters (FSDP's mixed
+    precision) and torch.compile of each layer. The run trains, resumes and exports."""
+    out = tmp_path / "run"
+    args = ["pretrain", "--data", small_english_data, "--out", out, "--model", "mini", "--device", "cuda",
+            "--nproc", "2", "--steps", "12", "--batch-size", "16", "--log-every", "4", "--save-every", "6",
+            "--lr", "5e-4", "--precision", "bf16", *layout]
+    proc = run_cli(*args)
+    assert "on cuda, bf16" in proc.stdout
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["loss"] < log[0]["loss"] and all(r["skipped_steps"] == 0 for r in log)
+    shutil.rmtree(out / "checkpoints" / "step-0000012")
+    run_cli(*args, "--resume")
+    again = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert abs(again[-1]["loss"] - log[-1]["loss"]) < 0.05 * log[-1]["loss"]
+    transformers.BertForPreTraining.from_pretrained(out / "checkpoints" / "step-0000012")
 
 
 def test_bench_on_cuda_prints_mfu_and_a_speedup(capsys):

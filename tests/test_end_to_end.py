@@ -27,7 +27,7 @@ def test_vocab_prepare_pretrain_with_two_processes(tmp_path, english_corpus):
     proc = run_cli("pretrain", "--data", data, "--model", "tiny", "--out", run, "--nproc", "2", "--device", "cpu",
                    "--steps", "80", "--batch-size", "16", "--lr", "2e-3", "--warmup", "10", "--log-every", "10",
                    "--save-every", "40")
-    assert "2 process(es)" in proc.stdout and "global batch 32" in proc.stdout
+    assert "2 processes = dp 2, ddp" in proc.stdout and "global batch 32" in proc.stdout
 
     log = read_log(run)
     assert [r["step"] for r in log] == list(range(10, 81, 10))
@@ -64,7 +64,7 @@ def test_same_command_under_torchrun(tmp_path, english_data):
          "--steps", "6", "--batch-size", "4", "--log-every", "3", "--loader-workers", "0"],
         capture_output=True, text=True, cwd=ROOT, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "2 process(es)" in proc.stdout and "global batch 8" in proc.stdout
+    assert "2 processes = dp 2, ddp" in proc.stdout and "global batch 8" in proc.stdout
     assert proc.stdout.count("bertgpu pretrain:") == 1  # rank 0 logs, once
     assert (run / "checkpoints" / "step-0000006" / "model.safetensors").exists()
     assert [r["step"] for r in read_log(run)] == [3, 6]

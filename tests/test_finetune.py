@@ -49,7 +49,7 @@ def finetuned(tmp_path_factory, minilm_dir, sentiment) -> Path:
     out = tmp_path_factory.mktemp("finetune") / "run"
     proc = run_cli("finetune", "--model", minilm_dir, "--train", sentiment[0], "--out", out, "--nproc", "2",
                    *FINETUNE)
-    assert "2 process(es)" in proc.stdout and "global batch 32 = 16 x 2" in proc.stdout, proc.stdout
+    assert "2 processes = dp 2, ddp" in proc.stdout and "global batch 32 = 16 x 2" in proc.stdout, proc.stdout
     return out
 
 

@@ -56,6 +56,26 @@ def test_sigkill_at_a_random_step_then_resume_is_bitwise_identical(tmp_path, sma
         f"killed at step >= {kill_at}, resumed from {resumed_from}"
 
 
+SHARDED = {"fsdp": ["--nproc", "2", "--strategy", "fsdp"], "tp2": ["--nproc", "2", "--tp", "2", "--batch-size", "8"]}
+SHARDED_STEPS = 8
+
+
+@pytest.mark.parametrize("layout", list(SHARDED))
+def test_fsdp_and_tensor_parallel_runs_killed_with_sigkill_resume_bitwise(tmp_path, small_english_data, layout):
+    """Sharded optimizer state (one file per process) and tensor-parallel dropout (the same masks in
+    a tp group) come back exactly: the resumed run ends on the uninterrupted run's weights, dropout on."""
+    args = [*ARGS, *SHARDED[layout], "--steps", str(SHARDED_STEPS), "--loader-workers", "0"]  # later flags win
+    reference, out = tmp_path / "uninterrupted", tmp_path / "run"
+    run_cli("pretrain", "--data", small_english_data, "--out", reference, *args)
+    proc = start(["pretrain", "--data", small_english_data, "--out", out, *args])
+    wait_for_step(out, random.randint(4, SHARDED_STEPS - 1), proc)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = run_cli("pretrain", "--data", small_english_data, "--out", out, "--resume", *args)
+    assert "resuming from" in done.stdout, done.stdout
+    assert_bitwise_equal(weights(reference, SHARDED_STEPS), weights(out, SHARDED_STEPS))
+
+
 def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, small_english_data, uninterrupted):
     out = tmp_path / "run"
     proc = start(["pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", *ARGS])
@@ -92,7 +112,8 @@ from bertgpu.model import BertForPreTraining
 run, vocab, marker = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 model = BertForPreTraining(ModelConfig.preset("tiny", vocab_size=30522))
 cfg = PretrainConfig(model="tiny", out=str(run))
-save = lambda step: checkpoint.save_checkpoint(run, step, model, model.config, {"position": {}}, cfg,
+optimizer = torch.optim.AdamW(model.parameters())
+save = lambda step: checkpoint.save_checkpoint(run, step, model, optimizer, model.config, {"position": {}}, cfg,
                                                vocab_path=vocab, do_lower_case=True, keep=3)
 save(1)
 real = checkpoint.write_pretrained
@@ -129,7 +150,7 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one_latest(tmp_pat
     assert model.bert.embeddings.word_embeddings.weight.abs().max() < 1  # the step-1 weights, not step 2's
 
 
-@pytest.mark.parametrize("target", ["training_state.pt", "pytorch_model.bin"])
+@pytest.mark.parametrize("target", ["training_state.pt", "pytorch_model.bin", "optimizer/.metadata"])
 def test_a_crafted_pickle_never_runs(tmp_path, small_english_data, target):
     """A checkpoint file that would run code when unpickled is refused without running it."""
     marker = tmp_path / "pwned"
@@ -142,7 +163,13 @@ def test_a_crafted_pickle_never_runs(tmp_path, small_english_data, target):
     run_cli("pretrain", "--data", small_english_data, "--out", run, "--model", "tiny", "--steps", "2", "--batch-size", "4",
             "--device", "cpu", "--loader-workers", "0")
     ckpt = run / "checkpoints" / "step-0000002"
-    if target == "training_state.pt":
+    if target == "optimizer/.metadata":  # torch.distributed.checkpoint's own metadata is a plain pickle
+        import pickle
+
+        (ckpt / target).write_bytes(pickle.dumps(Exploit()))
+        proc = run_cli("pretrain", "--data", small_english_data, "--out", run, "--model", "tiny", "--steps", "4",
+                       "--resume", "--device", "cpu", "--loader-workers", "0", check=False)
+    elif target == "training_state.pt":
         torch.save({"step": 2, "payload": Exploit()}, ckpt / "training_state.pt")
         proc = run_cli("pretrain", "--data", small_english_data, "--out", run, "--model", "tiny", "--steps", "4",
                        "--resume", "--device", "cpu", "--loader-workers", "0", check=False)

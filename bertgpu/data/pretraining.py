@@ -13,9 +13,10 @@ Per epoch, from prepared shards:
    by (seed, epoch, index): the random document for B, truncation of the pair from the front or back,
    and masked-LM masking (15% of tokens, 80% [MASK] / 10% a random word piece / 10% unchanged;
    whole words with ``wwm``). Any example can be rebuilt on its own, so a run resumes anywhere without replay.
-3. ``GlobalBatchSampler`` cuts one global order per epoch into global batches; rank r takes every
-   world-th instance of each (as DistributedSampler does) and splits its share into micro-batches, so
-   step k trains on the same instances whatever the number of processes or accumulation steps.
+3. ``GlobalBatchSampler`` cuts one global order per epoch into global batches; data-parallel rank r
+   takes every dp-th instance of each (as DistributedSampler does) and splits its share into
+   micro-batches, so step k trains on the same instances whatever the number of processes or
+   accumulation steps.
 """
 
 from __future__ import annotations
@@ -269,24 +270,28 @@ class PretrainingDataset(torch.utils.data.Dataset):
 class GlobalBatchSampler(torch.utils.data.Sampler):
     """Yields this rank's micro-batches (lists of indices) for the steps of one epoch.
 
-    Global batch k of an epoch is ``order[k*G:(k+1)*G]`` with G = batch × world × accum; rank r takes
-    ``global_batch[r::world]`` and yields it as ``accum`` micro-batches of ``batch``.
+    The epoch's order is one permutation seeded by (seed, epoch). Global batch k is
+    ``order[start + k*G : start + (k+1)*G]``, with G = batch × dp × accum and ``start`` the instances
+    of the epoch already trained (a resumed run); data-parallel rank r takes ``global_batch[r::dp]``
+    and yields it as ``accum`` micro-batches of ``batch``, so step k trains on the same instances
+    whatever the number of processes or accumulation steps. The epoch ends when fewer than G remain.
     """
 
-    def __init__(self, num_instances: int, batch_size: int, world_size: int, rank: int, grad_accum: int,
-                 seed: int, epoch: int, start_step: int = 0):
-        self.b, self.world, self.rank, self.accum = batch_size, world_size, rank, grad_accum
-        self.global_batch = batch_size * world_size * grad_accum
-        self.steps = num_instances // self.global_batch
+    def __init__(self, num_instances: int, batch_size: int, dp_size: int, dp_rank: int, grad_accum: int,
+                 seed: int, epoch: int, start_instance: int = 0):
+        self.b, self.dp, self.rank, self.accum = batch_size, dp_size, dp_rank, grad_accum
+        self.global_batch = batch_size * dp_size * grad_accum
+        self.start = start_instance
+        self.steps = max(0, num_instances - start_instance) // self.global_batch
         self.order = np.random.default_rng([seed, epoch, _TAG_ORDER]).permutation(num_instances)
-        self.start_step = start_step
 
     def __len__(self) -> int:
-        return (self.steps - self.start_step) * self.accum
+        return self.steps * self.accum
 
     def __iter__(self):
         G, b = self.global_batch, self.b
-        for k in range(self.start_step, self.steps):
-            mine = self.order[k * G:(k + 1) * G][self.rank::self.world]
+        for k in range(self.steps):
+            first = self.start + k * G
+            mine = self.order[first:first + G][self.rank::self.dp]
             for m in range(self.accum):
                 yield mine[m * b:(m + 1) * b].tolist()

@@ -196,8 +196,11 @@ def train_vocab(
         warnings.warn(message, stacklevel=2)
     cap_binds = sum(1 for t in learned if len(t) == 1) >= alphabet_cap
     if len(learned) < learned_slots and cap_binds:
-        alphabet_cap += learned_slots - len(learned)
-        learned = _train_wordpiece(CorpusReader(files, text_field=text_field), learned_slots, alphabet_cap, cased, progress)
+        # A little more than the empty slots: the trainer's merges vary a little from run to run (see
+        # above), and what overflows is cut below (the last, rarest merges).
+        alphabet_cap += learned_slots - len(learned) + max(8, learned_slots // 100)
+        learned = _train_wordpiece(CorpusReader(files, text_field=text_field), learned_slots, alphabet_cap, cased,
+                                   progress)
         cap_binds = sum(1 for t in learned if len(t) == 1) >= alphabet_cap
     tokens = ["[PAD]", *(f"[unused{i}]" for i in range(_UNUSED)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tokens += learned[:learned_slots]

@@ -1,38 +1,43 @@
-"""`bertgpu pretrain`: masked LM + next-sentence prediction, data parallel over processes.
+"""`bertgpu pretrain`: masked LM + next-sentence prediction, spread over processes.
 
 ``run`` checks everything a user can get wrong before any process starts, then trains in this
-process or in ``nproc`` workers. ``train`` is the whole training loop of one worker, top to bottom.
+process or in ``nproc`` workers. ``train`` is the training loop of one worker, top to bottom;
+``train_step`` is the forward and backward passes of one optimizer step, ``log_line`` a line of
+the log. How the model is spread over the processes (data parallel, FSDP, tensor parallel) is
+``bertgpu.parallel``'s business, and what every training task does around its loop (resume,
+checkpoints, stop signals, skipped steps) is ``tasks.common.TrainingRun``'s.
 
 Nothing is lost: checkpoints are atomic; ``--resume`` (or a restart by torchrun/our launcher)
 continues from the latest complete checkpoint with the model, optimizer, schedule, scaler, every
-rank's RNG and the exact data position (epoch, step in epoch) restored, so the resumed run is the
-uninterrupted run, bit for bit on CPU. SIGINT/SIGTERM finish the current step, write a checkpoint
-and exit non-zero.
+rank's RNG and the exact data position (epoch, instances of it trained) restored, so the resumed
+run is the uninterrupted run, bit for bit on CPU, with any layout of the same global batch. With
+another global batch it continues from the same instance of the epoch. SIGINT/SIGTERM finish the
+current step, write a checkpoint and exit non-zero.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import signal
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm
 
-from .. import checkpoint, distributed
+from .. import checkpoint
 from ..config import PRESETS, ModelConfig, PretrainConfig
 from ..data.pretraining import IGNORE_INDEX, GlobalBatchSampler, PretrainingDataset, check_nsp_possible
 from ..data.shards import ShardedCorpus
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
 from ..model import BertForPreTraining, training_flops_per_sequence
-from ..training import (LaggedFlags, RunLog, StopSignal, Throughput, allow_tf32, autocast, build_optimizer,
-                        build_schedule, console_is_tty, format_rate, gather_rng_states, ignore_stop_signals,
-                        peak_flops, resolve_precision, restore_rng_state, skip_if)
+from ..parallel import ParallelModel, launch
+from ..training import (Sums, Throughput, autocast, build_optimizer, build_schedule, format_rate, ignore_stop_signals,
+                        optimizer_step, peak_flops)
+from .common import TrainingRun, check_layout, check_out_dir, run_workers
+
+# What the log sums between two log lines (summed over the data-parallel ranks).
+LOG_SUMS = ("mlm_loss", "mlm_correct", "masked", "nsp_loss", "nsp_correct", "sequences", "tokens")
 
 
 @dataclass
@@ -76,147 +81,84 @@ def check(cfg: PretrainConfig) -> Plan:
         check_nsp_possible(corpus)
     if cfg.dropout is not None:
         mcfg = dataclasses.replace(mcfg, hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
+    check_layout(cfg, mcfg)
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.resume else None
     if resume_from is not None:
         _check_same_vocab(resume_from, corpus, cfg.data.data)
     return Plan(mcfg, init_from, bool(corpus.meta.get("lowercase", True)))
 
 
-def check_run_dir(cfg: PretrainConfig) -> None:
-    out = Path(cfg.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not (cfg.overwrite or cfg.resume):
-        raise UserError(f"run directory {out} is not empty; pass --resume to continue the run there, "
-                        "or --overwrite to start afresh")
-
-
 def run(cfg: PretrainConfig) -> None:
     """Check, then train here (one process, or one worker of torchrun) or in local workers."""
-    cfg = dataclasses.replace(cfg, device=distributed.resolve_device(cfg.device))
+    cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device))
     check(cfg)
-    if distributed.restart_count() == 0:
-        check_run_dir(cfg)
-    if distributed.launched_externally():
-        distributed.worker_main(train, cfg)
-        return
-    nproc = distributed.resolve_nproc(cfg.nproc, cfg.device)
-    if nproc == 1 and cfg.max_restarts == 0:
-        distributed.worker_main(train, cfg)
-    else:
-        distributed.launch(distributed.worker_main, (train, cfg), nproc, max_restarts=cfg.max_restarts)
+    if launch.restart_count() == 0:
+        check_out_dir(cfg.out, cfg.overwrite, cfg.resume)
+    run_workers(train, cfg)
 
 
 def train(cfg: PretrainConfig) -> Path:
-    env = distributed.init(cfg.device)
-    # A restart by torchrun --max-restarts (or our --max-restarts) resumes by itself.
-    resume = cfg.resume or distributed.restart_count() > 0
-    plan = check(dataclasses.replace(cfg, resume=resume))
-    device, world = env.device, env.world_size
-    run_dir = Path(cfg.out)
-    if env.is_main:
-        checkpoint.open_run_dir(run_dir, start_afresh=cfg.overwrite and not resume)
-    distributed.barrier()
-    resume_from = checkpoint.latest_checkpoint(run_dir) if resume else None
+    plan = check(cfg)
+    run = TrainingRun(cfg, plan.model_config)
+    if run.resume_from is not None:
+        _check_same_vocab(run.resume_from, ShardedCorpus(cfg.data.data), cfg.data.data)
+    dims, device = run.dims, run.device
 
-    # Data: one global order per epoch; this rank reads only its share of each global batch.
+    # Data: one global order per epoch; each data-parallel rank reads only its share of each global batch.
     corpus = ShardedCorpus(cfg.data.data)
     dataset = PretrainingDataset(corpus, cfg.data, cfg.seed, load_vocab(corpus.vocab_path))
     b, accum = cfg.batch_size, cfg.grad_accum
-    global_batch = b * world * accum
+    global_batch = b * dims.dp * accum
     if len(dataset) < global_batch:
         raise UserError(f"{cfg.data.data} gives {len(dataset)} instances per epoch, fewer than one global batch "
-                        f"of {global_batch} (batch size {b} x {world} processes x {accum} accumulation)")
+                        f"of {global_batch} (batch size {b} x {dims.dp} data-parallel ranks x {accum} accumulation)")
 
-    # Model: the same initial weights on every rank (same seed; DDP also broadcasts rank 0's).
+    # Model: the same initial weights on every process (same seed, or the checkpoint's), then spread.
     torch.manual_seed(cfg.seed)
     model = BertForPreTraining(plan.model_config, pad_vocab_multiple=cfg.pad_vocab_multiple)
-    if resume_from is not None or plan.init_from is not None:
-        checkpoint.load_weights(model, resume_from or plan.init_from)
-    model.to(device)
-    ddp = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None) \
-        if world > 1 else None
-    net = ddp or model
-    if cfg.compile:
-        net = torch.compile(net, dynamic=False)  # every batch has the same shapes: one graph
-    torch.manual_seed(cfg.seed + 1 + env.rank)  # dropout: a generator of this rank's own
-
-    precision = resolve_precision(cfg.precision, device)
+    if run.resume_from is not None or plan.init_from is not None:
+        checkpoint.load_weights(model, run.resume_from or plan.init_from)
+    if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
+        for unused in (model.bert.pooler, model.cls.seq_relationship):
+            unused.requires_grad_(False)
+    net = run.parallelize(model, compile=cfg.compile)
     optimizer = build_optimizer(model, cfg.optim, device)
-    schedule = build_schedule(optimizer, cfg.optim)
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
-    allow_tf32(device)
-    # Running sums since the last log line, on the device (no host sync for them inside a step):
-    # mlm loss, mlm correct, masked, nsp loss, nsp correct, sequences, real tokens.
-    sums = torch.zeros(7, dtype=torch.float64, device=device)
-    step, epoch, in_epoch = 0, 0, 0
-    if resume_from is not None:
-        state = checkpoint.load_training_state(resume_from)
-        checkpoint.check_optimizer_state(optimizer, state["optimizer"], resume_from)
-        optimizer.load_state_dict(state["optimizer"])
-        schedule.load_state_dict(state["schedule"])
-        scaler.load_state_dict(state["scaler"])
-        step, epoch, in_epoch = state["step"], state["position"]["epoch"], state["position"]["step_in_epoch"]
-        restore_rng_state(state["rng"], env.rank, world, device)
-        if env.is_main:
-            sums += state["log_sums"].to(device)
+    scaler = torch.amp.GradScaler(device.type, enabled=run.precision == "fp16")
+    run.restore(net, optimizer, scaler)
 
-    L = cfg.data.max_seq_length
-    meter = Throughput(training_flops_per_sequence(plan.model_config, L, cfg.data.max_predictions),
-                       peak_flops(device, precision), world)
-    log = RunLog(run_dir, env.is_main, start_step=step)
-    if env.is_main:
-        n_params = sum(p.numel() for p in model.parameters())
-        how = f"resuming from {resume_from} at step {step}" if resume_from else "starting"
-        print(f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {world} process(es) on {device.type}, "
-              f"{precision}, global batch {global_batch} = {b} x {world} x {accum}, "
-              f"{len(dataset):,} instances in epoch {epoch}; {how}", flush=True)
-    bar = tqdm(total=cfg.optim.steps, initial=step, disable=not (env.is_main and console_is_tty()), unit="step")
-    write = tqdm.write if not bar.disable else (lambda line: print(line, flush=True))
+    step, epoch, instance = run.start_step, 0, 0  # instance: how many of the epoch's instances are trained
+    schedule = build_schedule(optimizer, cfg.optim, step)
+    sums = Sums(device, *LOG_SUMS)
+    moved = ""
+    if run.state is not None:
+        epoch, instance = run.state["position"]["epoch"], run.state["position"]["instance"]
+        sums.restore(run.state["log_sums"], dims)
+        if run.state["global_batch"] != global_batch:
+            moved = (f"; the global batch changed from {run.state['global_batch']} to {global_batch}: continuing at "
+                     f"instance {instance:,} of epoch {epoch}")
 
-    def save(reason: str = "") -> Path:
-        rngs = gather_rng_states(device)
-        log_sums = sums.clone()
-        distributed.all_reduce_sum(log_sums)
-        path = run_dir / "checkpoints" / f"step-{step:07d}"
-        if env.is_main:
-            state = {"position": {"epoch": epoch, "step_in_epoch": in_epoch}, "optimizer": optimizer.state_dict(),
-                     "schedule": schedule.state_dict(), "scaler": scaler.state_dict(), "rng": rngs,
-                     "log_sums": log_sums.cpu(), "world_size": world}
-            path = checkpoint.save_checkpoint(run_dir, step, model, plan.model_config, state, cfg,
-                                              vocab_path=corpus.vocab_path, do_lower_case=plan.lowercase, keep=cfg.keep)
-        distributed.barrier()
-        return path
+    meter = Throughput(training_flops_per_sequence(plan.model_config, cfg.data.max_seq_length,
+                                                   cfg.data.max_predictions), peak_flops(device, run.precision),
+                       dims.world_size)
+    n_params = sum(p.numel() for p in model.parameters())
+    how = f"resuming from {run.resume_from} at step {step}{moved}" if run.resume_from else "starting"
+    run.start(f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {dims.describe()}, on {device.type}, "
+              f"{run.precision}, global batch {global_batch} = {b} x {dims.dp} x {accum}, "
+              f"{len(dataset):,} instances in epoch {epoch}; {how}", cfg.optim.steps)
 
-    def read_flags(due: list[tuple[int, list[float]]]) -> bool:
-        """Count skipped steps, stop after too many in a row; return whether a rank was asked to stop."""
-        nonlocal skipped, bad_in_a_row
-        stop_now = False
-        for flag_step, (stop_flag, was_bad) in due:
-            stop_now |= stop_flag > 0
-            if not was_bad:
-                bad_in_a_row = 0
-                continue
-            skipped += 1
-            bad_in_a_row += 1
-            if env.is_main:
-                write(f"step {flag_step}: non-finite loss or gradient, step skipped ({skipped} so far)")
-            if precision != "fp16" and bad_in_a_row >= cfg.max_bad_steps:
-                flags.flush()
-                path = save()
-                raise UserError(f"the loss was not finite for {bad_in_a_row} steps in a row (up to step {flag_step}); "
-                                f"stopped with the last good weights in {path}; lower --lr or check the data")
-        return stop_now
+    def save() -> Path:
+        state = {"position": {"epoch": epoch, "instance": instance}, "global_batch": global_batch,
+                 "log_sums": sums.gathered(dims)}
+        return run.save(step, net, optimizer, scaler, state, plan.model_config, vocab_path=corpus.vocab_path,
+                        do_lower_case=plan.lowercase, keep=cfg.keep)
 
-    stop = StopSignal()
-    window, bad_in_a_row, skipped = 0, 0, 0
-    flags = LaggedFlags(device)
-    saved = resume_from
+    window = 0  # steps since the last log line
+    saved = run.resume_from
     batches = None
     try:
         while step < cfg.optim.steps:
             dataset.set_epoch(epoch)
-            sampler = GlobalBatchSampler(len(dataset), b, world, env.rank, accum, cfg.seed, epoch, start_step=in_epoch)
+            sampler = GlobalBatchSampler(len(dataset), b, dims.dp, dims.dp_rank, accum, cfg.seed, epoch, instance)
             loader = torch.utils.data.DataLoader(
                 dataset, batch_sampler=sampler, num_workers=cfg.data.loader_workers, pin_memory=device.type == "cuda",
                 prefetch_factor=4 if cfg.data.loader_workers else None,
@@ -225,101 +167,93 @@ def train(cfg: PretrainConfig) -> Path:
                 # or a resumed run would drift from the uninterrupted one.
                 generator=torch.Generator().manual_seed(cfg.seed))
             batches = iter(loader)
-            while in_epoch < sampler.steps and step < cfg.optim.steps:
+            for _ in range(min(sampler.steps, cfg.optim.steps - step)):
                 micro = [{k: v.to(device, non_blocking=True) for k, v in next(batches).items()} for _ in range(accum)]
-                # One small all-reduce per step: the global batch's masked-token count (the MLM loss is
-                # normalised by it) and whether any rank was asked to stop.
-                counts = torch.stack([sum((mb["mlm_labels"] != IGNORE_INDEX).sum() for mb in micro).float(),
-                                      torch.full((), float(stop.signum > 0), device=device)])
-                distributed.all_reduce_sum(counts)
-                n_masked = counts[0]
-                step_sums = torch.zeros_like(sums)
-                for i, mb in enumerate(micro):
-                    sync = ddp is None or i == accum - 1
-                    with (contextlib.nullcontext() if sync else ddp.no_sync()), autocast(precision, device):
-                        mlm_logits, nsp_logits = net(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"],
-                                                     mb["mlm_positions"])
-                    mlm_logits, labels = mlm_logits.float().flatten(0, 1), mb["mlm_labels"].flatten()
-                    mlm_loss = F.cross_entropy(mlm_logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
-                    loss = mlm_loss / n_masked
-                    if cfg.data.nsp:
-                        nsp_loss = F.cross_entropy(nsp_logits.float(), mb["nsp_label"], reduction="sum")
-                        loss = loss + nsp_loss / global_batch
-                    else:
-                        nsp_loss = torch.zeros((), device=device)
-                    # DDP averages gradients over processes; scale so the result is the global-batch loss's.
-                    scaler.scale(loss * world).backward()
-                    with torch.no_grad():
-                        valid = labels != IGNORE_INDEX
-                        step_sums += torch.stack([
-                            mlm_loss, ((mlm_logits.argmax(-1) == labels) & valid).sum(), valid.sum(),
-                            nsp_loss, (nsp_logits.argmax(-1) == mb["nsp_label"]).sum(),
-                            torch.full((), len(mb["input_ids"]), device=device), mb["attention_mask"].sum()]).double()
-                scaler.unscale_(optimizer)
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                           cfg.optim.clip if cfg.optim.clip > 0 else float("inf"))
-                # A non-finite gradient (identical on every rank: it is all-reduced) skips the step on the
-                # device; with fp16 the scaler does the same itself. No host sync inside the step.
-                bad = (~torch.isfinite(grad_norm)).float()
-                if precision != "fp16":
-                    skip_if(optimizer, bad)
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-                schedule.step()
-                step += 1
-                in_epoch += 1
-                window += 1
-                bar.update(1)
-                sums += torch.where(bad > 0, 0.0, step_sums)  # a skipped step's loss is not logged
-                # This step's flags on the CPU, the previous step's on a GPU (read then, they cost no wait);
-                # all of them before a checkpoint, so that it accounts for every step it holds.
-                due = flags.push(step, torch.stack([counts[1], bad]))
-                if step % cfg.save_every == 0 or step == cfg.optim.steps or any(f[0] for _, f in due):
-                    due += flags.flush()
-                stop_now = read_flags(due)
-
+                step_sums = train_step(net, micro, global_batch, cfg.data.nsp, scaler, run.precision, sums)
+                bad = optimizer_step(net, optimizer, scaler, schedule, cfg.optim.clip, run.precision)
+                step, instance, window = step + 1, instance + global_batch, window + 1
+                run.bar.update(1)
+                sums.add(torch.where(bad > 0, 0.0, step_sums))  # a skipped step's loss is not logged
+                checkpoint_due = step % cfg.save_every == 0 or step == cfg.optim.steps
+                stop_now = run.end_step(step, bad, flush=checkpoint_due, save=save)
                 if step % cfg.log_every == 0 or step == cfg.optim.steps:
-                    distributed.all_reduce_sum(sums)
-                    s = sums.tolist()
-                    sums.zero_()
-                    mlm = s[0] / max(s[2], 1)
-                    nsp = s[3] / max(s[5], 1)
-                    values = {"loss": mlm + nsp, "mlm_loss": mlm, "mlm_acc": s[1] / max(s[2], 1), "nsp_loss": nsp,
-                              "nsp_acc": s[4] / max(s[5], 1), "lr": schedule.get_last_lr()[0],
-                              "global_batch": global_batch, "epoch": epoch, "skipped_steps": skipped,
-                              **meter.rates(window, int(s[5]), int(s[6]))}
+                    s = sums.read(dims)
+                    values = {**log_values(s, cfg.data.nsp), "lr": schedule.get_last_lr()[0],
+                              "global_batch": global_batch, "epoch": epoch, "skipped_steps": run.skipped,
+                              "layout": dims.describe(), "peak_memory_mb": run.peak_memory_mb(),
+                              **meter.rates(window, int(s["sequences"]), int(s["tokens"]))}
                     window = 0
-                    line = (f"step {step}/{cfg.optim.steps} | loss {values['loss']:.4f} | mlm {mlm:.4f} "
-                            f"acc {values['mlm_acc']:.3f}")
-                    if cfg.data.nsp:
-                        line += f" | nsp {nsp:.4f} acc {values['nsp_acc']:.3f}"
-                    line += (f" | lr {values['lr']:.2e} | batch {global_batch} | {values['steps_per_s']:.2f} steps/s"
-                             f" | {format_rate(values['seq_per_s'])} seq/s | {format_rate(values['tokens_per_s'])} tok/s")
-                    if "mfu" in values:
-                        line += f" | mfu {100 * values['mfu']:.1f}%"
-                    log.log(step, values, line, write=write)
-
-                if step % cfg.save_every == 0 or step == cfg.optim.steps or stop_now:
+                    run.log.log(step, values, log_line(step, cfg.optim.steps, values, cfg.data.nsp), write=run.write)
+                if checkpoint_due or stop_now:
                     saved = save()
                 if stop_now:
-                    name = signal.Signals(stop.signum).name if stop.signum else "a signal on another rank"
-                    raise distributed.Interrupted(
-                        f"stopped by {name} after step {step}; checkpoint {saved}. "
-                        "Run the same command with --resume to continue.", stop.signum or signal.SIGTERM)
+                    raise run.interrupted(step, saved)
             batches = loader = None  # let this epoch's DataLoader workers go
-            if in_epoch >= sampler.steps:
-                epoch, in_epoch = epoch + 1, 0
+            if len(dataset) - instance < global_batch:
+                epoch, instance = epoch + 1, 0
     finally:
         if batches is not None and hasattr(batches, "_shutdown_workers"):
             batches._shutdown_workers()  # stop DataLoader workers now, not during interpreter exit
-        stop.restore()
-        bar.close()
-        log.close()
-    if env.is_main:
-        first, last = log.first_and_last("mlm_loss")
+        run.close()
+    if run.is_main:
+        first, last = run.log.first_and_last("mlm_loss")
         if first is not None:
-            print(f"mlm loss {first:.4f} -> {last:.4f} over steps {log.first_step}-{step}", flush=True)
+            print(f"mlm loss {first:.4f} -> {last:.4f} over steps {run.log.first_step}-{step}", flush=True)
         print(f"checkpoint: {saved}  (a Hugging Face BERT directory: "
               f"transformers.BertForPreTraining.from_pretrained('{saved}'))", flush=True)
     return saved
+
+
+def train_step(net: ParallelModel, micro: list[dict[str, torch.Tensor]], global_batch: int, nsp: bool,
+               scaler: torch.amp.GradScaler, precision: str, sums: Sums) -> torch.Tensor:
+    """The forward and backward passes of one optimizer step over this rank's micro-batches; return
+    the step's log sums (``LOG_SUMS`` order), still on the device.
+
+    The loss is the global batch's: the MLM loss summed over the masked tokens divided by the masked
+    tokens of the whole global batch (counted over the data-parallel ranks first: the one small
+    collective of a step outside the gradients), the NSP loss by its sentence pairs. Gradient
+    reduction averages over the data-parallel ranks, hence the factor dp.
+    """
+    device = micro[0]["input_ids"].device
+    dims = net.dims
+    n_masked = dims.dp_sum(sum((mb["mlm_labels"] != IGNORE_INDEX).sum() for mb in micro).float())
+    step_sums = torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device)
+    for i, mb in enumerate(micro):
+        with net.no_sync(i < len(micro) - 1), autocast(precision, device):
+            mlm_logits, nsp_logits = net(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"],
+                                         mb["mlm_positions"])
+        mlm_logits, labels = mlm_logits.float().flatten(0, 1), mb["mlm_labels"].flatten()
+        mlm_loss = F.cross_entropy(mlm_logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
+        loss = mlm_loss / n_masked
+        if nsp:
+            nsp_loss = F.cross_entropy(nsp_logits.float(), mb["nsp_label"], reduction="sum")
+            loss = loss + nsp_loss / global_batch
+        else:
+            nsp_loss = torch.zeros((), device=device)
+        scaler.scale(loss * dims.dp).backward()
+        with torch.no_grad():
+            valid = labels != IGNORE_INDEX
+            step_sums += sums.of(mlm_loss=mlm_loss, mlm_correct=((mlm_logits.argmax(-1) == labels) & valid).sum(),
+                                 masked=valid.sum(), nsp_loss=nsp_loss,
+                                 nsp_correct=(nsp_logits.argmax(-1) == mb["nsp_label"]).sum(),
+                                 sequences=len(mb["input_ids"]), tokens=mb["attention_mask"].sum())
+    return step_sums
+
+
+def log_values(s: dict[str, float], nsp: bool) -> dict[str, float]:
+    """Losses and accuracies from the sums of a log window."""
+    mlm = s["mlm_loss"] / max(s["masked"], 1)
+    nsp_loss = s["nsp_loss"] / max(s["sequences"], 1)
+    return {"loss": mlm + nsp_loss, "mlm_loss": mlm, "mlm_acc": s["mlm_correct"] / max(s["masked"], 1),
+            "nsp_loss": nsp_loss, "nsp_acc": s["nsp_correct"] / max(s["sequences"], 1)}
+
+
+def log_line(step: int, steps: int, values: dict, nsp: bool) -> str:
+    line = f"step {step}/{steps} | loss {values['loss']:.4f} | mlm {values['mlm_loss']:.4f} acc {values['mlm_acc']:.3f}"
+    if nsp:
+        line += f" | nsp {values['nsp_loss']:.4f} acc {values['nsp_acc']:.3f}"
+    line += (f" | lr {values['lr']:.2e} | batch {values['global_batch']} | {values['steps_per_s']:.2f} steps/s"
+             f" | {format_rate(values['seq_per_s'])} seq/s | {format_rate(values['tokens_per_s'])} tok/s")
+    if "mfu" in values:
+        line += f" | mfu {100 * values['mfu']:.1f}%"
+    return line + f" | peak mem {values['peak_memory_mb'] / 1024:.2f} GiB"

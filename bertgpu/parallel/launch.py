@@ -1,9 +1,10 @@
-"""Distributed set-up, kept apart from the model and the training loop.
+"""Processes: starting them, joining them into one group, and their exits.
 
 PyTorch's own stack is the engine: ``launch`` starts local workers through torch's elastic launcher
 (the machinery behind ``torchrun``), and every worker, whether started by us or by ``torchrun``
 (single or multi-node), reads RANK / WORLD_SIZE / LOCAL_RANK from the environment and joins one
-process group: NCCL on CUDA, gloo on CPU.
+process group: NCCL on CUDA, gloo on CPU. How the model and the data are spread over these
+processes is ``dims.py``'s and ``parallelize.py``'s business.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from .errors import UserError
+from ..errors import UserError
 
 # A worker exits with one of these after printing its own one-line message, so the launcher adds none.
 USER_ERROR_EXIT = 3
@@ -150,6 +151,13 @@ def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def all_reduce_max(t: torch.Tensor) -> torch.Tensor:
+    """The maximum of a tensor over all processes, in place (no-op with one process)."""
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
@@ -167,6 +175,23 @@ def all_gather_object(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def broadcast_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank (``obj`` itself with one process)."""
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def world_size(nproc: int, device: str) -> int:
+    """The number of processes a run will have, known before they start: torchrun's WORLD_SIZE inside
+    one of its workers, else the local processes we would start."""
+    if launched_externally():
+        return int(os.environ["WORLD_SIZE"])
+    return resolve_nproc(nproc, device)
 
 
 def worker_main(fn: Callable[..., Any], *args: Any) -> Any:

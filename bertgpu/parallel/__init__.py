@@ -1,0 +1,19 @@
+"""How training is spread over processes: the one place in bertgpu that knows.
+
+    launch.py       start local workers (torch's elastic launcher, the engine of torchrun) and join
+                    the process group; a worker's errors become one line
+    dims.py         ParallelDims: the degrees (data parallel, tensor parallel), checked against the
+                    process count and the model, and the DeviceMesh they make
+    parallelize.py  parallelize(): tensor parallel -> activation checkpointing -> compile -> FSDP or
+                    DDP, in torchtitan's order; gradient clipping over sharded gradients
+
+The training loops (bertgpu/tasks) call these and never wrap a model themselves; the model
+(bertgpu/model.py) knows nothing of any of it. PyTorch's own stack does the work: DeviceMesh,
+DTensor's ``parallelize_module``, FSDP2's ``fully_shard``, DistributedDataParallel and
+torch.distributed.checkpoint (in bertgpu/checkpoint.py).
+"""
+
+from .dims import ParallelDims
+from .parallelize import ParallelModel, parallelize
+
+__all__ = ["ParallelDims", "ParallelModel", "parallelize"]

@@ -1,0 +1,134 @@
+"""The degrees of parallelism of a run, checked, and the DeviceMesh they make.
+
+As torchtitan's ``ParallelDims``: the processes form a mesh of data-parallel and tensor-parallel
+dimensions (and room for pipeline stages later), ``world = dp x tp``. The dp processes train on
+different data; the tp processes of one group train one batch together, each holding a slice of
+every encoder layer's matmuls. Consecutive ranks share a tp group (on one machine when tp divides
+the GPUs per machine, where tensor parallelism's frequent collectives belong).
+
+The mesh has three named dimensions, ``(dp_replicate, dp_shard, tp)``: ``--strategy ddp`` puts the
+data-parallel degree on ``dp_replicate`` (whole replicas, gradients all-reduced), ``fsdp`` on
+``dp_shard`` (parameters, gradients and optimizer state sharded). Both above 1 at once would be
+HSDP, for which the mesh already has room.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from ..config import ModelConfig
+from ..errors import UserError
+
+STRATEGIES = ("ddp", "fsdp")
+
+
+@dataclass
+class ParallelDims:
+    world_size: int
+    tp: int = 1
+    strategy: str = "ddp"
+    pp: int = 1  # pipeline stages: room for later, 1 today
+    mesh: "torch.distributed.device_mesh.DeviceMesh | None" = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise UserError(f"--strategy {self.strategy}: choose from {', '.join(STRATEGIES)}")
+        if self.tp < 1:
+            raise UserError(f"--tp must be at least 1, got {self.tp}")
+        if self.pp != 1:
+            raise UserError("pipeline parallelism is not implemented yet (pp must be 1)")
+        if self.tp > self.world_size:
+            raise UserError(f"--tp {self.tp} needs at least {self.tp} processes, the run has {self.world_size} "
+                            "(--nproc, or torchrun)")
+        if self.world_size % (self.tp * self.pp):
+            raise UserError(f"--tp {self.tp} does not divide the {self.world_size} process(es): the processes form "
+                            f"data-parallel groups of tp each (start a multiple of {self.tp} with --nproc or torchrun)")
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel degree: how many different batches one step trains on."""
+        return self.world_size // (self.tp * self.pp)
+
+    @property
+    def dp_replicate(self) -> int:
+        return self.dp if self.strategy == "ddp" else 1
+
+    @property
+    def dp_shard(self) -> int:
+        return self.dp if self.strategy == "fsdp" else 1
+
+    @property
+    def fsdp(self) -> bool:
+        """Whether fully_shard wraps the model: --strategy fsdp, or ddp under tensor parallelism
+        (DistributedDataParallel cannot hold DTensor parameters; fully_shard over a replicate-only
+        mesh is DDP's semantics for them: whole replicas, gradients all-reduced)."""
+        return self.dp > 1 and (self.strategy == "fsdp" or self.tp > 1)
+
+    def check_model(self, config: ModelConfig) -> None:
+        """Tensor parallelism splits attention heads and the feed-forward width evenly."""
+        if self.tp == 1:
+            return
+        if config.num_attention_heads % self.tp:
+            raise UserError(f"--tp {self.tp} does not divide the model's {config.num_attention_heads} attention heads "
+                            "(num_attention_heads): each tensor-parallel process holds whole heads")
+        if config.intermediate_size % self.tp:
+            raise UserError(f"--tp {self.tp} does not divide the model's intermediate_size {config.intermediate_size}")
+
+    def describe(self) -> str:
+        """The layout for the start line and the log: ``4 processes = dp 2 x tp 2, fsdp``."""
+        if self.world_size == 1:
+            return "1 process"
+        parts = [f"{name} {n}" for name, n in (("dp", self.dp), ("tp", self.tp)) if n > 1]
+        return f"{self.world_size} processes = {' x '.join(parts)}" + (f", {self.strategy}" if self.dp > 1 else "")
+
+    # --- the mesh --------------------------------------------------------------------------------
+
+    def build_mesh(self, device_type: str) -> None:
+        """Make the DeviceMesh (every rank calls this after joining the process group); with one
+        process there is none."""
+        if self.world_size == 1:
+            return
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.mesh = init_device_mesh(device_type, (self.dp_replicate, self.dp_shard, self.tp),
+                                     mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+
+    @property
+    def _dp_dim(self) -> str:
+        return "dp_replicate" if self.strategy == "ddp" else "dp_shard"
+
+    @property
+    def dp_rank(self) -> int:
+        """This process's data-parallel rank: which share of the global batch it reads."""
+        return self.mesh.get_local_rank(self._dp_dim) if self.mesh is not None else 0
+
+    @property
+    def tp_rank(self) -> int:
+        return self.mesh.get_local_rank("tp") if self.mesh is not None else 0
+
+    @property
+    def dp_group(self):
+        """The process group of this rank's data-parallel peers (one rank of each tp group)."""
+        return self.mesh.get_group(self._dp_dim) if self.mesh is not None else None
+
+    @property
+    def dp_mesh(self):
+        """The data-parallel part of the mesh that fully_shard spreads over: 2-d (replicate, shard)
+        under ddp, so that replicas all-reduce; 1-d (shard) under fsdp."""
+        if self.strategy == "ddp":
+            return self.mesh["dp_replicate", "dp_shard"]
+        return self.mesh["dp_shard"]
+
+    @property
+    def tp_mesh(self):
+        return self.mesh["tp"]
+
+    def dp_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over the data-parallel ranks, in place. The ranks of a tp group hold the same batch, so
+        this (not a sum over every process) is the global batch's total."""
+        if self.mesh is not None and self.dp > 1:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=self.dp_group)
+        return tensor

@@ -1,0 +1,167 @@
+"""``parallelize()``: spread a BERT over the processes of a ``ParallelDims``.
+
+The order is torchtitan's, and each step composes with the ones before it:
+
+1. **Tensor parallel** (``--tp``), through DTensor's ``parallelize_module``: in every encoder layer,
+   Q, K, V and the FFN's first matmul column-wise (each process computes its own heads and its
+   slice of the intermediate width), the attention output and the FFN's second matmul row-wise
+   (partial sums, all-reduced). Embeddings, LayerNorms, pooler and heads stay whole on every
+   process of the group, which computes them identically.
+2. **Activation checkpointing** (``--activation-checkpointing``): each encoder layer keeps only its
+   input and recomputes the rest in the backward pass (dropout masks included: the RNG state is
+   replayed).
+3. **Compile** (``--compile``): each encoder layer through ``torch.compile``, in place, so that
+   parameter names do not change.
+4. **Data parallel**: FSDP2's ``fully_shard`` per encoder layer and at the root (embeddings, pooler
+   and heads, so the tied embedding/decoder is one unit), bf16 parameters with fp32 gradient
+   reduction under bf16; or DistributedDataParallel over the data-parallel group. Under tensor
+   parallelism ``ddp`` is ``fully_shard`` over a replicate-only mesh, which holds DTensor
+   parameters as DDP cannot, with DDP's semantics (whole replicas, gradients all-reduced).
+
+The tasks call ``parallelize`` and use what it returns; they never wrap a model themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from .dims import ParallelDims
+
+
+def encoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The encoder layers of a BertModel, or of a model holding one as ``.bert``."""
+    return getattr(model, "bert", model).encoder.layer
+
+
+class ParallelModel:
+    """A model spread over processes: call it like the model.
+
+    ``model`` is the model itself (parameters for the optimizer, state dicts for checkpoints; FSDP and
+    tensor parallelism change it in place, into DTensor parameters), ``module`` what a forward pass
+    goes through (the DDP wrapper, or the model).
+    """
+
+    def __init__(self, module: nn.Module, model: nn.Module, dims: ParallelDims):
+        self.module, self.model, self.dims = module, model, dims
+
+    def __call__(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def training(self) -> bool:
+        return self.module.training
+
+    def train(self, mode: bool = True) -> "ParallelModel":
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> "ParallelModel":
+        return self.train(False)
+
+    def no_sync(self, skip: bool):
+        """A context for one micro-step of gradient accumulation: with ``skip``, DDP keeps the gradients
+        local (they are all-reduced with the last micro-step's). FSDP reduce-scatters every micro-step
+        (an unsharded gradient would cost the memory FSDP is there to save), so does nothing here."""
+        if skip and hasattr(self.module, "no_sync"):
+            return self.module.no_sync()
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
+        """Clip the gradients to a global norm of ``max_norm`` (``inf``: no clipping); return the norm
+        before clipping, the same on every process. No host synchronisation."""
+        return clip_grad_norm_(list(self.model.parameters()), max_norm)
+
+
+def clip_grad_norm_(parameters: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for parameters that may be DTensors on several meshes.
+
+    Gradients of one kind (plain tensors; DTensors of one mesh and placement) are normed together;
+    a DTensor norm is made whole (``full_tensor``: the sum over the shards). With plain tensors only
+    this is torch's own computation, to the bit.
+    """
+    groups: dict[object, list[torch.Tensor]] = {}
+    for p in parameters:
+        if p.grad is not None:
+            key = (p.grad.device_mesh, tuple(p.grad.placements)) if isinstance(p.grad, DTensor) else None
+            groups.setdefault(key, []).append(p)
+    if not groups:
+        return torch.zeros(())
+    norms = []
+    for params in groups.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
+        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    total = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
+    for params in groups.values():
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+    return total
+
+
+def parallelize(model: nn.Module, dims: ParallelDims, device: torch.device, *, precision: str = "fp32",
+                activation_checkpointing: bool = False, compile: bool = False) -> ParallelModel:
+    """Spread ``model`` (its weights already loaded, the same on every process) over ``dims``."""
+    if not dims.fsdp:
+        model.to(device)  # fully_shard moves each shard itself: a model bigger than one GPU is never whole on one
+    if dims.tp > 1:
+        apply_tensor_parallel(model, dims)
+    if activation_checkpointing:
+        apply_activation_checkpointing(model)
+    if compile:
+        for layer in encoder_layers(model):
+            layer.compile(dynamic=False)  # every batch has the same shapes: one graph
+    if dims.fsdp:
+        apply_fsdp(model, dims, precision)
+        return ParallelModel(model, model, dims)
+    if dims.dp > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        ddp = DistributedDataParallel(model, process_group=dims.dp_group,
+                                      device_ids=[device.index] if device.type == "cuda" else None)
+        return ParallelModel(ddp, model, dims)
+    return ParallelModel(model, model, dims)
+
+
+def apply_tensor_parallel(model: nn.Module, dims: ParallelDims) -> None:
+    """Megatron-style tensor parallelism of every encoder layer over the tp mesh."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    plan = {
+        "attention.self.query": ColwiseParallel(),
+        "attention.self.key": ColwiseParallel(),
+        "attention.self.value": ColwiseParallel(),
+        "attention.output.dense": RowwiseParallel(),
+        "intermediate.dense": ColwiseParallel(),
+        "output.dense": RowwiseParallel(),
+    }
+    for layer in encoder_layers(model):
+        parallelize_module(layer, dims.tp_mesh, plan)
+
+
+def apply_activation_checkpointing(model: nn.Module) -> None:
+    """Wrap every encoder layer so that its activations are recomputed in the backward pass."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    layers = encoder_layers(model)
+    for i, layer in enumerate(layers):
+        # Non-reentrant checkpointing (the wrapper's default); the RNG state is replayed, so dropout
+        # draws the same masks in the recomputation.
+        layers[i] = checkpoint_wrapper(layer, preserve_rng_state=True)
+
+
+def apply_fsdp(model: nn.Module, dims: ParallelDims, precision: str) -> None:
+    """fully_shard every encoder layer, then the root (embeddings, tied decoder, pooler, heads)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if precision == "bf16" \
+        else MixedPrecisionPolicy()
+    mesh = dims.dp_mesh
+    for layer in encoder_layers(model):
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)

@@ -1,0 +1,213 @@
+"""What every training task does around its loop, written once for pretrain and finetune.
+
+Before any process starts (in the command's process):
+
+- ``check_out_dir``: a non-empty output directory needs --resume or --overwrite;
+- ``check_layout``: the processes, --tp, --strategy and precision fit each other and the model;
+- ``run_workers``: train here (one process, or a worker of torchrun) or in local workers.
+
+Inside every worker, a ``TrainingRun``: the process group and its mesh, the run directory, the
+checkpoint to resume from, the dropout RNG, the model spread over the processes, stop signals,
+skipped non-finite steps, and saving and restoring resumable checkpoints. The loops themselves
+(``pretrain.train``, ``finetune.train``) keep only what is theirs: data, model, loss and records.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from tqdm import tqdm
+
+from .. import checkpoint
+from ..config import ModelConfig
+from ..errors import UserError
+from ..parallel import ParallelDims, ParallelModel, launch, parallelize
+from ..training import (LaggedFlags, RunLog, StopSignal, allow_tf32, console_is_tty, gather_rng_states, peak_memory_mb,
+                        resolve_precision, restore_rng_state)
+
+
+def check_out_dir(out: str, overwrite: bool, resume: bool) -> None:
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--out {path} exists and is not a directory")
+    if path.is_dir() and any(path.iterdir()) and not (overwrite or resume):
+        raise UserError(f"output directory {path} is not empty; pass --resume to continue the run there, "
+                        "or --overwrite to start afresh")
+
+
+def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
+    """The run's degrees of parallelism, every mistake in them a one-line error (before any process
+    starts, and again in each process)."""
+    dims = ParallelDims(launch.world_size(cfg.nproc, cfg.device), cfg.parallel.tp, cfg.parallel.strategy)
+    dims.check_model(model_config)
+    precision = resolve_precision(cfg.precision, torch.device(cfg.device))
+    if precision == "fp16" and (dims.tp > 1 or dims.fsdp):
+        raise UserError("--precision fp16 works with --strategy ddp only (its gradient scaler cannot see sharded "
+                        "gradients): use --precision bf16")
+    return dims
+
+
+def run_workers(train: Callable[[Any], Any], cfg: Any) -> None:
+    """Run ``train(cfg)`` here (one process, or one worker of torchrun) or in ``cfg.nproc`` local
+    workers started by torch's elastic launcher (restarted ``cfg.max_restarts`` times on a failure)."""
+    max_restarts = getattr(cfg, "max_restarts", 0)
+    if launch.launched_externally():
+        launch.worker_main(train, cfg)
+        return
+    nproc = launch.resolve_nproc(cfg.nproc, cfg.device)
+    if nproc == 1 and max_restarts == 0:
+        launch.worker_main(train, cfg)
+    else:
+        launch.launch(launch.worker_main, (train, cfg), nproc, max_restarts=max_restarts)
+
+
+class TrainingRun:
+    """One worker's side of a training run: everything around the loop that pretrain and finetune share.
+
+    ``cfg`` is the task's config (``out``, ``resume``, ``overwrite``, ``device``, ``nproc``,
+    ``parallel``, ``precision``, ``seed``, ``max_bad_steps``). A restart by torchrun --max-restarts
+    (or our --max-restarts) resumes by itself.
+    """
+
+    def __init__(self, cfg: Any, model_config: ModelConfig):
+        self.cfg = cfg
+        self.env = launch.init(cfg.device)
+        self.device = self.env.device
+        self.is_main = self.env.is_main
+        self.precision = resolve_precision(cfg.precision, self.device)
+        self.dims = check_layout(cfg, model_config)
+        self.dims.build_mesh(self.device.type)
+        allow_tf32(self.device)
+
+        self.resume = cfg.resume or launch.restart_count() > 0
+        self.out = Path(cfg.out)
+        if self.is_main:
+            checkpoint.open_run_dir(self.out, start_afresh=cfg.overwrite and not self.resume)
+        launch.barrier()
+        self.resume_from = checkpoint.latest_checkpoint(self.out) if self.resume else None
+        # The plain values of the checkpoint (data position, records, RNGs); the loop reads its own.
+        self.state: dict[str, Any] | None = None
+        if self.resume_from is not None:
+            self.state = checkpoint.load_training_state(self.resume_from)
+        self.start_step = self.state["step"] if self.state else 0
+
+        self.stop = StopSignal()
+        self.flags = LaggedFlags(self.device)
+        self.skipped = 0
+        self.bad_in_a_row = 0
+        self.log: RunLog | None = None
+        self.bar: tqdm | None = None
+
+    @property
+    def layout(self) -> tuple[int, int, int]:
+        return self.dims.world_size, self.dims.dp, self.dims.tp
+
+    def parallelize(self, model: torch.nn.Module, compile: bool = False) -> ParallelModel:
+        """Spread ``model`` (the same weights on every process) over the processes; seed dropout: the
+        processes of one tensor-parallel group draw the same masks, each data-parallel rank its own."""
+        net = parallelize(model, self.dims, self.device, precision=self.precision,
+                          activation_checkpointing=self.cfg.parallel.activation_checkpointing, compile=compile)
+        torch.manual_seed(self.cfg.seed + 1 + self.dims.dp_rank)
+        return net
+
+    def restore(self, net: ParallelModel, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
+        """On resume: the optimizer state (whatever layout wrote it), the gradient scaler and this
+        process's RNG. The loop restores its own fields from ``self.state``."""
+        if self.state is None:
+            return
+        checkpoint.load_optimizer_state(net.model, optimizer, self.resume_from)
+        scaler.load_state_dict(self.state["scaler"])
+        anew = hash((self.cfg.seed, self.dims.dp_rank, self.start_step)) % 2**63
+        restore_rng_state(self.state["rng"], self.env.rank, self.layout, self.device, anew)
+
+    def start(self, line: str, total_steps: int) -> None:
+        """Print the start line (rank 0), open the log and the progress bar."""
+        if self.is_main:
+            print(line, flush=True)
+        self.log = RunLog(self.out, self.is_main, start_step=self.start_step)
+        self.bar = tqdm(total=total_steps, initial=self.start_step, disable=not (self.is_main and console_is_tty()),
+                        unit="step")
+
+    def write(self, line: str) -> None:
+        """A line on the console that does not break the progress bar."""
+        if self.bar is not None and not self.bar.disable:
+            tqdm.write(line)
+        else:
+            print(line, flush=True)
+
+    def save(self, step: int, net: ParallelModel, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+             state: dict[str, Any], model_config: ModelConfig, *, vocab_path: str | Path, do_lower_case: bool,
+             keep: int, architecture: str | None = None) -> Path:
+        """A resumable checkpoint of step ``step``: the loop's ``state`` plus the scaler, every
+        process's RNG and the layout. Every process calls this."""
+        full = {**state, "scaler": scaler.state_dict(), "rng": gather_rng_states(self.device, self.layout),
+                "layout": list(self.layout)}
+        return checkpoint.save_checkpoint(self.out, step, net.model, optimizer, model_config, full, self.cfg,
+                                          vocab_path=vocab_path, do_lower_case=do_lower_case, keep=keep,
+                                          architecture=architecture)
+
+    def end_step(self, step: int, bad: torch.Tensor, *, flush: bool, save: Callable[[], Path]) -> bool:
+        """After every optimizer step: queue its flags (was it skipped; was any process asked to stop)
+        and act on those due, which are the previous step's on a GPU (no wait) and all of them when
+        ``flush`` (a checkpoint follows, which must account for every step it holds). Return whether
+        to stop now (a signal reached some process)."""
+        asked = launch.all_reduce_sum(torch.full((), float(self.stop.signum > 0), device=self.device))
+        due = self.flags.push(step, torch.stack([asked, bad]))
+        if flush or any(values[0] for _, values in due):
+            due += self.flags.flush()
+        return self._act_on(due, save)
+
+    def flush(self, save: Callable[[], Path]) -> bool:
+        """Act on every queued step's flags (at the end of an epoch); return whether to stop now."""
+        return self._act_on(self.flags.flush(), save)
+
+    def _act_on(self, due: list[tuple[int, list[float]]], save: Callable[[], Path]) -> bool:
+        """Count and report skipped steps; after ``max_bad_steps`` in a row stop the run, the last good
+        weights saved first (``save``). Return whether a process was asked to stop."""
+        stop_now = False
+        for flag_step, (stop_flag, was_bad) in due:
+            stop_now |= stop_flag > 0
+            if not was_bad:
+                self.bad_in_a_row = 0
+                continue
+            self.skipped += 1
+            self.bad_in_a_row += 1
+            if self.is_main:
+                self.write(f"step {flag_step}: non-finite loss or gradient, step skipped ({self.skipped} so far)")
+            if self.precision != "fp16" and self.bad_in_a_row >= self.cfg.max_bad_steps:
+                self.flags.flush()  # the steps after it are skipped too: nothing is lost by not reading them
+                path = save()
+                raise UserError(f"the loss was not finite for {self.bad_in_a_row} steps in a row (up to step "
+                                f"{flag_step}); stopped with the last good weights in {path}; lower --lr or check "
+                                "the data")
+        return stop_now
+
+    def stop_requested(self) -> bool:
+        """Whether a signal reached any process (a collective: every process asks at the same point)."""
+        return bool(launch.all_reduce_sum(torch.full((1,), float(self.stop.signum > 0), device=self.device)).item())
+
+    def interrupted(self, step: int, path: Path) -> launch.Interrupted:
+        signum = self.stop.signum
+        name = signal.Signals(signum).name if signum else "a signal on another rank"
+        return launch.Interrupted(f"stopped by {name} after step {step}; checkpoint {path}. "
+                                  "Run the same command with --resume to continue.", signum or signal.SIGTERM)
+
+    def peak_memory_mb(self) -> float:
+        """The largest peak memory of any process (a collective: call it at the same step everywhere)."""
+        peak = torch.full((), peak_memory_mb(self.device), dtype=torch.float64, device=self.device)
+        return launch.all_reduce_max(peak).item()
+
+    def warn(self, message: str) -> None:
+        if self.is_main:
+            print(f"bertgpu: warning: {message}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self.stop.restore()
+        if self.bar is not None:
+            self.bar.close()
+        if self.log is not None:
+            self.log.close()
