@@ -73,7 +73,7 @@ def build_config(cls: type, ns: argparse.Namespace) -> Any:
 def _vocab(cfg: VocabConfig) -> None:
     from .data.tokenizer import train_vocab
 
-    path = train_vocab(cfg.corpus, cfg.size, cfg.out, cased=cfg.cased)
+    path = train_vocab(cfg.corpus, cfg.size, cfg.out, cased=cfg.cased, text_field=cfg.text_field)
     print(f"vocab: {path}")
 
 
@@ -83,7 +83,7 @@ def _prepare(cfg: PrepareConfig) -> None:
 
     cased = vocab_is_cased(cfg.vocab) if cfg.cased is None else cfg.cased
     prepare(cfg.corpus, cfg.vocab, cfg.out, workers=cfg.workers, lowercase=not cased, overwrite=cfg.overwrite,
-            strict=cfg.strict)
+            strict=cfg.strict, text_field=cfg.text_field, split_sentences=cfg.split_sentences)
 
 
 def _pretrain(cfg: PretrainConfig) -> None:

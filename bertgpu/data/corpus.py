@@ -1,20 +1,43 @@
-"""Raw text in the original BERT sample format: one sentence per line, a blank line between documents.
+"""Raw text in: plain text in the original BERT sample format, and JSON Lines or Parquet records.
 
-A new file also starts a new document. Inputs may be files, directories (read recursively) or globs;
-``.gz`` files are decompressed on the fly. Reading streams, so memory does not grow with the corpus.
+The format of a file comes from its name:
+
+- **JSON Lines** (``.jsonl``, ``.ndjson``, ``.json``): one JSON object per line, one document per
+  record, its text in a string field (``text_field``, default ``text``).
+- **Parquet** (``.parquet``, needs pyarrow): one document per row, its text in a string column; read
+  one row group at a time.
+- **Plain text** (any other name): the original BERT sample format, one sentence per line and a
+  blank line between documents; a new file also starts a new document.
+
+Inside a record, a newline separates paragraphs (a blank line or a single newline alike). Each line
+of a document (a plain-text line, a record's paragraph) is kept as one sentence or split into
+sentences, as ``split_sentences`` says (``auto``, ``lines`` or ``none``; see ``sentences``). Unless
+told otherwise, plain text keeps its lines (``lines``) and records are split (``auto``). Splitting
+itself happens where the text is tokenized (``shards``), in parallel: this module only marks the
+documents to split.
+
+Inputs may be files, directories (read recursively) or globs, formats mixed; ``.gz`` and ``.zst``
+(zstandard) files are decompressed on the fly. Reading streams, so memory does not grow with the
+corpus. Damaged input is counted, not fatal (an error with ``strict``): bytes that are not UTF-8,
+over-long lines, and records that are not JSON, not an object, or lack a string text field.
 """
 
 from __future__ import annotations
 
 import glob
 import gzip
+import importlib
+import io
+import json
 import os
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 from ..errors import UserError
+from .sentences import MODES
 
 _SNIFF_BYTES = 8192  # a NUL byte in this many leading bytes marks a file as binary
 # A line longer than this is almost surely not one sentence (a file without newlines, a data dump).
@@ -22,6 +45,49 @@ MAX_LINE_CHARS = 100_000
 # A document is cut after this many characters (a long novel is ~1M). Without the cut, a corpus with no
 # blank lines would be one document: held whole in memory and tokenized by one worker.
 MAX_DOCUMENT_CHARS = 1_000_000
+PARQUET_BATCH_ROWS = 1024  # rows converted to Python strings at a time (pyarrow reads a row group at a time)
+
+FORMATS = ("text", "jsonl", "parquet")
+_RECORD_SUFFIXES = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+_COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
+# What a record can be skipped for, and how a warning describes it ({field} is the text field).
+SKIP_REASONS = {
+    "invalid_json": "line(s) that are not valid JSON",
+    "not_an_object": "line(s) of JSON that is not an object",
+    "no_text_field": "record(s) without a {field!r} field, or with a null one",
+    "text_not_a_string": "record(s) whose {field!r} is not a string",
+}
+
+
+class Document(NamedTuple):
+    """A document: its lines, each one sentence, or each a paragraph to split into sentences (``split``)."""
+
+    lines: list[str]
+    split: bool = False
+
+
+def input_format(path: Path) -> tuple[str, str | None]:
+    """(format, compression) of a corpus file, told by its name: ``text``/``jsonl``/``parquet``, ``gzip``/``zstd``/None."""
+    name = path.name.lower()
+    compression = None
+    for suffix, kind in _COMPRESSIONS.items():
+        if name.endswith(suffix):
+            name, compression = name[: -len(suffix)], kind
+            break
+    fmt = _RECORD_SUFFIXES.get(os.path.splitext(name)[1], "text")
+    if fmt == "parquet" and compression:
+        raise UserError(f"{path}: a compressed Parquet file; Parquet compresses inside the file, so give the "
+                        ".parquet file itself")
+    return fmt, compression
+
+
+def _require(module: str, path: Path, what: str, extra: str) -> Any:
+    """Import an optional dependency, or say in one line what to install."""
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"{path}: reading {what} needs the {module.split('.')[0]} package: "
+                        f"pip install 'bertgpu[{extra}]'") from None
 
 
 def resolve_inputs(patterns: Iterable[str | os.PathLike]) -> list[Path]:
@@ -62,97 +128,188 @@ def _files_below(directory: Path) -> list[Path]:
     return sorted(found)
 
 
-class CorpusReader:
-    """Streams documents (or lines) from corpus files and counts what it read.
+def _json_type(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", int: "number", float: "number",
+            dict: "object"}.get(type(value), "null")
 
-    Undecodable bytes are replaced rather than fatal, since one bad byte should not stop a large job;
-    they are counted in ``bad_lines`` with the first place in ``first_bad`` (``file:line``) so the
-    caller can warn once at the end (``warnings``); ``strict=True`` makes them a UserError.
-    ``bytes_read`` against ``total_bytes`` drives a progress bar; for ``.gz`` files both count
-    compressed bytes.
+
+class CorpusReader:
+    """Streams documents (or lines) from corpus files of any accepted format and counts what it read.
+
+    Damaged input is skipped or repaired rather than fatal, since one bad line should not stop a large
+    job: undecodable bytes are replaced (``bad_lines``, first place in ``first_bad`` as ``file:line``),
+    over-long lines kept (``long_lines``), bad records skipped (``skipped``, ``first_skipped``, per
+    reason of ``SKIP_REASONS``); the caller warns once at the end (``warnings``); ``strict=True`` makes
+    each of them a UserError. ``bytes_read`` against ``total_bytes`` drives a progress bar; for
+    compressed files both count compressed bytes.
     """
 
-    def __init__(self, paths: Iterable[Path], strict: bool = False):
+    def __init__(self, paths: Iterable[Path], strict: bool = False, text_field: str = "text",
+                 split_sentences: str | None = None):
         self.paths = [Path(p) for p in paths]
         self.strict = strict
+        if not text_field:
+            raise UserError("the text field name is empty (--text-field)")
+        if split_sentences is not None and split_sentences not in MODES:
+            raise UserError(f"unknown sentence splitting {split_sentences!r} (choose from {', '.join(MODES)})")
+        self.text_field = text_field
+        self.split_sentences = split_sentences
+        self.formats = [input_format(p) for p in self.paths]
+        for path, (fmt, compression) in zip(self.paths, self.formats):  # a missing library fails before any work
+            if fmt == "parquet":
+                _require("pyarrow.parquet", path, "Parquet", "parquet")
+            if compression == "zstd":
+                _require("zstandard", path, ".zst files", "zstd")
         self.total_bytes = sum(p.stat().st_size for p in self.paths)
         self.documents_read = 0
         self.lines_read = 0
+        self.records_read = 0
         self.bad_lines = 0
         self.first_bad: str | None = None
         self.long_lines = 0
         self.first_long: str | None = None
         self.line_number = 0  # of the line last read, in its file
-        self.cut_documents = 0
+        self.cut_documents = 0  # plain-text documents cut for running past MAX_DOCUMENT_CHARS
         self.first_cut: str | None = None
+        self.cut_records = 0  # records cut likewise
+        self.first_cut_record: str | None = None
+        self.skipped = dict.fromkeys(SKIP_REASONS, 0)
+        self.first_skipped: dict[str, str] = {}
         self._done_bytes = 0
-        self._raw: BinaryIO | None = None
+        self._position: Callable[[], int] | None = None  # input bytes consumed in the file being read
+
+    def split_mode(self, fmt: str) -> str:
+        """How lines of files of this format become sentences: ``auto``, ``lines`` or ``none``."""
+        return self.split_sentences or ("lines" if fmt == "text" else "auto")
+
+    @property
+    def split_modes(self) -> dict[str, str]:
+        """The splitting used for each input format present, e.g. ``{"jsonl": "auto", "text": "lines"}``."""
+        return {fmt: self.split_mode(fmt) for fmt in sorted({fmt for fmt, _ in self.formats})}
 
     @property
     def bytes_read(self) -> int:
-        """Bytes of input consumed so far (compressed bytes for ``.gz`` files)."""
-        raw = self._raw
-        return self._done_bytes + (raw.tell() if raw is not None and not raw.closed else 0)
+        """Bytes of input consumed so far (compressed bytes for compressed files)."""
+        position = self._position
+        return self._done_bytes + (position() if position is not None else 0)
 
     @property
     def warnings(self) -> list[str]:
-        """One-line warnings about what was read: replaced non-UTF-8 bytes, suspiciously long lines."""
+        """One-line warnings about what was read: replaced bytes, long lines, cut documents, skipped records."""
         out = []
         if self.bad_lines:
             out.append(f"{self.bad_lines:,} line(s) were not valid UTF-8 and had bytes replaced by U+FFFD "
                        f"(first at {self.first_bad})")
         if self.long_lines:
             out.append(f"{self.long_lines:,} line(s) are longer than {MAX_LINE_CHARS:,} characters (first at "
-                       f"{self.first_long}); the format is one sentence per line, and pretraining uses only the "
-                       "first tokens of a sentence that long")
+                       f"{self.first_long}), each kept as one sentence, one sentence per line; pretraining uses only "
+                       "the first tokens of a sentence that long (--split-sentences auto splits lines into sentences)")
         if self.cut_documents:
             out.append(f"{self.cut_documents:,} document(s) ran past {MAX_DOCUMENT_CHARS:,} characters without a "
                        f"blank line and were cut into documents of that size (first cut at {self.first_cut}); "
                        "the format puts a blank line between documents")
+        if self.cut_records:
+            out.append(f"{self.cut_records:,} record(s) ran past {MAX_DOCUMENT_CHARS:,} characters and were cut "
+                       f"into documents of that size, at paragraph ends (first at {self.first_cut_record})")
+        for reason, count in self.skipped.items():
+            if count:
+                what = SKIP_REASONS[reason].format(field=self.text_field)
+                out.append(f"skipped {count:,} {what} (first: {self.first_skipped[reason]})")
         return out
 
-    def documents(self) -> Iterator[list[str]]:
-        """Yield each document as its list of stripped, non-empty lines (cut every ``MAX_DOCUMENT_CHARS``)."""
-        for path in self.paths:
-            document: list[str] = []
-            chars = 0
-            cut = False  # has the document being read been cut already?
-            for line in self._file_lines(path):
-                if not line:
-                    cut = False
-                    if not document:
-                        continue
-                else:
-                    document.append(line)
-                    chars += len(line)
-                    if chars < MAX_DOCUMENT_CHARS:
-                        continue
-                    if not cut:
-                        self.cut_documents += 1
-                        if self.first_cut is None:
-                            self.first_cut = f"{path}:{self.line_number}"
-                    cut = True
-                self.documents_read += 1
-                yield document
-                document, chars = [], 0
-            if document:
-                self.documents_read += 1
-                yield document
+    def documents(self) -> Iterator[Document]:
+        """Yield each document with its stripped, non-empty lines (cut every ``MAX_DOCUMENT_CHARS``)."""
+        for path, (fmt, compression) in zip(self.paths, self.formats):
+            split = self.split_mode(fmt) == "auto"
+            if fmt == "text":
+                yield from self._text_documents(path, compression, split)
+            else:
+                yield from self._record_documents(path, fmt, compression, split)
 
     def lines(self) -> Iterator[str]:
-        """Yield every non-empty stripped line, ignoring document boundaries (for vocabulary training)."""
-        for path in self.paths:
-            yield from filter(None, self._file_lines(path))
+        """Yield every non-empty stripped line (of plain text, or of a record's text), ignoring documents.
 
-    def _file_lines(self, path: Path) -> Iterator[str]:
-        """Stripped lines of one file, blank ones included (they separate documents)."""
+        For vocabulary training, which needs words, not sentences.
+        """
+        for path, (fmt, compression) in zip(self.paths, self.formats):
+            if fmt == "text":
+                yield from filter(None, self._file_lines(path, compression, check_long=True))
+            else:
+                for _, text in self._records(path, fmt, compression):
+                    yield from filter(None, map(str.strip, text.splitlines()))
+
+    # ---- plain text ----
+
+    def _text_documents(self, path: Path, compression: str | None, split: bool) -> Iterator[Document]:
+        document: list[str] = []
+        chars = 0
+        cut = False  # has the document being read been cut already?
+        for line in self._file_lines(path, compression, check_long=not split):
+            if not line:
+                cut = False
+                if not document:
+                    continue
+            else:
+                document.append(line)
+                chars += len(line)
+                if chars < MAX_DOCUMENT_CHARS:
+                    continue
+                if not cut:
+                    self.cut_documents += 1
+                    if self.first_cut is None:
+                        self.first_cut = f"{path}:{self.line_number}"
+                cut = True
+            self.documents_read += 1
+            yield Document(document, split)
+            document, chars = [], 0
+        if document:
+            self.documents_read += 1
+            yield Document(document, split)
+
+    def _file_lines(self, path: Path, compression: str | None, check_long: bool) -> Iterator[str]:
+        """Stripped lines of one plain-text file, blank ones included (they separate documents)."""
+        for number, line in self._decoded_lines(path, compression, "text with one sentence per line"):
+            if check_long and len(line) > MAX_LINE_CHARS:
+                self._long_line(f"{path}:{number}", len(line), "line")
+            yield line.strip()
+
+    def _long_line(self, place: str, length: int, what: str) -> None:
+        if self.strict:
+            raise UserError(f"{place}: a {what} of {length:,} characters, kept as one sentence (--split-sentences "
+                            "auto splits it into sentences; without --strict it is kept with a warning)")
+        self.long_lines += 1
+        if self.first_long is None:
+            self.first_long = place
+
+    @contextmanager
+    def _open(self, path: Path, compression: str | None) -> Iterator[BinaryIO]:
+        """The file's decompressed bytes; meanwhile ``bytes_read`` follows its compressed position."""
+        with open(path, "rb") as raw:
+            if compression == "gzip":
+                stream: BinaryIO = gzip.GzipFile(fileobj=raw)  # type: ignore[assignment]
+            elif compression == "zstd":
+                import zstandard
+
+                stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
+            else:
+                stream = raw
+            self._position = raw.tell
+            try:
+                yield stream
+            finally:
+                self._position = None
+
+    def _decoded_lines(self, path: Path, compression: str | None, what: str) -> Iterator[tuple[int, str]]:
+        """(line number, line) of a text file, UTF-8 decoded (undecodable bytes replaced and counted)."""
+        errors: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error)
+        if compression == "zstd":
+            import zstandard
+
+            errors += (zstandard.ZstdError,)
         try:
-            with open(path, "rb") as raw:
-                stream: BinaryIO = gzip.GzipFile(fileobj=raw) if path.suffix == ".gz" else raw  # type: ignore
-                if b"\0" in stream.read(_SNIFF_BYTES):
-                    raise UserError(f"{path}: is a binary file (NUL bytes), not UTF-8 text with one sentence per line")
-                stream.seek(0)
-                self._raw = raw
+            with self._open(path, compression) as stream:
+                if b"\0" in stream.peek(_SNIFF_BYTES)[:_SNIFF_BYTES]:  # type: ignore[attr-defined]
+                    raise UserError(f"{path}: is a binary file (NUL bytes), not UTF-8 {what}")
                 for number, data in enumerate(stream, start=1):
                     try:
                         line = data.decode("utf-8")
@@ -165,18 +322,122 @@ class CorpusReader:
                         self.bad_lines += 1
                         if self.first_bad is None:
                             self.first_bad = f"{path}:{number}"
-                    if len(line) > MAX_LINE_CHARS:
-                        if self.strict:
-                            raise UserError(f"{path}:{number}: a line of {len(line):,} characters; the format is one "
-                                            "sentence per line (drop --strict to keep it with a warning)")
-                        self.long_lines += 1
-                        if self.first_long is None:
-                            self.first_long = f"{path}:{number}"
                     self.lines_read += 1
                     self.line_number = number
-                    yield line.strip()
-        except (OSError, EOFError, zlib.error) as e:  # unreadable, or a corrupt or truncated .gz
+                    yield number, line
+        except errors as e:  # unreadable, or a corrupt or truncated compressed file
             raise UserError(f"{path}: cannot be read: {e}") from None
-        finally:
-            self._raw = None
         self._done_bytes += path.stat().st_size
+
+    # ---- records: JSON Lines and Parquet ----
+
+    def _record_documents(self, path: Path, fmt: str, compression: str | None, split: bool) -> Iterator[Document]:
+        """One document per record: its paragraphs (non-empty lines), cut at a paragraph end every
+        ``MAX_DOCUMENT_CHARS`` characters; a record without text gives none."""
+        for number, text in self._records(path, fmt, compression):
+            paragraphs: list[str] = []
+            chars = 0
+            cut = False
+            for paragraph in text.splitlines():
+                paragraph = paragraph.strip()
+                if not paragraph:
+                    continue
+                if chars >= MAX_DOCUMENT_CHARS:  # the document is full and more text follows: cut here
+                    if not cut:
+                        self.cut_records += 1
+                        if self.first_cut_record is None:
+                            self.first_cut_record = self._place(path, fmt, number)
+                    cut = True
+                    self.documents_read += 1
+                    yield Document(paragraphs, split)
+                    paragraphs, chars = [], 0
+                if not split and len(paragraph) > MAX_LINE_CHARS:
+                    self._long_line(self._place(path, fmt, number), len(paragraph), "paragraph")
+                paragraphs.append(paragraph)
+                chars += len(paragraph)
+            if paragraphs:
+                self.documents_read += 1
+                yield Document(paragraphs, split)
+
+    @staticmethod
+    def _place(path: Path, fmt: str, number: int) -> str:
+        """Where a record is: ``file:line`` for JSON Lines, ``file, row N`` (from 0) for Parquet."""
+        return f"{path}, row {number}" if fmt == "parquet" else f"{path}:{number}"
+
+    def _records(self, path: Path, fmt: str, compression: str | None) -> Iterator[tuple[int, str]]:
+        """(line or row number, text) of the usable records of a file; the others are counted and skipped."""
+        return self._parquet_records(path) if fmt == "parquet" else self._jsonl_records(path, compression)
+
+    def _skip(self, reason: str, place: str, detail: str) -> None:
+        if self.strict:
+            raise UserError(f"{place}: {detail} (without --strict such records are skipped with a warning)")
+        self.skipped[reason] += 1
+        self.first_skipped.setdefault(reason, f"{place}: {detail}")
+
+    def _jsonl_records(self, path: Path, compression: str | None) -> Iterator[tuple[int, str]]:
+        field = self.text_field
+        for number, line in self._decoded_lines(path, compression, "JSON Lines"):
+            line = line.rstrip("\r\n")
+            if number == 1:
+                line = line.removeprefix("\ufeff")  # a byte-order mark
+            if not line.strip():
+                continue
+            self.records_read += 1
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                self._skip("invalid_json", f"{path}:{number}", f"not valid JSON ({e.msg}: column {e.colno})")
+                continue
+            if not isinstance(record, dict):
+                self._skip("not_an_object", f"{path}:{number}",
+                           f"a JSON {_json_type(record)}, not an object with a {field!r} field")
+                continue
+            text = record.get(field)
+            if isinstance(text, str):
+                yield number, text
+            elif text is None:
+                fields = ", ".join(map(repr, list(record)[:10])) or "none"
+                detail = f"{field!r} is null" if field in record else f"no {field!r} field (fields: {fields})"
+                self._skip("no_text_field", f"{path}:{number}", detail)
+            else:
+                self._skip("text_not_a_string", f"{path}:{number}", f"{field!r} is a JSON {_json_type(text)}, not a string")
+
+    def _parquet_records(self, path: Path) -> Iterator[tuple[int, str]]:
+        pa = _require("pyarrow", path, "Parquet", "parquet")
+        pq = _require("pyarrow.parquet", path, "Parquet", "parquet")
+        errors = (OSError, ValueError, pa.ArrowException)
+        field = self.text_field
+        try:
+            parquet = pq.ParquetFile(path)
+        except errors as e:
+            raise UserError(f"{path}: cannot be read as Parquet: {e}") from None
+        with parquet:
+            schema = parquet.schema_arrow
+            if field not in schema.names:
+                raise UserError(f"{path}: no column {field!r} (columns: {', '.join(schema.names)}); "
+                                "name the text column with --text-field")
+            kind = schema.field(field).type
+            if pa.types.is_dictionary(kind):
+                kind = kind.value_type
+            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
+                    or getattr(pa.types, "is_string_view", lambda _: False)(kind)):
+                raise UserError(f"{path}: column {field!r} holds {kind}, not text; name the text column with "
+                                "--text-field")
+            size = path.stat().st_size
+            rows = max(1, parquet.metadata.num_rows)
+            row = 0
+            self._position = lambda: size * row // rows
+            try:
+                for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=[field], use_threads=False):
+                    for text in batch.column(0).to_pylist():
+                        self.records_read += 1
+                        if text is None:
+                            self._skip("no_text_field", f"{path}, row {row}", f"{field!r} is null")
+                        else:
+                            yield row, text
+                        row += 1
+            except errors as e:
+                raise UserError(f"{path}: cannot be read as Parquet: {e}") from None
+            finally:
+                self._position = None
+        self._done_bytes += size

@@ -32,7 +32,8 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import UserError
-from .corpus import CorpusReader, resolve_inputs
+from . import sentences
+from .corpus import CorpusReader, Document, resolve_inputs
 from .tokenizer import Tokenizer, vocab_sha256
 
 FORMAT = "bertgpu-shards"
@@ -49,20 +50,22 @@ def _token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
 
 
-def _tokenize_chunk(tokenizer: Tokenizer, documents: list[list[str]]) -> Chunk:
-    """Tokenize whole documents; drop sentences (then documents) left without tokens.
+def _tokenize_chunk(tokenizer: Tokenizer, chunk: list[Document]) -> Chunk:
+    """Split the documents marked for it into sentences, tokenize them whole, and drop sentences (then
+    documents) left without tokens.
 
     The sentences go to ``encode_batch`` ``ENCODE_LINES`` at a time and each batch's ids become one
     numpy array at once: the per-token objects ``tokenizers`` returns (an ``Encoding`` with its token
     strings and offsets, a Python int per id) then live for one small batch, not the whole chunk,
     which keeps a worker's memory small and the tokenizer faster (its working set stays in cache).
     """
-    sentences = list(chain.from_iterable(documents))
+    documents = [sentences.split_paragraphs(d.lines) if d.split else d.lines for d in chunk]
+    texts = list(chain.from_iterable(documents))
     dtype = _token_dtype(tokenizer.vocab_size)
     parts: list[np.ndarray] = []
-    lengths = np.empty(len(sentences), dtype=np.int64)
-    for start in range(0, len(sentences), ENCODE_LINES):
-        ids = tokenizer.encode_batch(sentences[start : start + ENCODE_LINES])
+    lengths = np.empty(len(texts), dtype=np.int64)
+    for start in range(0, len(texts), ENCODE_LINES):
+        ids = tokenizer.encode_batch(texts[start : start + ENCODE_LINES])
         batch_lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         lengths[start : start + len(ids)] = batch_lengths
         parts.append(np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(batch_lengths.sum())))
@@ -86,19 +89,19 @@ def _init_worker(tokenizer: Tokenizer) -> None:
     tokenizer.backend  # build it now, not inside the first chunk
 
 
-def _tokenize_in_worker(documents: list[list[str]]) -> Chunk:
+def _tokenize_in_worker(chunk: list[Document]) -> Chunk:
     assert _worker_tokenizer is not None, "worker not initialized"
-    return _tokenize_chunk(_worker_tokenizer, documents)
+    return _tokenize_chunk(_worker_tokenizer, chunk)
 
 
-def _chunks(documents: Iterator[list[str]], chunk_chars: Callable[[], int]) -> Iterator[list[list[str]]]:
+def _chunks(documents: Iterator[Document], chunk_chars: Callable[[], int]) -> Iterator[list[Document]]:
     """Group documents into work items of about ``chunk_chars()`` characters of text (asked anew for each item)."""
-    chunk: list[list[str]] = []
+    chunk: list[Document] = []
     size = 0
     limit = chunk_chars()
     for document in documents:
         chunk.append(document)
-        size += sum(map(len, document))
+        size += sum(map(len, document.lines))
         if size >= limit:
             yield chunk
             chunk, size = [], 0
@@ -148,12 +151,14 @@ class _ShardWriter:
         self.directory = directory
         self.shard_tokens = shard_tokens
         self.shards: list[dict] = []
+        self.single_sentence_documents = 0  # too short for next-sentence prediction
         self._files: tuple | None = None
 
     def add(self, chunk: Chunk) -> None:
         tokens, sentence_lengths, per_document = chunk
         if not len(per_document):
             return
+        self.single_sentence_documents += int(np.count_nonzero(per_document == 1))
         doc_tokens = np.add.reduceat(sentence_lengths.astype(np.int64), np.cumsum(per_document) - per_document)
         doc_ends = np.cumsum(doc_tokens)
         first_doc = first_sentence = first_token = 0
@@ -213,19 +218,28 @@ def prepare(
     overwrite: bool = False,
     progress: bool = True,
     strict: bool = False,
+    text_field: str = "text",
+    split_sentences: str | None = None,
 ) -> dict:
     """Tokenize a corpus into shards in ``out_dir`` and return its meta dict.
 
-    The result appears all at once (built in a hidden sibling directory, then renamed), so an
-    interrupted run never leaves a directory that looks usable. The output is identical for any
-    number of ``workers``. ``progress`` shows a bar (on a terminal) and prints a summary line.
-    Non-UTF-8 bytes are replaced, counted in the meta and warned about, or with ``strict`` an error.
+    Inputs are plain text, JSON Lines or Parquet files (``corpus``); records keep their text in
+    ``text_field``. ``split_sentences`` is ``auto`` (split lines into sentences), ``lines`` (a line is
+    a sentence) or ``none`` (a paragraph is kept whole); None means ``lines`` for plain text and
+    ``auto`` for records. The result appears all at once (built in a hidden sibling directory, then
+    renamed), so an interrupted run never leaves a directory that looks usable. The output is
+    identical for any number of ``workers``. ``progress`` shows a bar (on a terminal) and prints a
+    summary line. Damaged input (non-UTF-8 bytes, over-long lines, bad records) is repaired or
+    skipped, counted in the meta and warned about, or with ``strict`` an error.
     """
     if workers < 1:
         raise UserError(f"workers must be at least 1, not {workers}")
     if shard_tokens < 1:
         raise UserError(f"shard_tokens must be at least 1, not {shard_tokens}")
     paths = resolve_inputs(inputs)
+    reader = CorpusReader(paths, strict, text_field, split_sentences)
+    if "auto" in reader.split_modes.values():
+        sentences.check_available()
     tokenizer = Tokenizer(vocab, lowercase=lowercase)
     out = Path(os.path.abspath(out_dir))  # absolute, so that even "." has a sibling to build in
     _check_replaceable(out, overwrite)
@@ -235,9 +249,12 @@ def prepare(
     tmp.mkdir()
     started = time.perf_counter()
     try:
-        meta = _write_shards(CorpusReader(paths, strict), tokenizer, tmp, workers, shard_tokens, progress)
+        meta = _write_shards(reader, tokenizer, tmp, workers, shard_tokens, progress)
         if not meta["tokens"]:
-            raise UserError(f"no tokens in {', '.join(map(str, inputs))}: the corpus is empty")
+            why = "".join(f"; {message}" for message in reader.warnings)
+            raise UserError(f"no tokens in {', '.join(map(str, inputs))}: the corpus is empty{why}")
+        for message in reader.warnings:
+            warnings.warn(message, stacklevel=2)
         shutil.copyfile(vocab, tmp / "vocab.txt")
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
         _replace_directory(tmp, out)
@@ -246,9 +263,11 @@ def prepare(
         raise
     if progress:
         rate = meta["tokens"] / max(time.perf_counter() - started, 1e-9)
+        short = meta["single_sentence_documents"] / meta["documents"]
         print(
             f"prepared {meta['documents']:,} documents, {meta['sentences']:,} sentences, {meta['tokens']:,} tokens "
-            f"in {len(meta['shards'])} shard(s) at {rate:,.0f} tokens/s -> {out}"
+            f"in {len(meta['shards'])} shard(s) at {rate:,.0f} tokens/s -> {out}; {short:.1%} of the documents "
+            "have a single sentence, too short for next-sentence prediction"
         )
     return meta
 
@@ -297,9 +316,8 @@ def _write_shards(
     finally:
         writer.close()
         bar.close()
-    for message in reader.warnings:
-        warnings.warn(message, stacklevel=3)
     shards = writer.shards
+    modes = reader.split_modes
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -311,8 +329,17 @@ def _write_shards(
         "sentences": sum(s["sentences"] for s in shards),
         "tokens": sum(s["tokens"] for s in shards),
         "shards": shards,
+        "single_sentence_documents": writer.single_sentence_documents,
         "inputs": [os.path.abspath(p) for p in reader.paths],
+        "input_formats": [fmt + (f"+{compression}" if compression else "") for fmt, compression in reader.formats],
+        "text_field": reader.text_field,
+        "split_sentences": modes,
+        "sentence_splitter": sentences.splitter_name() if "auto" in modes.values() else None,
+        "records": reader.records_read,
+        "skipped_records": dict(reader.skipped),
         "bad_lines": reader.bad_lines,
+        "long_lines": reader.long_lines,
+        "cut_documents": reader.cut_documents + reader.cut_records,
     }
 
 

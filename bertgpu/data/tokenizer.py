@@ -167,7 +167,8 @@ class Tokenizer:
 
 
 def train_vocab(
-    inputs: list[str], size: int, out: str | os.PathLike, cased: bool = False, progress: bool = True
+    inputs: list[str], size: int, out: str | os.PathLike, cased: bool = False, progress: bool = True,
+    text_field: str = "text",
 ) -> Path:
     """Learn a WordPiece vocab of ``size`` tokens from a corpus and write it to ``out`` (a ``vocab.txt``).
 
@@ -175,7 +176,8 @@ def train_vocab(
     so the unused slots stay free for later additions as in Google's vocabs. The file appears only when
     complete (written to a temporary file, then renamed). Training the same corpus twice may give
     slightly different vocabs: the ``tokenizers`` trainer breaks ties in hash-map order
-    (huggingface/tokenizers#1794), so keep the file rather than expecting to regenerate it.
+    (huggingface/tokenizers#1794), so keep the file rather than expecting to regenerate it. The corpus
+    may hold plain text, JSON Lines and Parquet files, as for ``prepare`` (records' text in ``text_field``).
     """
     files = resolve_inputs(inputs)
     if size < _FIRST_LEARNED + MIN_LEARNED_TOKENS:
@@ -186,7 +188,7 @@ def train_vocab(
     # binds and word pieces leave slots empty (Chinese characters are words of their own and never
     # merge), once more with the empty slots given to the next most frequent characters.
     alphabet_cap = learned_slots * 3 // 4
-    reader = CorpusReader(files)
+    reader = CorpusReader(files, text_field=text_field)
     learned = _train_wordpiece(reader, learned_slots, alphabet_cap, cased, progress)
     if not learned:
         raise UserError(f"no text to learn a vocab from in {', '.join(map(str, inputs))}: the corpus is empty")
@@ -197,7 +199,8 @@ def train_vocab(
         # A little more than the empty slots: the trainer's merges vary a little from run to run (see
         # above), and what overflows is cut below (the last, rarest merges).
         alphabet_cap += learned_slots - len(learned) + max(8, learned_slots // 100)
-        learned = _train_wordpiece(CorpusReader(files), learned_slots, alphabet_cap, cased, progress)
+        learned = _train_wordpiece(CorpusReader(files, text_field=text_field), learned_slots, alphabet_cap, cased,
+                                   progress)
         cap_binds = sum(1 for t in learned if len(t) == 1) >= alphabet_cap
     tokens = ["[PAD]", *(f"[unused{i}]" for i in range(_UNUSED)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tokens += learned[:learned_slots]
