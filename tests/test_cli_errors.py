@@ -88,7 +88,7 @@ def test_bad_flags(tmp_path, english_data):
     ("pretrain", ["--tp", "0"], ["--tp must be at least 1"]),
     ("finetune", ["--tp", "3", "--nproc", "2"], ["--tp 3 needs at least 3 processes"]),
 ], ids=["tp-not-dividing-processes", "tp-not-dividing-heads", "tp-without-processes", "tp-zero", "finetune-tp"])
-def test_bad_layouts(tmp_path, english_data, minilm_dir, command, flags, needles):
+def test_bad_layouts(tmp_path, english_data, minilm_dir, capsys, command, flags, needles):
     """Checked before any process starts: nothing is written."""
     if command == "pretrain":
         args = ["pretrain", "--data", english_data, "--model", "tiny"]
@@ -96,8 +96,40 @@ def test_bad_layouts(tmp_path, english_data, minilm_dir, command, flags, needles
         reviews = tmp_path / "reviews.csv"
         reviews.write_text("text,label\ngood,pos\nbad,neg\nfine,pos\nawful,neg\n")
         args = ["finetune", "--model", minilm_dir, "--train", reviews]
-    proc = run_cli(*args, "--out", tmp_path / "run", "--device", "cpu", *flags, check=False)
-    assert_one_line_error(proc, *needles)
+    err = in_process_error(capsys, *args, "--out", tmp_path / "run", "--device", "cpu", *flags)
+    assert all(needle in err for needle in needles), err
+    assert not (tmp_path / "run").exists()
+
+
+def in_process_error(capsys, *args) -> str:
+    """`bertgpu ARGS` run in this process, for mistakes found before any worker starts (no torch import
+    to pay for each): the one line it prints, after checking it is exactly one line and exit code 2."""
+    from bertgpu.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("bertgpu: error: "), err
+    return err
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--batch-size", "4,4,4", "--nproc", "2"], "--batch-size 4,4,4 gives 3 sizes for 2 data-parallel rank(s)"),
+    (["--batch-size", "4,0", "--nproc", "2"], "--batch-size must be at least 1"),
+    (["--batch-size", "four"], "--batch-size four: give a number"),
+    (["--balance", "auto", "--nproc", "1"], "--balance auto needs at least 2 data-parallel processes"),
+    (["--balance", "auto", "--nproc", "2", "--strategy", "fsdp"], "--balance auto works with --strategy ddp"),
+    (["--grad-compression", "powersgd", "--nproc", "2", "--strategy", "fsdp"], "powersgd works with --strategy ddp"),
+    (["--grad-compression", "powersgd", "--nproc", "2", "--tp", "2"], "powersgd works with --strategy ddp"),
+    (["--powersgd-rank", "0"], "--powersgd-rank must be at least 1"),
+    (["--lr-scaling", "linear", "--reference-batch", "0"], "--reference-batch must be at least 1"),
+    (["--optimizer", "rmsprop", "--rmsprop-alpha", "1"], "--rmsprop-alpha must be in [0, 1)"),
+], ids=["sizes-for-ranks", "size-zero", "size-not-a-number", "balance-one-process", "balance-fsdp",
+        "powersgd-fsdp", "powersgd-tp", "powersgd-rank", "reference-batch", "rmsprop-alpha"])
+def test_bad_communication_flags(tmp_path, english_data, capsys, flags, needle):
+    err = in_process_error(capsys, "pretrain", "--data", english_data, "--model", "tiny", "--out", tmp_path / "run",
+                           "--device", "cpu", *flags)
+    assert needle in err
     assert not (tmp_path / "run").exists()
 
 

@@ -31,6 +31,7 @@ COMMON = ["--model", "tiny", "--precision", "fp32", "--dropout", "0", "--seed", 
 LAYOUTS = {
     "2procs-x-4": (["--nproc", "2", "--batch-size", "4"], "2 processes = dp 2, ddp"),
     "1proc-x-4-x-accum2": (["--nproc", "1", "--batch-size", "4", "--grad-accum", "2"], "1 process"),
+    "unequal-6-and-2": (["--nproc", "2", "--batch-size", "6,2"], "2 processes = dp 2, ddp"),
     "fsdp-2procs-x-4": (["--nproc", "2", "--batch-size", "4", "--strategy", "fsdp"], "2 processes = dp 2, fsdp"),
     "tp2-x-8": (["--nproc", "2", "--batch-size", "8", "--tp", "2"], "2 processes = tp 2"),
     "dp2-x-tp2-fsdp-x-4": (["--nproc", "4", "--batch-size", "4", "--tp", "2", "--strategy", "fsdp"],

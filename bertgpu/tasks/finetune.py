@@ -123,10 +123,10 @@ def train(cfg: FinetuneConfig) -> Path:
         checkpoint.load_weights(model, run.resume_from)
     else:
         checkpoint.load_weights(model if plan.keep_head else model.bert, plan.model_dir)
-    net = run.parallelize(model)
+    net = run.parallelize(model, optim.steps)
     optimizer = build_optimizer(model, optim, device)
     scaler = torch.amp.GradScaler(device.type, enabled=run.precision == "fp16")
-    run.restore(net, optimizer, scaler)
+    run.restore(net, optimizer, scaler, sample_forward=lambda: net(**_sample_batch(train_set, device)))
 
     step = run.start_step
     schedule = build_schedule(optimizer, optim, step)
@@ -235,6 +235,12 @@ def train(cfg: FinetuneConfig) -> Path:
               f"(transformers.BertForSequenceClassification.from_pretrained('{out / 'best'}'), "
               f"or bertgpu predict --model {out / 'best'} TEXT)", flush=True)
     return out / "best"
+
+
+def _sample_batch(dataset: ClassificationDataset, device: torch.device) -> dict[str, torch.Tensor]:
+    """Two examples as a batch, for a step that only lays out DDP's buckets (settle_buckets)."""
+    batch = dataset.batch(list(range(min(2, len(dataset)))))
+    return {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
 
 
 def _check_resumable(state: dict[str, Any], path: Path, labels: list[str], train_examples: int,
