@@ -231,3 +231,39 @@ def test_a_node_whose_worker_dies_is_restarted_and_resumes(tmp_path, small_engli
     assert any("resuming from" in o[0] for o in outputs), outputs[0][0]
     worst = worst_difference(weights(two_processes, 6), weights(out, 6))
     assert worst <= 1e-6, f"max abs parameter difference {worst:.3g}"
+
+
+def test_the_slurm_script_runs_as_submitted(tmp_path, small_english_data):
+    """examples/slurm/pretrain.sbatch, its paths set as a user sets them, run by bash with stand-ins for
+    SLURM's srun (which starts the command once per node, here as two local processes) and scontrol
+    (which names the nodes): two torchrun nodes train and write a checkpoint transformers loads."""
+    import textwrap
+
+    script = (ROOT / "examples" / "slurm" / "pretrain.sbatch").read_text()
+    venv = Path(sys.executable).parents[1]
+    for name, value in (("DATA", small_english_data), ("OUT", tmp_path / "run"), ("VENV", venv), ("MODEL", "tiny")):
+        script = script.replace(next(line for line in script.splitlines() if line.startswith(f"{name}=")),
+                                f"{name}={value}")
+    (tmp_path / "pretrain.sbatch").write_text(script)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(textwrap.dedent("""\
+        #!/bin/bash
+        [ "$1" = --kill-on-bad-exit=0 ] && shift
+        for node in $(seq 1 "$SLURM_NNODES"); do "$@" & done
+        wait
+        """))
+    (bin_dir / "scontrol").write_text("#!/bin/bash\necho localhost\necho localhost\n")
+    for tool in ("srun", "scontrol"):
+        (bin_dir / tool).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{venv / 'bin'}:{os.environ['PATH']}", "SLURM_NNODES": "2",
+           "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_GPUS_ON_NODE": "1", "SLURM_CPUS_PER_TASK": "1",
+           "SLURM_JOB_ID": "4242", "RDZV_PORT": str(free_port()),
+           "BERTGPU_ARGS": "--device cpu --precision fp32 --steps 2 --batch-size 4 --loader-workers 0 --save-every 2"}
+    proc = subprocess.run(["bash", str(tmp_path / "pretrain.sbatch")], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "2 processes = dp 2, ddp" in proc.stdout and "global batch 8" in proc.stdout, proc.stdout
+    import transformers
+
+    transformers.BertForPreTraining.from_pretrained(tmp_path / "run" / "checkpoints" / "step-0000002")
