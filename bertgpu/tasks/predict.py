@@ -61,20 +61,20 @@ def check_model_dir(path: str) -> tuple[Path, ModelConfig]:
 
 @torch.no_grad()
 def predict_logits(model: Any, dataset: ClassificationDataset, batch_size: int, dims: ParallelDims,
-                   device: torch.device, precision: str) -> torch.Tensor:
+                   device: torch.device, precision: str, shares: list[int] | None = None) -> torch.Tensor:
     """Logits of every example, ``[N, num_labels]`` in float64 on the CPU, identical on every rank.
 
-    ``model`` is a classifier, or a ``ParallelModel`` of one. Each data-parallel rank fills the rows
-    of its batches in a zero array and the arrays are summed over the data-parallel ranks: every row
+    ``model`` is a classifier, or a ``ParallelModel`` of one; ``shares`` the ranks' shares of the
+    batches (unequal GPUs). Each data-parallel rank fills the rows of its batches in a zero array and the arrays are summed over the data-parallel ranks: every row
     comes from exactly one, and adding zeros is exact. Under FSDP every forward pass is collective,
     so a rank with fewer batches runs its last one again (its result unused), to keep in step.
     """
     was_training = model.training
     model.eval()
     logits = torch.zeros(len(dataset), model.config.num_labels, dtype=torch.float64, device=device)
-    batches = eval_batches(dataset.lengths, batch_size, dims.dp, dims.dp_rank)
+    batches = eval_batches(dataset.lengths, batch_size, dims.dp, dims.dp_rank, shares)
     if dims.fsdp:
-        rounds = -(-len(eval_batches(dataset.lengths, batch_size, 1, 0)) // dims.dp)
+        rounds = max(len(eval_batches(dataset.lengths, batch_size, dims.dp, r, shares)) for r in range(dims.dp))
         batches = batches + [None] * (rounds - len(batches))
     last = None
     for indices in batches:
