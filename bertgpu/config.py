@@ -486,7 +486,8 @@ class FinetuneConfig:
 class EvaluateConfig:
     """`bertgpu evaluate`: loss, accuracy and F1 of a fine-tuned classifier on labelled data."""
 
-    model: str = opt("", "a fine-tuned classifier directory (`bertgpu finetune`'s best/, or a transformers one)",
+    model: str = opt("", "a fine-tuned classifier directory (`bertgpu finetune`'s --out or its best/, or a "
+                         "transformers one)",
                      required=True)
     data: str = opt("", "labelled data: " + _DATA_FILE, required=True)
     text_column: str = opt("text", _TEXT_HELP)
@@ -511,7 +512,8 @@ class PredictConfig:
     """`bertgpu predict`: the label and its probability for a text (and pair text), or for a whole file."""
 
     texts: list[str] = opt([], "a text to classify, and optionally its pair text", positional=True, nargs="*")
-    model: str = opt("", "a fine-tuned classifier directory (`bertgpu finetune`'s best/, or a transformers one)",
+    model: str = opt("", "a fine-tuned classifier directory (`bertgpu finetune`'s --out or its best/, or a "
+                         "transformers one)",
                      required=True)
     input: str = opt("", "classify every row of this file instead: " + _DATA_FILE)
     output: str = opt("", "with --input: write its rows plus columns prediction and probability here "
