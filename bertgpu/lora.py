@@ -58,9 +58,12 @@ def require(cfg: AdapterConfig) -> None:
     """The packages the adapter settings need, or a one-line error saying what to install."""
     if cfg.enabled and importlib.util.find_spec("peft") is None:
         raise UserError("--lora-rank needs the peft package: pip install 'bertgpu[lora]' (or pip install peft)")
-    if cfg.quantize and importlib.util.find_spec("bitsandbytes") is None:
-        raise UserError(f"--quantize {cfg.quantize} needs the bitsandbytes package: pip install 'bertgpu[quant]' "
-                        "(or pip install bitsandbytes)")
+    if cfg.quantize:
+        try:  # imported, not only looked up: an install that cannot load its library is no install
+            _bnb()
+        except Exception as e:  # noqa: BLE001 - ImportError, or a broken native library: one line either way
+            raise UserError(f"--quantize {cfg.quantize} needs the bitsandbytes package: pip install 'bertgpu[quant]' "
+                            f"(or pip install bitsandbytes); importing it failed: {e}") from None
 
 
 def _bnb():
@@ -157,6 +160,9 @@ def quantize(model: nn.Module, kind: str, device: torch.device, precision: str) 
     """Replace every nn.Linear under ``bert.encoder`` by bitsandbytes' 8-bit or 4-bit layer holding
     the same (frozen) weight, quantised on ``device`` at once; biases stay in fp32."""
     bnb = _bnb()
+    # LLM.int8() multiplies activations quantised from fp16, and bitsandbytes logs the cast at the first
+    # fp32 forward pass: that is the method, not a mistake of the user's.
+    logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
     compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
     for name, module in list(model.named_modules()):
         if not (isinstance(module, nn.Linear) and name.startswith(_QUANTIZED_SCOPE)):
