@@ -64,7 +64,6 @@ def check(cfg: FinetuneConfig) -> Plan:
                         f"{base.max_position_embeddings} positions (max_position_embeddings in {model_dir})")
     dims = check_layout(dataclasses.replace(cfg, device=launch.resolve_device(cfg.device)), base)
     if cfg.adapter.enabled:
-        lora.check(cfg.adapter, base)
         if dims.tp > 1:
             raise UserError(f"--tp {dims.tp} cannot split LoRA's adapted layers; LoRA keeps no gradients or optimizer "
                             "state for the frozen encoder, so shard its weights with --strategy fsdp if it does not "
@@ -73,6 +72,7 @@ def check(cfg: FinetuneConfig) -> Plan:
             raise UserError(f"--quantize {cfg.adapter.quantize} cannot be sharded with --strategy fsdp (FSDP cannot "
                             "hold bitsandbytes' 8/4-bit weights): use --strategy ddp, every process holding the "
                             "quantised encoder")
+        lora.check(cfg.adapter, base)
     columns = dict(text_column=cfg.text_column, pair_column=cfg.pair_column or None,
                    label_column=cfg.label_column, fmt=cfg.format)
     train = load_examples(cfg.train, **columns)
