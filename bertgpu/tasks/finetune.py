@@ -54,6 +54,7 @@ class Plan:
     train: Examples
     eval: Examples
     warnings: list[str]
+    dp: int  # data-parallel processes: the global batch is batch size x dp x accumulation steps
 
 
 def check(cfg: FinetuneConfig) -> Plan:
@@ -87,15 +88,20 @@ def check(cfg: FinetuneConfig) -> Plan:
     id2label = dict(enumerate(names))
     config = dataclasses.replace(base, id2label=id2label)
     return Plan(model_dir, config, base.id2label == id2label, model_lowercase(model_dir), train, evaluation,
-                [w for w in warnings if w])
+                [w for w in warnings if w], dims.dp)
 
 
 def run_finetune(cfg: FinetuneConfig) -> None:
     """Check, then fine-tune here or in local workers."""
     cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device))
-    check(cfg)
+    plan = check(cfg)
     if launch.restart_count() == 0:
         check_out_dir(cfg.out, cfg.overwrite, cfg.resume)
+    resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.resume else None
+    if resume_from is not None:  # refused here, before any process starts (each worker checks again)
+        _check_resumable(checkpoint.load_training_state(resume_from), resume_from, list(plan.model_config.id2label.values()),
+                         len(plan.train), cfg.batch_size * plan.dp * cfg.grad_accum, cfg.group_by_length,
+                         _adapter_record(cfg, plan))
     run_workers(train, cfg)
 
 
