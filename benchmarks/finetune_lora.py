@@ -32,8 +32,8 @@ from pathlib import Path
 from bertgpu import samples
 
 VARIANTS = {  # name: (extra flags, default learning rates to sweep)
-    "full": ([], [5e-5, 1e-4]),
-    "lora": (["--lora-rank", "8"], [5e-4, 1e-3, 2e-3]),
+    "full": ([], [2e-5, 5e-5, 1e-4]),
+    "lora": (["--lora-rank", "8"], [5e-4, 1e-3, 2e-3, 5e-3]),
     "lora+int8": (["--lora-rank", "8", "--quantize", "int8"], None),  # None: LoRA's best learning rate
     "lora+nf4": (["--lora-rank", "8", "--quantize", "nf4"], None),
 }
