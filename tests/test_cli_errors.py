@@ -283,3 +283,61 @@ def test_truncated_checkpoint_file(tmp_path, english_data, damaged):
                    "--steps", "2", check=False)
     if damaged == "model.safetensors":
         assert_one_line_error(proc, str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Fine-tuning on one small GPU: LoRA, quantisation and accumulation flags.
+
+@pytest.fixture(scope="module")
+def tiny_classifier_setup(tmp_path_factory, uncased_vocab):
+    """(a random tiny BERT directory, a 4-row CSV): enough for the checks made before training."""
+    from bertgpu.checkpoint import save_pretrained
+    from bertgpu.config import ModelConfig
+    from bertgpu.model import BertForPreTraining
+
+    root = tmp_path_factory.mktemp("small-gpu")
+    config = ModelConfig.preset("tiny", vocab_size=30522)
+    save_pretrained(BertForPreTraining(config), config, root / "tiny", vocab_path=uncased_vocab, do_lower_case=True)
+    (root / "reviews.csv").write_text("label,review\n好评,很好\n差评,很差\n好评,不错\n差评,太差\n", encoding="utf-8")
+    return root / "tiny", root / "reviews.csv"
+
+
+@pytest.mark.parametrize("flags, needles", [
+    (["--lora-rank", "0"], ["--lora-rank must be at least 1, got 0"]),
+    (["--quantize", "nf4"], ["--quantize needs --lora-rank"]),
+    (["--lora-alpha", "16"], ["--lora-alpha needs --lora-rank"]),
+    (["--lora-rank", "4", "--lora-dropout", "1"], ["--lora-dropout must be in [0, 1)"]),
+    (["--grad-accum", "0"], ["--grad-accum must be at least 1, got 0"]),
+    (["--lora-rank", "4", "--lora-targets", "query,attention"], ["--lora-targets attention", "no linear layer"]),
+    (["--lora-rank", "4", "--lora-targets", "classifier"], ["classifier head is trained whole"]),
+    (["--lora-rank", "4", "--tp", "2", "--nproc", "2"], ["--tp 2 cannot split LoRA's adapted layers", "fsdp"]),
+    (["--lora-rank", "4", "--quantize", "int8", "--strategy", "fsdp", "--nproc", "2"],
+     ["--quantize int8 cannot be sharded with --strategy fsdp"]),
+], ids=["rank-0", "quantize-without-lora", "alpha-without-lora", "dropout-1", "grad-accum-0", "unknown-target",
+        "head-as-target", "lora-with-tp", "quantize-with-fsdp"])
+def test_bad_lora_and_accumulation_flags(tmp_path, tiny_classifier_setup, flags, needles):
+    model, reviews = tiny_classifier_setup
+    proc = run_cli("finetune", "--model", model, "--train", reviews, "--text-column", "review", "--out",
+                   tmp_path / "run", "--device", "cpu", *flags, check=False)
+    assert_one_line_error(proc, *needles)
+    assert not (tmp_path / "run").exists()
+
+
+def test_quantize_without_bitsandbytes_says_what_to_install(tmp_path, tiny_classifier_setup):
+    """A machine without bitsandbytes (here: an import of it that fails, as where it is not installed)."""
+    model, reviews = tiny_classifier_setup
+    shadow = tmp_path / "shadow" / "bitsandbytes"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'bitsandbytes'\")\n")
+    proc = run_cli("finetune", "--model", model, "--train", reviews, "--text-column", "review", "--out",
+                   tmp_path / "run", "--device", "cpu", "--lora-rank", "4", "--quantize", "nf4", check=False,
+                   env={"PYTHONPATH": str(shadow.parent)})
+    assert_one_line_error(proc, "--quantize nf4 needs the bitsandbytes package", "pip install 'bertgpu[quant]'")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_finetune_run_without_best_yet(tmp_path):
+    run = tmp_path / "clf"
+    (run / "checkpoints").mkdir(parents=True)
+    proc = run_cli("predict", "--model", run, "some text", check=False)
+    assert_one_line_error(proc, str(run), "without a classifier yet", "best/")

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .. import checkpoint
-from ..classifier import Classifier, model_vocab
+from ..classifier import Classifier, classifier_dir, model_vocab
 from ..config import EvaluateConfig, ModelConfig, PredictConfig
 from ..data.classification import (ClassificationDataset, Examples, Table, as_data_labels, check_labels, detect_format,
                                    eval_batches, load_examples, read_table, require_columns)
@@ -127,8 +127,9 @@ def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
 
 
 def run_evaluate(cfg: EvaluateConfig) -> None:
-    """Check, then evaluate here or in local workers (each takes a share of the batches)."""
-    cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device))
+    """Check, then evaluate here or in local workers (each takes a share of the batches). A
+    `bertgpu finetune` output directory stands for its final classifier, ``best/``."""
+    cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device), model=str(classifier_dir(cfg.model)))
     check_evaluate(cfg)
     run_workers(evaluate, cfg)
 
@@ -163,6 +164,9 @@ PREDICTION_COLUMNS = ("prediction", "probability")
 
 
 def run_predict(cfg: PredictConfig) -> None:
+    """One text (or pair) printed, or a whole file written. A `bertgpu finetune` output directory
+    stands for its final classifier, ``best/``."""
+    cfg = dataclasses.replace(cfg, model=str(classifier_dir(cfg.model)))
     device = launch.resolve_device(cfg.device)
     if not cfg.input:
         check_model_dir(cfg.model)
