@@ -351,9 +351,8 @@ def train_batches(num_examples: int, batch_size: int | Sequence[int], world: int
         global_batches = [order[start:start + size] for start in range(0, num_examples, size)]
     else:
         global_batches = _group_by_length(order, np.asarray(lengths), size, rng)
-    every_rank = set(range(world))
     return [(share(global_batch, sizes, rank).tolist(), len(global_batch)) for global_batch in global_batches
-            if set(owners(sizes)[:len(global_batch)].tolist()) == every_rank]
+            if len(global_batch) >= world]
 
 
 def _group_by_length(order: np.ndarray, lengths: np.ndarray, size: int,

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -26,7 +25,7 @@ from ..classifier import model_lowercase, model_vocab
 from ..config import FinetuneConfig, ModelConfig, OptimConfig, per_rank_sizes, scaled_lr
 from ..data.classification import (ClassificationDataset, Examples, check_labels, label_names, load_examples,
                                    split_examples, train_batches)
-from ..data.sharing import owners
+from ..data.sharing import shares_of
 from ..data.tokenizer import Tokenizer
 from ..errors import UserError
 from ..model import BertForSequenceClassification
@@ -311,8 +310,7 @@ def micro_batches(indices: list[int], global_size: int, shares: list[int], accum
     number (the processes must run the same forward and backward passes), none empty. ``shares``: the
     ranks' shares of a full global batch. The gradient is a sum over the examples, so how the share is
     cut changes only the order of additions."""
-    smallest = int(np.bincount(owners(shares)[:global_size], minlength=len(shares)).min())
-    count = min(accum, smallest)
+    count = min(accum, min(shares_of(global_size, shares)))
     size, extra = divmod(len(indices), count)
     bounds = [i * size + min(i, extra) for i in range(count + 1)]
     return [indices[bounds[i]:bounds[i + 1]] for i in range(count)]
