@@ -134,7 +134,7 @@ def test_grad_accum_on_two_processes_trains_the_global_batches_of_one(two_proces
     noise of near-zero gradients into the update); measured 6.4e-7 (6.4e-6 at lr 1e-3)."""
     reference = tmp_path / "one"
     proc = finetune(data, reference, "--nproc", "1", "--batch-size", "16")
-    assert "1 process" in proc.stdout and "global batch 16 = 16 x 1," in proc.stdout
+    assert "1 process" in proc.stdout and "global batch 16 = 16 x 1 x 1," in proc.stdout
     ref, got = (load_file(d / "best" / "model.safetensors") for d in (reference, two_processes[0]))
     worst = max((ref[k] - got[k]).abs().max().item() for k in ref)
     assert worst <= 1e-5, f"max abs parameter difference {worst:.3g}"

@@ -280,7 +280,7 @@ def _tensor_parallel_dropout_worker(out: str) -> None:
                                      parallel=ParallelConfig(tp=2)), config)
     torch.manual_seed(0)
     model = BertForPreTraining(config)
-    net = run.parallelize(model)  # seeds dropout as every training run does
+    net = run.parallelize(model, total_steps=2)  # seeds dropout as every training run does
     optimizer = build_optimizer(model, OptimConfig(lr=1e-2), run.device)
     ids = torch.randint(5, 300, (4, 24), generator=torch.Generator().manual_seed(3))
     for _ in range(2):
