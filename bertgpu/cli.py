@@ -83,7 +83,7 @@ def _prepare(cfg: PrepareConfig) -> None:
 
     cased = vocab_is_cased(cfg.vocab) if cfg.cased is None else cfg.cased
     prepare(cfg.corpus, cfg.vocab, cfg.out, workers=cfg.workers, lowercase=not cased, overwrite=cfg.overwrite,
-            strict=cfg.strict, text_field=cfg.text_field, split_sentences=cfg.split_sentences)
+            strict=cfg.strict, text_field=cfg.text_field, split_sentences=cfg.split_sentences, zh_wwm=cfg.zh_wwm)
 
 
 def _pretrain(cfg: PretrainConfig) -> None:

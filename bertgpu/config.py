@@ -245,6 +245,10 @@ class PrepareConfig:
         "with sentencex for Latin-script text and after 。！？ for Chinese and Japanese; lines: a line is a sentence "
         "(the original BERT format); none: keep each paragraph whole (in a record, the same as lines). "
         "Default: lines for plain text, auto for JSON Lines and Parquet", choices=["auto", "lines", "none"])
+    zh_wwm: bool = opt(False, "Chinese whole-word masking: also segment the text into words with jieba (rjieba; "
+                              "pip install 'bertgpu[zh]') and store which tokens start a word, so that "
+                              "`pretrain --wwm` masks all characters of a Chinese word together; the token ids "
+                              "are unchanged (one per character, as BERT's vocab has them)")
 
     def __post_init__(self) -> None:
         if self.workers < 0:
@@ -262,7 +266,8 @@ class DataConfig:
     max_predictions: int = opt(20, "masked positions per instance at most (prediction slots)")
     masked_lm_prob: float = opt(0.15, "fraction of tokens to mask")
     short_seq_prob: float = opt(0.1, "probability of a shorter target length for a document")
-    wwm: bool = opt(False, "whole-word masking: mask all pieces of a ## word together")
+    wwm: bool = opt(False, "whole-word masking: mask all pieces of a ## word together, and all characters of a "
+                           "Chinese word in data prepared with --zh-wwm")
     nsp: bool = opt(True, "next-sentence prediction (--no-nsp: single segments, MLM only)", flag="--no-nsp")
     loader_workers: int = opt(2, "DataLoader worker processes per training process (0: in-process)")
 
