@@ -329,8 +329,12 @@ class PretrainingDataset(torch.utils.data.Dataset):
             "mlm_labels": mlm_labels,
             "nsp_label": np.int64(is_random),  # transformers' convention: 0 = B follows A, 1 = random
         }
-        if with_word_starts:
-            example["word_starts"] = starts if starts is not None else np.ones(L, dtype=bool)
+        if with_word_starts:  # the words masking used: [CLS], [SEP] and the position after each start one too
+            example["word_starts"] = np.ones(L, dtype=bool)
+            if starts is not None:
+                outside = np.ones(L + 1, dtype=bool)
+                outside[1 + cand_pos] = False
+                example["word_starts"] = starts | outside[1:] | outside[:-1]
         return example
 
     def _choose_whole_words(self, starts, cand_pos, num_to_predict, rng) -> np.ndarray:
