@@ -49,14 +49,14 @@ def describe(dataset: PretrainingDataset, vocab: list[str], index: int) -> dict[
 
 def format_text(instance: dict[str, Any], nsp: bool) -> str:
     """An instance as lines of text: a header, then segment A and segment B (with NSP)."""
-    tokens = list(instance["tokens"])
-    for position, original in zip(instance["masked_positions"], instance["masked_labels"]):
-        tokens[position] = f"{tokens[position]}{{{original}}}"
     starts = instance.get("word_starts")
-    if starts is not None:  # words apart, the tokens of a word together
-        for i in range(1, len(tokens)):
-            if not starts[i]:
-                tokens[i] = tokens[i].removeprefix("##").replace("{##", "{", 1)
+    originals = dict(zip(instance["masked_positions"], instance["masked_labels"]))
+    tokens = []
+    for i, shown in enumerate(instance["tokens"]):
+        original = originals.get(i, shown)
+        if starts is not None and not starts[i] and original.startswith("##"):  # written inside its word
+            original, shown = original[2:], shown.removeprefix("##")
+        tokens.append(f"{shown}{{{original}}}" if i in originals else shown)
     first_b = instance["segment_ids"].index(1) if 1 in instance["segment_ids"] else len(tokens)
     if not nsp:
         pairing = "one segment (--no-nsp)"
