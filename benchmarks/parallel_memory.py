@@ -68,6 +68,7 @@ def run_layout(data: Path, out: Path, model: str, layout: str, global_batch: int
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
+        print(proc.stderr[-3000:], file=sys.stderr)
         return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1], "wall_s": wall}
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     step_times = [1 / r["steps_per_s"] for r in records[1:]] or [1 / records[0]["steps_per_s"]]
@@ -111,7 +112,8 @@ def main() -> None:
                 continue
             mem_ratio = f"{r['peak_memory_mb'] / ddp['peak_memory_mb']:.2f}x" if ddp else "n/a"
             time_ratio = f"{r['step_s'] / ddp['step_s']:.2f}x" if ddp else "n/a"
-            print(f"| {model} | {r['layout']} | {r['peak_memory_mb'] / 1024:.2f} | {mem_ratio} | {r['step_s']:.2f} | "
+            layout = r["layout"] + (", activation checkpointing" if "AC" in r["name"] else "")
+            print(f"| {model} | {layout} | {r['peak_memory_mb'] / 1024:.2f} | {mem_ratio} | {r['step_s']:.2f} | "
                   f"{time_ratio} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

@@ -21,6 +21,7 @@ _EXPORTS = {
     "DataConfig": "bertgpu.config",
     "OptimConfig": "bertgpu.config",
     "FinetuneConfig": "bertgpu.config",
+    "AdapterConfig": "bertgpu.config",
     "UserError": "bertgpu.errors",
     "train_vocab": "bertgpu.data.tokenizer",
     "Tokenizer": "bertgpu.data.tokenizer",

@@ -36,6 +36,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from . import lora
 from .config import ModelConfig
 from .errors import UserError
 
@@ -69,8 +70,12 @@ def export_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = 
     model = unwrap(model)
     aliases = getattr(model, "tied_weights", {})
     vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    if state is None:
+        state = _local_state_dict(model)
+    if lora.is_lora(model):  # the merged classifier, under the plain model's names
+        state = lora.merged_state_dict(model, state)
     tensors = {}
-    for name, tensor in (model.state_dict() if state is None else state).items():
+    for name, tensor in state.items():
         if name in aliases:
             continue
         if vocab_size is not None and _is_vocab_rows(name):
@@ -88,10 +93,16 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+    if lora.is_quantized(unwrap(model)):  # bitsandbytes' weights: never sharded, dequantised here
+        return lora.local_state_dict(unwrap(model)) if _is_main() else None
     if not dist.is_initialized():
         return get_model_state_dict(model)
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return state if dist.get_rank() == 0 else None
+
+
+def _local_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    return lora.local_state_dict(model) if lora.is_quantized(model) else model.state_dict()
 
 
 def _fsync(path: Path) -> None:
@@ -193,10 +204,15 @@ def write_pretrained(
     state: dict[str, torch.Tensor] | None = None,
 ) -> None:
     """The files of a Hugging Face BERT directory, written into ``directory`` (not atomic by itself).
-    ``state``: the model's full state dict, when gathered from processes (``full_state_dict``)."""
+    ``state``: the model's full state dict, when gathered from processes (``full_state_dict``).
+    A LoRA model (``bertgpu.lora``) is written merged, with its adapter in PEFT's format in ``adapter/``."""
     model = unwrap(model)
     architecture = architecture or type(model).__name__.removeprefix("FSDP")
+    if state is None:
+        state = _local_state_dict(model)
     tensors = export_state_dict(model, state)
+    if lora.is_lora(model):
+        lora.write_adapter(directory / lora.ADAPTER_DIR, model, state)
     tokenizer_config = {
         "tokenizer_class": "BertTokenizer",
         "do_lower_case": do_lower_case,

@@ -55,6 +55,19 @@ def model_vocab(model_dir: str | os.PathLike) -> Path:
     return vocab
 
 
+def classifier_dir(path: str | os.PathLike) -> Path:
+    """The classifier directory a user means: ``path`` itself, or, for the output directory of a
+    `bertgpu finetune` run (the ``--out`` they just named), its final classifier ``best/``."""
+    path = Path(path)
+    if path.is_dir() and not (path / "config.json").is_file():
+        if (path / "best" / "config.json").is_file():
+            return path / "best"
+        if (path / "checkpoints").is_dir():
+            raise UserError(f"{path} is a `bertgpu finetune` run without a classifier yet: best/ appears after its "
+                            f"first epoch's evaluation (resume it with --resume)")
+    return path
+
+
 def finetuned_max_length(model_dir: str | os.PathLike) -> int | None:
     """The --max-seq-length the classifier was fine-tuned with (its bertgpu.json), if it was fine-tuned by us."""
     try:
@@ -78,9 +91,9 @@ class Classifier:
     @classmethod
     def load(cls, path: str | os.PathLike, device: str | torch.device | None = None,
              max_seq_length: int | None = None) -> "Classifier":
-        """Load a classifier directory. ``max_seq_length`` defaults to the length it was fine-tuned
-        with, else the model's positions (512 for BERT)."""
-        path = Path(path)
+        """Load a classifier directory (or a `bertgpu finetune` output directory: its ``best/``).
+        ``max_seq_length`` defaults to the length it was fine-tuned with, else the model's positions (512 for BERT)."""
+        path = classifier_dir(path)
         config = ModelConfig.load(path)
         if not config.id2label:
             raise UserError(f"{path} is not a classifier: its config.json has no id2label "

@@ -472,6 +472,66 @@ _FORMAT_HELP = "file format, when the extension does not tell"
 _TEXT_HELP = "column holding the text"
 _PAIR_HELP = "column holding the second text of sentence-pair tasks"
 _LABEL_HELP = "column holding the label (names or integers)"
+LORA_TARGETS = "query,value"
+LORA_DROPOUT = 0.1
+QUANTIZE = ["int8", "nf4"]
+
+
+@dataclass
+class AdapterConfig:
+    """LoRA (Hu et al. 2021) and QLoRA-style quantised base weights (Dettmers et al. 2023) for fine-tuning."""
+
+    lora_rank: int | None = opt(None, "train LoRA adapters of this rank instead of the whole model: the encoder is "
+                                      "frozen, only the adapters and the classifier head train; best/ is the merged "
+                                      "classifier and best/adapter/ the adapter in PEFT's format (needs peft: "
+                                      "pip install 'bertgpu[lora]')")
+    lora_alpha: float | None = opt(None, "LoRA scaling numerator: the adapters' product is scaled by alpha / rank "
+                                         "(default: 2 x --lora-rank)")
+    lora_dropout: float | None = opt(None, f"dropout on the adapters' input (default: {LORA_DROPOUT})")
+    lora_targets: str = opt("", f"comma-separated linear layers of the encoder to adapt, matched as PEFT's "
+                                f"target_modules (by the end of the module name): query, key, value, "
+                                f"attention.output.dense, intermediate.dense, output.dense, dense "
+                                f"(default: {LORA_TARGETS})")
+    quantize: str | None = opt(None, "store the frozen encoder's linear layers in 8-bit (int8, LLM.int8()) or 4-bit "
+                                     "(nf4: NormalFloat4 with double quantisation, as QLoRA) through bitsandbytes, "
+                                     "with --lora-rank (needs bitsandbytes: pip install 'bertgpu[quant]')",
+                               choices=QUANTIZE)
+
+    def __post_init__(self) -> None:
+        if self.lora_rank is None:
+            given = [flag for flag, value in (("--lora-alpha", self.lora_alpha), ("--lora-dropout", self.lora_dropout),
+                                              ("--lora-targets", self.lora_targets), ("--quantize", self.quantize))
+                     if value not in (None, "")]
+            if given:
+                raise UserError(f"{given[0]} needs --lora-rank R: it applies to LoRA fine-tuning "
+                                f"(the frozen base model's adapters)")
+            return
+        if self.lora_rank < 1:
+            raise UserError(f"--lora-rank must be at least 1, got {self.lora_rank} (leave it out for full fine-tuning)")
+        if self.lora_alpha is not None and self.lora_alpha <= 0:
+            raise UserError(f"--lora-alpha must be positive, got {self.lora_alpha:g}")
+        if self.lora_dropout is not None and not 0 <= self.lora_dropout < 1:
+            raise UserError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout:g}")
+        if self.lora_targets and not self.targets:
+            raise UserError(f"--lora-targets {self.lora_targets!r} names no layer")
+
+    @property
+    def enabled(self) -> bool:
+        return self.lora_rank is not None
+
+    @property
+    def alpha(self) -> float:
+        return self.lora_alpha if self.lora_alpha is not None else 2.0 * (self.lora_rank or 0)
+
+    @property
+    def dropout(self) -> float:
+        return self.lora_dropout if self.lora_dropout is not None else LORA_DROPOUT
+
+    @property
+    def targets(self) -> list[str]:
+        return [t.strip() for t in (self.lora_targets or LORA_TARGETS).split(",") if t.strip()]
+
+
 def _check_length(max_seq_length: int, allow_auto: bool) -> None:
     if allow_auto and max_seq_length == 0:
         return
@@ -499,7 +559,9 @@ class FinetuneConfig:
     lr: float = opt(2e-5, "peak learning rate (AdamW; before --lr-scaling)")
     lr_scaling: str = _lr_scaling()
     reference_batch: int = _reference_batch()
-    batch_size: int = opt(8, "examples per data-parallel rank per step")
+    batch_size: int | tuple[int, ...] = _batch_size(8, "examples")
+    grad_accum: int = opt(1, "micro-steps per optimizer step (gradient accumulation): the global batch is "
+                             "--batch-size x data-parallel processes x this")
     group_by_length: bool = opt(True, "batches of similar length, as transformers' group_by_length, so little "
                                       "padding is computed (1.8x the examples/s on short reviews, BENCHMARKS.md); "
                                       "--no-group-by-length: random batches", flag="--no-group-by-length")
@@ -509,11 +571,12 @@ class FinetuneConfig:
     metric: str = opt("accuracy", "the evaluation metric that picks the best checkpoint",
                       choices=["accuracy", "f1"])
     save_total_limit: int = opt(3, "checkpoints to keep: the best and the newest (0: keep all)")
+    adapter: AdapterConfig = field(default_factory=AdapterConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     nproc: int = _nproc()
     device: str = opt("auto", "where to train", choices=_DEVICE_CHOICES)
     precision: str = _precision()
-    seed: int = opt(42, "seed for the head's initialisation, data order, dropout and --eval-split")
+    seed: int = opt(42, "seed for the head's (and adapters') initialisation, data order, dropout and --eval-split")
     log_every: int = opt(50, "log the training loss every K steps")
     save_every: int = opt(500, "also write a resumable checkpoint every N steps (one is always written at the "
                                "end of each epoch and on SIGINT/SIGTERM; only the newest is kept)")
@@ -528,8 +591,9 @@ class FinetuneConfig:
         if self.lr <= 0:
             raise UserError(f"--lr must be positive, got {self.lr}")
         _check_lr_scaling(self.reference_batch)
-        if self.batch_size < 1:
-            raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
+        self.batch_size = parse_batch_sizes(self.batch_size)
+        if self.grad_accum < 1:
+            raise UserError(f"--grad-accum must be at least 1, got {self.grad_accum}")
         if self.save_total_limit < 0 or self.log_every < 1:
             raise UserError("--save-total-limit must be at least 0 and --log-every at least 1")
         if self.eval and self.eval_split is not None:
@@ -545,7 +609,8 @@ class FinetuneConfig:
 class EvaluateConfig:
     """`bertgpu evaluate`: loss, accuracy and F1 of a fine-tuned classifier on labelled data."""
 
-    model: str = opt("", "a fine-tuned classifier directory (`bertgpu finetune`'s best/, or a transformers one)",
+    model: str = opt("", "a fine-tuned classifier directory (`bertgpu finetune`'s --out or its best/, or a "
+                         "transformers one)",
                      required=True)
     data: str = opt("", "labelled data: " + _DATA_FILE, required=True)
     text_column: str = opt("text", _TEXT_HELP)
@@ -570,7 +635,8 @@ class PredictConfig:
     """`bertgpu predict`: the label and its probability for a text (and pair text), or for a whole file."""
 
     texts: list[str] = opt([], "a text to classify, and optionally its pair text", positional=True, nargs="*")
-    model: str = opt("", "a fine-tuned classifier directory (`bertgpu finetune`'s best/, or a transformers one)",
+    model: str = opt("", "a fine-tuned classifier directory (`bertgpu finetune`'s --out or its best/, or a "
+                         "transformers one)",
                      required=True)
     input: str = opt("", "classify every row of this file instead: " + _DATA_FILE)
     output: str = opt("", "with --input: write its rows plus columns prediction and probability here "

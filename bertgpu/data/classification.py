@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from .sharing import owners, share
 from .tokenizer import Tokenizer
 
 FORMATS = ("csv", "tsv", "jsonl")
@@ -320,14 +321,16 @@ def collate(items: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]
 MEGABATCH = 50  # global batches per length-sorted megabatch, as transformers' LengthGroupedSampler
 
 
-def train_batches(num_examples: int, batch_size: int, world: int, rank: int, seed: int, epoch: int,
+def train_batches(num_examples: int, batch_size: int | Sequence[int], world: int, rank: int, seed: int, epoch: int,
                   lengths: Sequence[int] | np.ndarray | None = None) -> list[tuple[list[int], int]]:
     """This rank's share of every global batch of one epoch: ``[(indices, global batch size), ...]``.
 
-    The epoch's order is a permutation seeded by (seed, epoch), cut into global batches of
-    ``batch_size × world``; rank r takes ``global_batch[r::world]`` (as DistributedSampler does), so
-    N processes × b see the same global batches as one process × N·b. The last, smaller global batch
-    is kept unless it cannot give every rank an example.
+    ``batch_size`` is the examples each of the ``world`` data-parallel ranks takes from a global batch:
+    one number for all, or one per rank (unequal GPUs). The epoch's order is a permutation seeded by
+    (seed, epoch), cut into global batches of their sum; rank r takes its share, spread over the batch
+    (``sharing``: with equal sizes every world-th example, as DistributedSampler does), so N
+    processes × b see the same global batches as one process × N·b. The last, smaller global batch is
+    kept unless it cannot give every rank an example.
 
     With ``lengths`` (the examples' token counts) the global batches are grouped by length, as
     transformers' ``group_by_length``: the permutation is cut into megabatches of
@@ -338,14 +341,17 @@ def train_batches(num_examples: int, batch_size: int, world: int, rank: int, see
     is drawn from (seed, epoch) alone: the same batches for any number of processes, every example
     once per epoch, and a different grouping every epoch.
     """
+    sizes = [batch_size] * world if isinstance(batch_size, int) else list(batch_size)
+    if len(sizes) != world:
+        raise ValueError(f"{len(sizes)} batch sizes for {world} ranks")
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(num_examples)
-    size = batch_size * world
+    size = sum(sizes)
     if lengths is None:
         global_batches = [order[start:start + size] for start in range(0, num_examples, size)]
     else:
         global_batches = _group_by_length(order, np.asarray(lengths), size, rng)
-    return [(global_batch[rank::world].tolist(), len(global_batch)) for global_batch in global_batches
+    return [(share(global_batch, sizes, rank).tolist(), len(global_batch)) for global_batch in global_batches
             if len(global_batch) >= world]
 
 
@@ -366,13 +372,17 @@ def _group_by_length(order: np.ndarray, lengths: np.ndarray, size: int,
     return batches
 
 
-def eval_batches(lengths: Sequence[int], batch_size: int, world: int, rank: int) -> list[list[int]]:
+def eval_batches(lengths: Sequence[int], batch_size: int, world: int, rank: int,
+                 shares: Sequence[int] | None = None) -> list[list[int]]:
     """This rank's evaluation batches: every example exactly once over all ranks, none repeated.
 
-    Examples are sorted by length (little padding) and cut into batches of ``batch_size``; rank r
-    takes batches r, r + world, ... Every batch is the same whatever the number of processes, so
-    each example's logits, and hence the metrics, do not depend on it.
+    Examples are sorted by length (little padding) and cut into batches of ``batch_size``; the
+    batches go to the ranks in turn, in proportion to ``shares`` (the ranks' training batch sizes,
+    for unequal GPUs; default: equal), so rank r of n equal ones takes batches r, r + n, ... Every
+    batch is the same whatever the number of processes, so each example's logits, and hence the
+    metrics, do not depend on it.
     """
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
     batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
-    return batches[rank::world]
+    pattern = owners(shares if shares is not None else [1] * world)
+    return [batch for j, batch in enumerate(batches) if pattern[j % len(pattern)] == rank]

@@ -22,6 +22,25 @@ def owners(sizes: Sequence[int]) -> np.ndarray:
 
 
 def share(batch: np.ndarray, sizes: Sequence[int], rank: int) -> np.ndarray:
-    """Rank ``rank``'s share of ``batch`` (a global batch of ``sum(sizes)`` items, or a shorter last one,
-    whose slots are taken in the same order)."""
-    return batch[owners(sizes)[:len(batch)] == rank]
+    """Rank ``rank``'s share of ``batch``: a global batch of ``sum(sizes)`` items, or a shorter last one,
+    shared in the same proportions (``shares_of``)."""
+    return batch[owners(shares_of(len(batch), sizes)) == rank]
+
+
+def split(total: int, weights: Sequence[float]) -> list[int]:
+    """``total`` slots split in proportion to ``weights``, each rank at least one when there are enough
+    (the largest remainders take what is left): a short last global batch shared as a full one would
+    be, or per-rank sizes in proportion to measured speeds."""
+    n = len(weights)
+    floor = 1 if total >= n else 0
+    spare = total - floor * n
+    raw = [spare * w / sum(weights) for w in weights]
+    sizes = [floor + int(r) for r in raw]
+    for i in sorted(range(n), key=lambda i: (-(raw[i] - int(raw[i])), i))[:total - sum(sizes)]:
+        sizes[i] += 1
+    return sizes
+
+
+def shares_of(length: int, sizes: Sequence[int]) -> list[int]:
+    """Each rank's share of a global batch of ``length`` items (``sizes`` for a full one)."""
+    return list(sizes) if length == sum(sizes) else split(length, sizes)

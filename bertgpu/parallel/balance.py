@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from ..data.sharing import split
 from . import launch
 
 TIMED_STEPS = 4  # steps timed after the first
@@ -24,18 +25,10 @@ TIMED_STEPS = 4  # steps timed after the first
 
 def proportional_sizes(seconds_per_sequence: list[float], total: int) -> list[int]:
     """Integer sizes summing to ``total``, in proportion to the speeds 1 / seconds_per_sequence, each at
-    least 1 (largest remainders get the leftover)."""
-    speeds = [1.0 / max(s, 1e-12) for s in seconds_per_sequence]
-    n = len(speeds)
-    if total < n:
-        raise ValueError(f"a total of {total} cannot give each of {n} processes a sequence")
-    spare = total - n  # one each first, the rest in proportion
-    raw = [spare * v / sum(speeds) for v in speeds]
-    sizes = [1 + int(r) for r in raw]
-    by_remainder = sorted(range(n), key=lambda i: (-(raw[i] - int(raw[i])), i))
-    for i in by_remainder[:total - sum(sizes)]:
-        sizes[i] += 1
-    return sizes
+    least 1."""
+    if total < len(seconds_per_sequence):
+        raise ValueError(f"a total of {total} cannot give each of {len(seconds_per_sequence)} processes a sequence")
+    return split(total, [1.0 / max(s, 1e-12) for s in seconds_per_sequence])
 
 
 class Balancer:

@@ -20,16 +20,19 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .. import checkpoint
+from .. import checkpoint, lora
 from ..classifier import model_lowercase, model_vocab
-from ..config import FinetuneConfig, ModelConfig, OptimConfig
+from ..config import FinetuneConfig, ModelConfig, OptimConfig, per_rank_sizes, scaled_lr
 from ..data.classification import (ClassificationDataset, Examples, check_labels, label_names, load_examples,
                                    split_examples, train_batches)
+from ..data.sharing import shares_of
 from ..data.tokenizer import Tokenizer
 from ..errors import UserError
 from ..model import BertForSequenceClassification
 from ..parallel import launch
-from ..training import Sums, Throughput, autocast, build_optimizer, build_schedule, format_rate, optimizer_step
+from ..parallel.balance import Balancer
+from ..training import (Sums, Throughput, autocast, build_optimizer, build_schedule, describe_batch, describe_lr,
+                        format_rate, optimizer_step)
 from .common import TrainingRun, check_layout, check_out_dir, run_workers
 from .predict import _write_json_atomic, check_model_dir, compute_metrics, predict_logits
 
@@ -54,6 +57,7 @@ class Plan:
     train: Examples
     eval: Examples
     warnings: list[str]
+    dp: int  # data-parallel processes: the global batch is batch size x dp x accumulation steps
 
 
 def check(cfg: FinetuneConfig) -> Plan:
@@ -62,7 +66,17 @@ def check(cfg: FinetuneConfig) -> Plan:
     if cfg.max_seq_length > base.max_position_embeddings:
         raise UserError(f"--max-seq-length {cfg.max_seq_length} is beyond the model's "
                         f"{base.max_position_embeddings} positions (max_position_embeddings in {model_dir})")
-    check_layout(dataclasses.replace(cfg, device=launch.resolve_device(cfg.device)), base)
+    dims = check_layout(dataclasses.replace(cfg, device=launch.resolve_device(cfg.device)), base)
+    if cfg.adapter.enabled:
+        if dims.tp > 1:
+            raise UserError(f"--tp {dims.tp} cannot split LoRA's adapted layers; LoRA keeps no gradients or optimizer "
+                            "state for the frozen encoder, so shard its weights with --strategy fsdp if it does not "
+                            "fit one device")
+        if cfg.adapter.quantize and cfg.parallel.strategy == "fsdp":
+            raise UserError(f"--quantize {cfg.adapter.quantize} cannot be sharded with --strategy fsdp (FSDP cannot "
+                            "hold bitsandbytes' 8/4-bit weights): use --strategy ddp, every process holding the "
+                            "quantised encoder")
+        lora.check(cfg.adapter, base)
     columns = dict(text_column=cfg.text_column, pair_column=cfg.pair_column or None,
                    label_column=cfg.label_column, fmt=cfg.format)
     train = load_examples(cfg.train, **columns)
@@ -77,15 +91,20 @@ def check(cfg: FinetuneConfig) -> Plan:
     id2label = dict(enumerate(names))
     config = dataclasses.replace(base, id2label=id2label)
     return Plan(model_dir, config, base.id2label == id2label, model_lowercase(model_dir), train, evaluation,
-                [w for w in warnings if w])
+                [w for w in warnings if w], dims.dp)
 
 
 def run_finetune(cfg: FinetuneConfig) -> None:
     """Check, then fine-tune here or in local workers."""
     cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device))
-    check(cfg)
+    plan = check(cfg)
     if launch.restart_count() == 0:
         check_out_dir(cfg.out, cfg.overwrite, cfg.resume)
+    resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.resume else None
+    if resume_from is not None:  # refused here, before any process starts (each worker checks again)
+        _check_resumable(checkpoint.load_training_state(resume_from), resume_from, list(plan.model_config.id2label.values()),
+                         len(plan.train), sum(per_rank_sizes(cfg.batch_size, plan.dp)) * cfg.grad_accum,
+                         cfg.group_by_length, _adapter_record(cfg, plan))
     run_workers(train, cfg)
 
 
@@ -104,29 +123,43 @@ def train(cfg: FinetuneConfig) -> Path:
     label2id = {name: i for i, name in id2label.items()}
     train_set = ClassificationDataset(plan.train, tokenizer, cfg.max_seq_length, label2id)
     eval_set = ClassificationDataset(plan.eval, tokenizer, cfg.max_seq_length, label2id)
-    b = cfg.batch_size
+    sizes, accum = per_rank_sizes(cfg.batch_size, dims.dp), cfg.grad_accum  # per data-parallel rank
+    global_batch = sum(sizes) * accum
     lengths = train_set.lengths if cfg.group_by_length else None  # batches of similar length pad little
-    steps_per_epoch = len(train_batches(len(train_set), b, dims.dp, dims.dp_rank, cfg.seed, 1, lengths))
+
+    def epoch_batches(epoch: int) -> list[tuple[list[int], int]]:
+        return train_batches(len(train_set), [s * accum for s in sizes], dims.dp, dims.dp_rank, cfg.seed, epoch,
+                             lengths)
+
+    steps_per_epoch = len(epoch_batches(1))
     if steps_per_epoch == 0:
         raise UserError(f"{len(train_set)} training example(s) cannot be shared by {dims.dp} data-parallel ranks")
-    optim = OptimConfig(lr=cfg.lr, warmup=cfg.warmup, steps=cfg.epochs * steps_per_epoch,
-                        weight_decay=cfg.weight_decay, clip=MAX_GRAD_NORM, adam_eps=ADAM_EPS)
+    optim = OptimConfig(lr=scaled_lr(cfg.lr, global_batch, cfg.lr_scaling, cfg.reference_batch), warmup=cfg.warmup,
+                        steps=cfg.epochs * steps_per_epoch, weight_decay=cfg.weight_decay, clip=MAX_GRAD_NORM,
+                        adam_eps=ADAM_EPS)
+    adapter = _adapter_record(cfg, plan)
     if run.state is not None:
-        _check_resumable(run.state, run.resume_from, list(id2label.values()), len(train_set), b * dims.dp,
-                         cfg.group_by_length)
+        _check_resumable(run.state, run.resume_from, list(id2label.values()), len(train_set), global_batch,
+                         cfg.group_by_length, adapter)
 
     # Model: the pretrained encoder; a fresh head unless the directory has one for these very labels.
-    # On resume, the checkpoint's whole classifier.
+    # On resume, the checkpoint's whole classifier; with LoRA, the frozen base from --model again and the
+    # checkpoint's adapter and head.
     torch.manual_seed(cfg.seed)
     model = BertForSequenceClassification(plan.model_config)
-    if run.resume_from is not None:
+    if run.resume_from is not None and not cfg.adapter.enabled:
         checkpoint.load_weights(model, run.resume_from)
     else:
         checkpoint.load_weights(model if plan.keep_head else model.bert, plan.model_dir)
-    net = run.parallelize(model)
+    if cfg.adapter.enabled:
+        lora.apply(model, cfg.adapter, device, run.precision, base_model=plan.model_dir)
+        if run.resume_from is not None:
+            lora.load_adapter(model, run.resume_from / lora.ADAPTER_DIR)
+    trainable, n_params = lora.parameter_counts(model)
+    net = run.parallelize(model, optim.steps)
     optimizer = build_optimizer(model, optim, device)
     scaler = torch.amp.GradScaler(device.type, enabled=run.precision == "fp16")
-    run.restore(net, optimizer, scaler)
+    run.restore(net, optimizer, scaler, sample_forward=lambda: net(**_sample_batch(train_set, device)))
 
     step = run.start_step
     schedule = build_schedule(optimizer, optim, step)
@@ -136,8 +169,11 @@ def train(cfg: FinetuneConfig) -> Path:
     best: dict[str, Any] | None = None
     steps_in_window = in_epoch = 0
     first_epoch = 1
+    balancer = Balancer(device, enabled=cfg.parallel.balance == "auto")
     if run.state is not None:
         first_epoch, in_epoch = run.state["position"]["epoch"], run.state["position"]["step_in_epoch"]
+        if balancer.enabled and run.state.get("balanced") and len(run.state.get("batch_sizes", ())) == dims.dp:
+            sizes, balancer.enabled = list(run.state["batch_sizes"]), False  # the sizes --balance auto chose
         history, best = run.state["history"], run.state["best"]
         kept = [out / p for p in run.state["kept"]]
         steps_in_window = run.state["steps_in_window"]
@@ -147,11 +183,13 @@ def train(cfg: FinetuneConfig) -> Path:
     meter = Throughput(0.0, None, dims.world_size)
     for warning in plan.warnings:
         run.warn(warning)
-    n_params = sum(p.numel() for p in model.parameters())
     how = f"; resuming from {run.resume_from} at step {step}" if run.resume_from is not None else ""
-    run.start(f"bertgpu finetune: {n_params / 1e6:.1f}M parameters, {dims.describe()}, on {device.type}, "
+    what = (f"{lora.describe(cfg.adapter)}: {trainable:,} of {n_params:,} parameters trainable "
+            f"({100 * trainable / n_params:.2f}%)" if cfg.adapter.enabled else f"{n_params / 1e6:.1f}M parameters")
+    run.start(f"bertgpu finetune: {what}, {dims.describe()}, on {device.type}, "
               f"{run.precision}, {len(train_set):,} training and {len(eval_set):,} evaluation examples, "
-              f"labels {', '.join(id2label.values())}, global batch {b * dims.dp} = {b} x {dims.dp}, "
+              f"labels {', '.join(id2label.values())}, global batch {global_batch} = {describe_batch(sizes, accum)}, "
+              f"{describe_lr(cfg.lr, optim.lr, cfg.lr_scaling, global_batch, cfg.reference_batch)}, "
               f"{optim.steps} steps in {cfg.epochs} epoch(s){how}", optim.steps)
 
     def save_state(epoch: int, in_epoch: int) -> Path:
@@ -160,29 +198,39 @@ def train(cfg: FinetuneConfig) -> Path:
         state = {"position": {"epoch": epoch, "step_in_epoch": in_epoch}, "window": window.gathered(dims),
                  "epoch_sums": epoch_sums.gathered(dims), "steps_in_window": steps_in_window, "history": history,
                  "best": best, "kept": [str(p.relative_to(out)) for p in kept], "labels": list(id2label.values()),
-                 "train_examples": len(train_set), "global_batch": b * dims.dp, "group_by_length": cfg.group_by_length}
+                 "train_examples": len(train_set), "global_batch": global_batch, "group_by_length": cfg.group_by_length,
+                 "adapter": adapter, "batch_sizes": sizes,
+                 "balanced": cfg.parallel.balance == "auto" and not balancer.enabled}
         return run.save(step, net, optimizer, scaler, state, plan.model_config, vocab_path=model_vocab(plan.model_dir),
                         do_lower_case=plan.lowercase, keep=1, architecture=ARCHITECTURE)
 
+    comm_bytes = 0  # gradient bytes exchanged by this process since the last log line
     try:
         for epoch in range(first_epoch, cfg.epochs + 1):
             net.train()
-            batches = train_batches(len(train_set), b, dims.dp, dims.dp_rank, cfg.seed, epoch, lengths)
-            for indices, global_size in batches[in_epoch:]:  # on resume: straight to the next batch
-                batch = {k: v.to(device, non_blocking=True) for k, v in train_set.batch(indices).items()}
-                with autocast(run.precision, device):
-                    logits = net(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-                loss_sum = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
-                # Gradient reduction averages over the data-parallel ranks: scale so that the result is the
-                # global batch's mean loss's.
-                scaler.scale(loss_sum / global_size * dims.dp).backward()
+            batches = epoch_batches(epoch)
+            while in_epoch < len(batches):  # on resume: straight to the next batch
+                indices, global_size = batches[in_epoch]
+                step_sums = torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device)
+                micro = micro_batches(indices, global_size, [s * accum for s in sizes], accum)
+                for i, part in enumerate(micro):
+                    batch = {k: v.to(device, non_blocking=True) for k, v in train_set.batch(part).items()}
+                    # Only the last micro-step all-reduces the gradients (DDP); FSDP reduces each.
+                    with net.no_sync(i < len(micro) - 1), autocast(run.precision, device), \
+                            balancer.forward(len(part)):
+                        logits = net(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+                    loss_sum = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
+                    # Gradient reduction averages over the data-parallel ranks: scale so that the result is the
+                    # global batch's mean loss's.
+                    scaler.scale(loss_sum / global_size * dims.dp).backward()
+                    with torch.no_grad():
+                        step_sums += window.of(loss=loss_sum.detach(), correct=(logits.argmax(-1) == batch["labels"]).sum(),
+                                               examples=len(part), tokens=batch["attention_mask"].sum())
                 bad = optimizer_step(net, optimizer, scaler, schedule, MAX_GRAD_NORM, run.precision)
                 step, in_epoch, steps_in_window = step + 1, in_epoch + 1, steps_in_window + 1
+                comm_bytes += net.comm_bytes_per_step(step)
                 run.bar.update(1)
-                with torch.no_grad():
-                    sums = torch.where(bad > 0, 0.0, window.of(  # a skipped step's loss is not counted
-                        loss=loss_sum.detach(), correct=(logits.argmax(-1) == batch["labels"]).sum(),
-                        examples=len(indices), tokens=batch["attention_mask"].sum()))
+                sums = torch.where(bad > 0, 0.0, step_sums)  # a skipped step's loss is not counted
                 window.add(sums)
                 epoch_sums.add(sums)
                 save_due = step % cfg.save_every == 0 and in_epoch < len(batches)  # the epoch's end saves anyway
@@ -190,16 +238,28 @@ def train(cfg: FinetuneConfig) -> Path:
                 if step % cfg.log_every == 0:
                     s = window.read(dims)
                     rates = meter.rates(steps_in_window, int(s["examples"]), int(s["tokens"]))
-                    steps_in_window = 0
+                    rates_steps, steps_in_window = steps_in_window, 0
                     values = {"loss": s["loss"] / max(s["examples"], 1), "accuracy": s["correct"] / max(s["examples"], 1),
-                              "lr": schedule.get_last_lr()[0], "epoch": epoch, "skipped_steps": run.skipped, **rates}
+                              "lr": schedule.get_last_lr()[0], "peak_lr": optim.lr, "epoch": epoch,
+                              "skipped_steps": run.skipped, "layout": dims.describe(),
+                              "peak_memory_mb": run.peak_memory_mb(),
+                              "comm_bytes_per_step": comm_bytes / max(rates_steps, 1), **rates}
+                    comm_bytes = 0
                     run.log.log(step, values, f"epoch {epoch} step {step}/{optim.steps} | loss {values['loss']:.4f} | "
                                 f"acc {values['accuracy']:.3f} | lr {values['lr']:.2e} | "
-                                f"{format_rate(rates['seq_per_s'])} examples/s", write=run.write)
+                                f"{format_rate(rates['seq_per_s'])} examples/s | "
+                                f"peak mem {values['peak_memory_mb'] / 1024:.2f} GiB", write=run.write)
                 if stop_now:
                     raise run.interrupted(step, save_state(epoch, in_epoch))
                 if save_due:
                     save_state(epoch, in_epoch)
+                balanced = balancer.end_step(sizes)
+                if balanced is not None and balanced[0] != sizes:
+                    run.write(f"balance: per-rank batch sizes {','.join(map(str, sizes))} -> "
+                              f"{','.join(map(str, balanced[0]))} (forward passes took "
+                              f"{', '.join(f'{ms:.1f}' for ms in balanced[1])} ms per example)")
+                    sizes = balanced[0]
+                    batches = epoch_batches(epoch)  # the same global batches, shared anew
 
             if run.flush(save=lambda: save_state(epoch, in_epoch)):
                 raise run.interrupted(step, save_state(epoch, in_epoch))  # resumes at this evaluation
@@ -208,7 +268,8 @@ def train(cfg: FinetuneConfig) -> Path:
             # Evaluate, save, keep the best.
             meter.pause()
             s = epoch_sums.read(dims)
-            metrics = compute_metrics(predict_logits(net, eval_set, b, dims, device, run.precision), eval_set.labels)
+            metrics = compute_metrics(predict_logits(net, eval_set, max(sizes), dims, device, run.precision, sizes),
+                                      eval_set.labels)
             record = {"epoch": epoch, "step": step, "train_loss": s["loss"] / max(s["examples"], 1),
                       "train_accuracy": s["correct"] / max(s["examples"], 1),
                       **{f"eval_{k}": v for k, v in metrics.items()}}
@@ -237,8 +298,36 @@ def train(cfg: FinetuneConfig) -> Path:
     return out / "best"
 
 
+def _sample_batch(dataset: ClassificationDataset, device: torch.device) -> dict[str, torch.Tensor]:
+    """Two examples as a batch, for a step that only lays out DDP's buckets (settle_buckets)."""
+    batch = dataset.batch(list(range(min(2, len(dataset)))))
+    return {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
+
+
+def micro_batches(indices: list[int], global_size: int, shares: list[int], accum: int) -> list[list[int]]:
+    """This rank's share of a global batch cut into its micro-batches: ``accum`` of them, fewer only
+    when a short last batch leaves some rank fewer examples; every rank cuts its share into the same
+    number (the processes must run the same forward and backward passes), none empty. ``shares``: the
+    ranks' shares of a full global batch. The gradient is a sum over the examples, so how the share is
+    cut changes only the order of additions."""
+    count = min(accum, min(shares_of(global_size, shares)))
+    size, extra = divmod(len(indices), count)
+    bounds = [i * size + min(i, extra) for i in range(count + 1)]
+    return [indices[bounds[i]:bounds[i + 1]] for i in range(count)]
+
+
+def _adapter_record(cfg: FinetuneConfig, plan: Plan) -> dict[str, Any] | None:
+    """What a resumed LoRA run must share with the run it continues: the adapter settings and the
+    frozen base model it rebuilds from --model."""
+    a = cfg.adapter
+    if not a.enabled:
+        return None
+    return {"rank": a.lora_rank, "alpha": a.alpha, "dropout": a.dropout, "targets": a.targets,
+            "quantize": a.quantize, "base_model": str(plan.model_dir.resolve())}
+
+
 def _check_resumable(state: dict[str, Any], path: Path, labels: list[str], train_examples: int,
-                     global_batch: int, group_by_length: bool) -> None:
+                     global_batch: int, group_by_length: bool, adapter: dict[str, Any] | None) -> None:
     """A resumed run must see the data and batches it was trained on, or its position means nothing:
     the length-grouped batches of another global batch are other batches, so that is refused too."""
     was = (state.get("labels"), state.get("train_examples"), state.get("global_batch"))
@@ -249,7 +338,16 @@ def _check_resumable(state: dict[str, Any], path: Path, labels: list[str], train
                         f"has {train_examples}; resume with the same data, or start afresh with --overwrite")
     if was[2] != global_batch:
         raise UserError(f"cannot resume from {path}: its global batch was {was[2]} (batch size x data-parallel "
-                        f"processes), now {global_batch}; resume with the same --batch-size and data-parallel degree")
+                        f"processes x accumulation), now {global_batch}; resume with the same --batch-size, "
+                        "--grad-accum and data-parallel degree")
+    if state.get("adapter") != adapter:
+        def said(a: dict[str, Any] | None) -> str:
+            return "full fine-tuning" if a is None else (f"LoRA rank {a['rank']} alpha {a['alpha']:g} dropout "
+                                                         f"{a['dropout']:g} on {','.join(a['targets'])}"
+                                                         f"{' (' + a['quantize'] + ')' if a['quantize'] else ''} "
+                                                         f"over {a['base_model']}")
+        raise UserError(f"cannot resume from {path}: it was trained with {said(state.get('adapter'))}, now "
+                        f"{said(adapter)}; resume with the same --model and LoRA flags")
     if state.get("group_by_length", group_by_length) != group_by_length:
         raise UserError(f"cannot resume from {path}: it was trained with{'out' if group_by_length else ''} "
                         f"--no-group-by-length, which orders the batches; resume with the same setting")

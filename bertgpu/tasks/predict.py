@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .. import checkpoint
-from ..classifier import Classifier, model_vocab
+from ..classifier import Classifier, classifier_dir, model_vocab
 from ..config import EvaluateConfig, ModelConfig, PredictConfig
 from ..data.classification import (ClassificationDataset, Examples, Table, as_data_labels, check_labels, detect_format,
                                    eval_batches, load_examples, read_table, require_columns)
@@ -61,20 +61,20 @@ def check_model_dir(path: str) -> tuple[Path, ModelConfig]:
 
 @torch.no_grad()
 def predict_logits(model: Any, dataset: ClassificationDataset, batch_size: int, dims: ParallelDims,
-                   device: torch.device, precision: str) -> torch.Tensor:
+                   device: torch.device, precision: str, shares: list[int] | None = None) -> torch.Tensor:
     """Logits of every example, ``[N, num_labels]`` in float64 on the CPU, identical on every rank.
 
-    ``model`` is a classifier, or a ``ParallelModel`` of one. Each data-parallel rank fills the rows
-    of its batches in a zero array and the arrays are summed over the data-parallel ranks: every row
+    ``model`` is a classifier, or a ``ParallelModel`` of one; ``shares`` the ranks' shares of the
+    batches (unequal GPUs). Each data-parallel rank fills the rows of its batches in a zero array and the arrays are summed over the data-parallel ranks: every row
     comes from exactly one, and adding zeros is exact. Under FSDP every forward pass is collective,
     so a rank with fewer batches runs its last one again (its result unused), to keep in step.
     """
     was_training = model.training
     model.eval()
     logits = torch.zeros(len(dataset), model.config.num_labels, dtype=torch.float64, device=device)
-    batches = eval_batches(dataset.lengths, batch_size, dims.dp, dims.dp_rank)
+    batches = eval_batches(dataset.lengths, batch_size, dims.dp, dims.dp_rank, shares)
     if dims.fsdp:
-        rounds = -(-len(eval_batches(dataset.lengths, batch_size, 1, 0)) // dims.dp)
+        rounds = max(len(eval_batches(dataset.lengths, batch_size, dims.dp, r, shares)) for r in range(dims.dp))
         batches = batches + [None] * (rounds - len(batches))
     last = None
     for indices in batches:
@@ -127,8 +127,9 @@ def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
 
 
 def run_evaluate(cfg: EvaluateConfig) -> None:
-    """Check, then evaluate here or in local workers (each takes a share of the batches)."""
-    cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device))
+    """Check, then evaluate here or in local workers (each takes a share of the batches). A
+    `bertgpu finetune` output directory stands for its final classifier, ``best/``."""
+    cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device), model=str(classifier_dir(cfg.model)))
     check_evaluate(cfg)
     run_workers(evaluate, cfg)
 
@@ -163,6 +164,9 @@ PREDICTION_COLUMNS = ("prediction", "probability")
 
 
 def run_predict(cfg: PredictConfig) -> None:
+    """One text (or pair) printed, or a whole file written. A `bertgpu finetune` output directory
+    stands for its final classifier, ``best/``."""
+    cfg = dataclasses.replace(cfg, model=str(classifier_dir(cfg.model)))
     device = launch.resolve_device(cfg.device)
     if not cfg.input:
         check_model_dir(cfg.model)

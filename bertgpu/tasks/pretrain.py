@@ -36,8 +36,8 @@ from ..model import BertForPreTraining, training_flops_per_sequence
 from ..parallel import ParallelModel, launch
 from ..parallel.balance import Balancer
 from ..parallel.compression import describe as describe_compression
-from ..training import (Sums, Throughput, autocast, build_optimizer, build_schedule, describe_lr, format_rate,
-                        ignore_stop_signals, optimizer_step, peak_flops)
+from ..training import (Sums, Throughput, autocast, build_optimizer, build_schedule, describe_batch, describe_lr,
+                        format_rate, ignore_stop_signals, optimizer_step, peak_flops)
 from .common import TrainingRun, check_layout, check_out_dir, run_workers
 
 # What the log sums between two log lines (summed over the data-parallel ranks).
@@ -262,13 +262,6 @@ def train_step(net: ParallelModel, micro: list[dict[str, torch.Tensor]], global_
                                  nsp_correct=(nsp_logits.argmax(-1) == mb["nsp_label"]).sum(),
                                  sequences=len(mb["input_ids"]), tokens=mb["attention_mask"].sum())
     return step_sums
-
-
-def describe_batch(sizes: list[int], accum: int) -> str:
-    """``4 x 2 x 1`` (per-rank batch x data-parallel ranks x accumulation), or ``(6 + 2) x 1``."""
-    if len(set(sizes)) == 1:
-        return f"{sizes[0]} x {len(sizes)} x {accum}"
-    return f"({' + '.join(map(str, sizes))}) x {accum}"
 
 
 def _sample_batch(dataset: PretrainingDataset, device: torch.device) -> dict[str, torch.Tensor]:
