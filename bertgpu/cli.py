@@ -15,7 +15,8 @@ import warnings
 from typing import Any, Callable
 
 from . import __version__
-from .config import BenchConfig, EvaluateConfig, FinetuneConfig, PredictConfig, PrepareConfig, PretrainConfig, VocabConfig
+from .config import (BenchConfig, EvaluateConfig, FinetuneConfig, InspectConfig, PredictConfig, PrepareConfig,
+                     PretrainConfig, VocabConfig)
 from .errors import UserError
 
 
@@ -27,16 +28,26 @@ def _unwrap_optional(t: Any) -> tuple[Any, bool]:
     return t, False
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type) -> None:
-    """One flag per dataclass field (nested dataclasses flattened), from the field's metadata."""
+def add_config_arguments(parser: argparse.ArgumentParser, cls: type, positional: typing.Collection[str] = (),
+                         skip: typing.Collection[str] = ()) -> None:
+    """One flag per dataclass field (nested dataclasses flattened), from the field's metadata.
+
+    A nested dataclass field may list, in its own metadata, fields of it to give as positional
+    arguments here (``positional``: one value each) and fields this command leaves out (``skip``:
+    they keep their defaults)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         t = hints[f.name]
+        if f.name in skip:
+            continue
         if dataclasses.is_dataclass(t):
-            add_config_arguments(parser, t)
+            add_config_arguments(parser, t, f.metadata.get("positional", ()), f.metadata.get("skip", ()))
             continue
         meta = f.metadata
         help_text = meta.get("help", "")
+        if f.name in positional:
+            parser.add_argument(f.name, metavar=f.name.upper(), help=help_text)
+            continue
         if meta.get("positional"):
             parser.add_argument(f.name, nargs=meta.get("nargs", "+"), help=help_text)
             continue
@@ -66,7 +77,10 @@ def build_config(cls: type, ns: argparse.Namespace) -> Any:
     kwargs = {}
     for f in dataclasses.fields(cls):
         t = hints[f.name]
-        kwargs[f.name] = build_config(t, ns) if dataclasses.is_dataclass(t) else getattr(ns, f.name)
+        if dataclasses.is_dataclass(t):
+            kwargs[f.name] = build_config(t, ns)
+        elif hasattr(ns, f.name):  # else a field the command leaves out: its default
+            kwargs[f.name] = getattr(ns, f.name)
     return cls(**kwargs)
 
 
@@ -83,13 +97,19 @@ def _prepare(cfg: PrepareConfig) -> None:
 
     cased = vocab_is_cased(cfg.vocab) if cfg.cased is None else cfg.cased
     prepare(cfg.corpus, cfg.vocab, cfg.out, workers=cfg.workers, lowercase=not cased, overwrite=cfg.overwrite,
-            strict=cfg.strict, text_field=cfg.text_field, split_sentences=cfg.split_sentences)
+            strict=cfg.strict, text_field=cfg.text_field, split_sentences=cfg.split_sentences, zh_wwm=cfg.zh_wwm)
 
 
 def _pretrain(cfg: PretrainConfig) -> None:
     from .tasks import pretrain
 
     pretrain.run(cfg)
+
+
+def _inspect(cfg: InspectConfig) -> None:
+    from .data import inspect
+
+    inspect.run(cfg)
 
 
 def _finetune(cfg: FinetuneConfig) -> None:
@@ -120,6 +140,7 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
     "vocab": (VocabConfig, _vocab, "train a BERT WordPiece vocab on a corpus"),
     "prepare": (PrepareConfig, _prepare, "tokenize a corpus into memory-mapped pretraining shards"),
     "pretrain": (PretrainConfig, _pretrain, "pretrain BERT (masked LM + next-sentence prediction)"),
+    "inspect": (InspectConfig, _inspect, "print pretraining instances of prepared data as pretrain builds them"),
     "finetune": (FinetuneConfig, _finetune, "fine-tune a BERT into a text classifier"),
     "evaluate": (EvaluateConfig, _evaluate, "loss, accuracy and F1 of a classifier on labelled data"),
     "predict": (PredictConfig, _predict, "classify a text, a text pair, or every row of a file"),

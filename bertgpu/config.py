@@ -150,6 +150,10 @@ def _overwrite() -> Any:
     return opt(False, "start afresh in a non-empty --out directory, deleting what is there")
 
 
+def _pretrain_seed() -> Any:
+    return opt(42, "seed for data order, masking, pairing and initialisation")
+
+
 def _max_restarts() -> Any:
     return opt(0, "restart the local workers this many times after a failure (they resume from the latest "
                   "checkpoint); under torchrun use its --max-restarts")
@@ -245,6 +249,10 @@ class PrepareConfig:
         "with sentencex for Latin-script text and after 。！？ for Chinese and Japanese; lines: a line is a sentence "
         "(the original BERT format); none: keep each paragraph whole (in a record, the same as lines). "
         "Default: lines for plain text, auto for JSON Lines and Parquet", choices=["auto", "lines", "none"])
+    zh_wwm: bool = opt(False, "Chinese whole-word masking: also segment the text into words with jieba (rjieba; "
+                              "pip install 'bertgpu[zh]') and store which tokens start a word, so that "
+                              "`pretrain --wwm` masks all characters of a Chinese word together; the token ids "
+                              "are unchanged (one per character, as BERT's vocab has them)")
 
     def __post_init__(self) -> None:
         if self.workers < 0:
@@ -262,7 +270,8 @@ class DataConfig:
     max_predictions: int = opt(20, "masked positions per instance at most (prediction slots)")
     masked_lm_prob: float = opt(0.15, "fraction of tokens to mask")
     short_seq_prob: float = opt(0.1, "probability of a shorter target length for a document")
-    wwm: bool = opt(False, "whole-word masking: mask all pieces of a ## word together")
+    wwm: bool = opt(False, "whole-word masking: mask all pieces of a ## word together, and all characters of a "
+                           "Chinese word in data prepared with --zh-wwm")
     nsp: bool = opt(True, "next-sentence prediction (--no-nsp: single segments, MLM only)", flag="--no-nsp")
     loader_workers: int = opt(2, "DataLoader worker processes per training process (0: in-process)")
 
@@ -361,7 +370,7 @@ class PretrainConfig:
     batch_size: int | tuple[int, ...] = _batch_size(32, "sequences")
     grad_accum: int = opt(1, "micro-steps per optimizer step")
     precision: str = _precision()
-    seed: int = opt(42, "seed for data order, masking, pairing and initialisation")
+    seed: int = _pretrain_seed()
     dropout: float | None = opt(None, "set the model's dropout probabilities (0 makes parity checks exact)")
     save_every: int = opt(1000, "write a checkpoint every N steps (and at the end)")
     log_every: int = opt(10, "log every K steps")
@@ -386,6 +395,30 @@ class PretrainConfig:
             raise UserError("--resume and --overwrite contradict each other: choose one")
         if self.pad_vocab_multiple < 1:
             raise UserError(f"--pad-vocab-multiple must be at least 1, got {self.pad_vocab_multiple}")
+
+
+@dataclass
+class InspectConfig:
+    """`bertgpu inspect`: print pretraining instances as `bertgpu pretrain` builds them from prepared data, with
+    the same flags: segments A and B, whether B is random text, and the masked tokens with their originals
+    (as Google's create_pretraining_data prints its examples)."""
+
+    # The data flags are pretrain's, DATA given as a positional argument; loader workers play no part here.
+    data: DataConfig = field(default_factory=DataConfig, metadata={"positional": ["data"], "skip": ["loader_workers"]})
+    seed: int = _pretrain_seed()
+    epoch: int = opt(0, "the epoch to show (pairing and masking are drawn afresh every epoch)")
+    index: int = opt(0, "the first instance to show, counted in the epoch's instances in corpus order (training "
+                        "takes them in a seeded random order)")
+    n: int = opt(5, "how many instances to show")
+    json: bool = opt(False, "print one JSON object per line and instance instead of text: tokens (as the model sees "
+                            "them), input_ids, segment_ids, masked_positions, masked_labels (the original tokens), "
+                            "masked_label_ids, is_random_next, and word_starts with --wwm")
+
+    def __post_init__(self) -> None:
+        if self.epoch < 0 or self.index < 0:
+            raise UserError(f"--epoch and --index must be at least 0, got {self.epoch} and {self.index}")
+        if self.n < 1:
+            raise UserError(f"--n must be at least 1, got {self.n}")
 
 
 @dataclass

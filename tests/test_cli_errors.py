@@ -341,3 +341,27 @@ def test_a_finetune_run_without_best_yet(tmp_path):
     (run / "checkpoints").mkdir(parents=True)
     proc = run_cli("predict", "--model", run, "some text", check=False)
     assert_one_line_error(proc, str(run), "without a classifier yet", "best/")
+
+
+# ---------------------------------------------------------------------------------------------
+# Chinese whole-word masking and `bertgpu inspect` (issue 12).
+
+def test_zh_wwm_without_the_segmenter(tmp_path, uncased_vocab):
+    """rjieba is an extra ([zh]): without it, --zh-wwm says what to install, before reading anything."""
+    hide = tmp_path / "hide"
+    (hide / "rjieba").mkdir(parents=True)
+    (hide / "rjieba" / "__init__.py").write_text("raise ImportError('No module named rjieba')\n")
+    corpus = tmp_path / "zh.txt"
+    corpus.write_text("今天天气不错。\n我们去公园吧。\n")
+    out = tmp_path / "data"
+    proc = run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", out, "--zh-wwm", check=False,
+                   env={"PYTHONPATH": str(hide)})
+    assert_one_line_error(proc, "--zh-wwm", "pip install 'bertgpu[zh]'")
+    assert not out.exists()
+
+
+def test_inspect_errors(tmp_path, english_data):
+    proc = run_cli("inspect", tmp_path / "nodata", check=False)
+    assert_one_line_error(proc, "nodata", "bertgpu prepare")
+    proc = run_cli("inspect", english_data, "--index", "100000", check=False)
+    assert_one_line_error(proc, "--index 100000", "instances")

@@ -71,7 +71,7 @@ def test_shards_hold_the_tokenized_corpus(english_shards, english_corpus, uncase
 
 def test_meta_and_layout(english_shards, uncased_vocab):
     meta = json.loads((english_shards / "meta.json").read_text())
-    assert meta["format"] == "bertgpu-shards" and meta["version"] == 1
+    assert meta["format"] == "bertgpu-shards" and meta["version"] == 2 and meta["word_starts"] is None
     assert meta["vocab_sha256"] == vocab_sha256(uncased_vocab) == vocab_sha256(english_shards / "vocab.txt")
     assert (meta["vocab_size"], meta["lowercase"], meta["token_dtype"], meta["bad_lines"]) == (30522, True, "uint16", 0)
     assert len(meta["shards"]) > 3, "shard_tokens=8192 should split the corpus"

@@ -12,7 +12,9 @@ Per epoch, from prepared shards:
 2. ``PretrainingDataset[index]`` turns span ``index`` into a training example with a generator seeded
    by (seed, epoch, index): the random document for B, truncation of the pair from the front or back,
    and masked-LM masking (15% of tokens, 80% [MASK] / 10% a random word piece / 10% unchanged;
-   whole words with ``wwm``). Any example can be rebuilt on its own, so a run resumes anywhere without replay.
+   whole words with ``wwm``: the words ``prepare --zh-wwm`` stored, Chinese words included, or else
+   ``##`` pieces joined to the piece before). Any example can be rebuilt on its own, so a run resumes
+   anywhere without replay; ``bertgpu inspect`` prints examples as built here.
 3. ``GlobalBatchSampler`` cuts one global order per epoch into global batches; data-parallel rank r
    takes every dp-th instance of each (as DistributedSampler does) and splits its share into
    micro-batches, so step k trains on the same instances whatever the number of processes or
@@ -21,6 +23,7 @@ Per epoch, from prepared shards:
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,8 +31,10 @@ import torch
 
 from ..config import DataConfig
 from ..errors import UserError
+from .tokenizer import load_vocab
 from .sharing import share
 from .shards import ShardedCorpus
+from .words import is_cjk
 
 IGNORE_INDEX = -100  # label of positions that are not predicted (as in transformers)
 
@@ -147,13 +152,63 @@ class SpecialIds:
                    mask=vocab.index("[MASK]"), vocab_size=len(vocab))
 
 
+# --wwm on data prepared without --zh-wwm warns when at least this share of its tokens are CJK characters.
+CHINESE_SHARE = 0.1
+_SAMPLE_TOKENS = 1_000_000  # tokens read to measure the share, from the starts of up to _SAMPLE_SHARDS shards
+_SAMPLE_SHARDS = 64
+
+
+def chinese_share(corpus: ShardedCorpus, vocab: list[str]) -> float:
+    """The share of the corpus's tokens that are CJK characters, over a sample of about a million tokens
+    (the first tokens of shards spread over the corpus)."""
+    cjk_ids = is_cjk(np.array([ord(t) if len(t) == 1 else 0 for t in vocab], dtype=np.uint32))
+    shards = corpus.meta["shards"]
+    first = np.concatenate([[0], np.cumsum([s["sentences"] for s in shards])])
+    picked = np.unique(np.linspace(0, len(shards) - 1, min(len(shards), _SAMPLE_SHARDS)).astype(int))
+    per_shard = _SAMPLE_TOKENS // len(picked)
+    cjk = total = 0
+    for shard in picked:
+        start, end = int(first[shard]), int(first[shard + 1])
+        lengths = np.cumsum(corpus.sentence_lengths[start:end], dtype=np.int64)
+        stop = start + min(end - start, int(np.searchsorted(lengths, per_shard)) + 1)
+        tokens = corpus.tokens(start, stop)
+        cjk += int(cjk_ids[tokens].sum())
+        total += len(tokens)
+    return cjk / max(total, 1)
+
+
+def wwm_fallback_warning(corpus: ShardedCorpus, cfg: DataConfig) -> str | None:
+    """What to warn about when --wwm meets Chinese data without word starts (prepared without --zh-wwm), or None."""
+    if not cfg.wwm or corpus.has_word_starts:
+        return None
+    share = chinese_share(corpus, load_vocab(corpus.vocab_path))
+    if share < CHINESE_SHARE:
+        return None
+    return (f"{corpus.data_dir} holds Chinese text ({share:.0%} of its tokens are CJK characters) but was prepared "
+            "without --zh-wwm, so --wwm falls back to masking each Chinese character on its own (whole words only "
+            "for ## pieces); run `bertgpu prepare --zh-wwm` to mask whole Chinese words")
+
+
+def warn_wwm_fallback(corpus: ShardedCorpus, cfg: DataConfig) -> None:
+    """Warn (once per call: call it once per command) if --wwm cannot mask whole Chinese words on this data."""
+    message = wwm_fallback_warning(corpus, cfg)
+    if message:
+        warnings.warn(message, stacklevel=2)
+
+
 class PretrainingDataset(torch.utils.data.Dataset):
-    """Instances of one epoch; call ``set_epoch`` before iterating a new epoch."""
+    """Instances of one epoch; call ``set_epoch`` before iterating a new epoch.
+
+    With ``cfg.wwm``, words are the data's stored word starts when it was prepared with ``--zh-wwm``
+    (Chinese words and ``##`` pieces), else ``##`` pieces joined to the piece before them.
+    """
 
     def __init__(self, corpus: ShardedCorpus, cfg: DataConfig, seed: int, vocab: list[str]):
         self.corpus, self.cfg, self.seed = corpus, cfg, seed
         self.special = SpecialIds.from_vocab(vocab)
         self.is_subword = np.array([t.startswith("##") for t in vocab])
+        # Segments carry each token's word start beside its id ([n, 2] arrays) when masking uses them.
+        self.stored_words = cfg.wwm and corpus.has_word_starts
         # The 10% random replacements are real word pieces: never [CLS], [SEP], [PAD], [MASK] or
         # [unusedN] (the original draws from the whole vocab, which can plant a [SEP] mid-text).
         self.random_ids = np.array([i for i, t in enumerate(vocab) if not (t.startswith("[") and t.endswith("]"))])
@@ -184,12 +239,24 @@ class PretrainingDataset(torch.utils.data.Dataset):
         start, end = int(self.corpus.doc_offsets[other]), int(self.corpus.doc_offsets[other + 1])
         s = int(rng.integers(start, end))
         stop = int(np.searchsorted(self._cum, self._cum[s] + max(target_len, 1), side="left"))
-        return self.corpus.tokens(s, min(max(stop, s + 1), end))
+        return self._segment(s, min(max(stop, s + 1), end))
+
+    def _segment(self, start: int, end: int) -> np.ndarray:
+        """Sentences [start, end): their token ids, or with stored words an [n, 2] array of (id, starts a word)."""
+        ids = self.corpus.tokens(start, end)
+        if not self.stored_words:
+            return ids
+        return np.stack([ids, self.corpus.word_starts(start, end)], axis=1)
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        return self.example(index)
+
+    def example(self, index: int, word_starts: bool = False) -> dict[str, np.ndarray]:
+        """Instance ``index`` of the epoch (what ``dataset[index]`` returns); with ``word_starts``, also
+        ``word_starts``: where --wwm's words start, per position (for ``bertgpu inspect``)."""
         a_start, a_end, b_end, target, doc = (int(v) for v in self.spans[index])
         rng = np.random.default_rng([self.seed, self.epoch, _TAG_INSTANCE, index])
-        a = self.corpus.tokens(a_start, a_end)
+        a = self._segment(a_start, a_end)
         is_random = 0
         if not self.cfg.nsp:
             b = a[:0]
@@ -200,12 +267,16 @@ class PretrainingDataset(torch.utils.data.Dataset):
             b = self._random_segment(doc, target - len(a), rng)
             is_random = 1
         else:
-            b = self.corpus.tokens(a_end, b_end)
+            b = self._segment(a_end, b_end)
         a, b = truncate_pair(a, b, self.max_num_tokens, rng)
-        return self._encode(a, b, is_random, rng)
+        return self._encode(a, b, is_random, rng, word_starts)
 
-    def _encode(self, a: np.ndarray, b: np.ndarray, is_random: int, rng: np.random.Generator) -> dict:
+    def _encode(self, a: np.ndarray, b: np.ndarray, is_random: int, rng: np.random.Generator,
+                with_word_starts: bool = False) -> dict:
         sp, cfg = self.special, self.cfg
+        stored = a.ndim == 2  # (id, starts a word) pairs: the data's stored words
+        if stored:
+            (a, a_starts), (b, b_starts) = a.T, b.T
         L = cfg.max_seq_length
         n_a = len(a) + 2
         n = n_a + (len(b) + 1 if cfg.nsp else 0)
@@ -220,6 +291,15 @@ class PretrainingDataset(torch.utils.data.Dataset):
             types[n_a:n] = 1
         attention = np.zeros(L, dtype=np.int64)
         attention[:n] = 1
+        starts = None
+        if cfg.wwm:  # where whole words start: stored, or where a position holds no ## piece
+            if not stored:
+                starts = ~self.is_subword[ids]
+            else:
+                starts = np.ones(L, dtype=bool)
+                starts[1:n_a - 1] = a_starts
+                if cfg.nsp:
+                    starts[n_a:n - 1] = b_starts
 
         # Masked LM: candidates are the real tokens (never [CLS], [SEP] or padding).
         cand = np.ones(n, dtype=bool)
@@ -227,7 +307,7 @@ class PretrainingDataset(torch.utils.data.Dataset):
         cand_pos = np.flatnonzero(cand)
         num_to_predict = min(cfg.max_predictions, max(1, int(round(n * cfg.masked_lm_prob))))
         if cfg.wwm:
-            chosen = self._choose_whole_words(ids, cand_pos, num_to_predict, rng)
+            chosen = self._choose_whole_words(starts, cand_pos, num_to_predict, rng)
         else:
             chosen = np.sort(rng.permutation(cand_pos)[:num_to_predict])
         labels = ids[chosen].copy()
@@ -241,7 +321,7 @@ class PretrainingDataset(torch.utils.data.Dataset):
         mlm_labels = np.full(cfg.max_predictions, IGNORE_INDEX, dtype=np.int64)
         positions[: len(chosen)] = chosen
         mlm_labels[: len(chosen)] = labels
-        return {
+        example = {
             "input_ids": ids,
             "token_type_ids": types,
             "attention_mask": attention,
@@ -249,23 +329,33 @@ class PretrainingDataset(torch.utils.data.Dataset):
             "mlm_labels": mlm_labels,
             "nsp_label": np.int64(is_random),  # transformers' convention: 0 = B follows A, 1 = random
         }
+        if with_word_starts:  # the words masking used: [CLS], [SEP] and the position after each start one too
+            example["word_starts"] = np.ones(L, dtype=bool)
+            if starts is not None:
+                outside = np.ones(L + 1, dtype=bool)
+                outside[1 + cand_pos] = False
+                example["word_starts"] = starts | outside[1:] | outside[:-1]
+        return example
 
-    def _choose_whole_words(self, ids, cand_pos, num_to_predict, rng) -> np.ndarray:
-        """Group candidates into words (a ## piece joins the piece before it) and take whole words in
-        random order while they fit, as the original does with do_whole_word_mask."""
-        cont = self.is_subword[ids[cand_pos]]
+    def _choose_whole_words(self, starts, cand_pos, num_to_predict, rng) -> np.ndarray:
+        """Group candidates into words (a position that does not start a word joins the one before it)
+        and take whole words in random order while they fit, as the original does with do_whole_word_mask."""
+        cont = ~starts[cand_pos]
         cont[0] = False
         cont[1:] &= np.diff(cand_pos) == 1  # a piece after [SEP] starts a word
-        starts = np.flatnonzero(~cont)
-        words = np.split(cand_pos, starts[1:])
-        chosen: list[int] = []
-        for w in rng.permutation(len(words)):
-            if len(chosen) >= num_to_predict:
+        firsts = np.flatnonzero(~cont)
+        lengths = np.diff(firsts, append=len(cand_pos))
+        sizes = lengths.tolist()  # the loop runs on Python ints: a hundred words per instance, no array each
+        taken = np.zeros(len(firsts), dtype=bool)
+        count = 0
+        for w in rng.permutation(len(firsts)).tolist():
+            if count >= num_to_predict:
                 break
-            if len(chosen) + len(words[w]) > num_to_predict:
+            if count + sizes[w] > num_to_predict:
                 continue
-            chosen.extend(words[w])
-        return np.sort(np.asarray(chosen, dtype=np.int64))
+            taken[w] = True
+            count += sizes[w]
+        return cand_pos[np.repeat(taken, lengths)]  # in position order
 
 
 class GlobalBatchSampler(torch.utils.data.Sampler):

@@ -7,9 +7,14 @@ directory:
 - ``vocab.txt``: a copy of the vocab the ids refer to;
 - per shard ``shard-NNNNN.tokens`` (raw uint16, or uint32 for vocabs over 65,535 tokens),
   ``shard-NNNNN.sentences`` (int64 cumulative token offsets, one per sentence plus a leading 0) and
-  ``shard-NNNNN.documents`` (int64 cumulative sentence offsets, one per document plus a leading 0).
+  ``shard-NNNNN.documents`` (int64 cumulative sentence offsets, one per document plus a leading 0);
+- with ``--zh-wwm`` also ``shard-NNNNN.words``: one bit per token, 1 where the token starts a word
+  (``words``: Chinese words as jieba cuts them, and ``##`` pieces), packed 8 to a byte in token order,
+  least significant bit first (``np.packbits(..., bitorder="little")``), the last byte padded with 0.
 
 A document never crosses a shard, so a training example drawn from one document reads one file.
+Format version 2 added the optional ``.words`` files (and ``word_starts`` in meta.json); version 1
+directories, written before, are read as they are.
 """
 
 from __future__ import annotations
@@ -32,27 +37,28 @@ import numpy as np
 from tqdm import tqdm
 
 from ..errors import UserError
-from . import sentences
+from . import sentences, words
 from .corpus import CorpusReader, Document, resolve_inputs
 from .tokenizer import Tokenizer, vocab_sha256
 
 FORMAT = "bertgpu-shards"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)  # 1: no .words files and no word_starts in meta.json
 CHUNK_CHARS = 2 * 2**20  # text per work item: large enough to amortize pickling, small enough to stream
 MIN_CHUNK_CHARS = 64 * 2**10  # the smallest work item, at the end of the input (see _tokenized_chunks)
 ENCODE_LINES = 1000  # sentences per encode_batch call inside a work item (see _tokenize_chunk)
 
-# (tokens, sentence lengths, sentences per document) of one chunk of documents
-Chunk = tuple[np.ndarray, np.ndarray, np.ndarray]
+# (tokens, word starts or None, sentence lengths, sentences per document) of one chunk of documents
+Chunk = tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]
 
 
 def _token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16 if vocab_size <= 65535 else np.uint32)
 
 
-def _tokenize_chunk(tokenizer: Tokenizer, chunk: list[Document]) -> Chunk:
+def _tokenize_chunk(tokenizer: Tokenizer, chunk: list[Document], zh_wwm: bool = False) -> Chunk:
     """Split the documents marked for it into sentences, tokenize them whole, and drop sentences (then
-    documents) left without tokens.
+    documents) left without tokens. With ``zh_wwm``, also mark the tokens that start a word (``words``).
 
     The sentences go to ``encode_batch`` ``ENCODE_LINES`` at a time and each batch's ids become one
     numpy array at once: the per-token objects ``tokenizers`` returns (an ``Encoding`` with its token
@@ -63,35 +69,45 @@ def _tokenize_chunk(tokenizer: Tokenizer, chunk: list[Document]) -> Chunk:
     texts = list(chain.from_iterable(documents))
     dtype = _token_dtype(tokenizer.vocab_size)
     parts: list[np.ndarray] = []
+    start_parts: list[np.ndarray] = []
     lengths = np.empty(len(texts), dtype=np.int64)
     for start in range(0, len(texts), ENCODE_LINES):
-        ids = tokenizer.encode_batch(texts[start : start + ENCODE_LINES])
+        batch = texts[start : start + ENCODE_LINES]
+        if zh_wwm:
+            ids, starts = words.encode(tokenizer, batch)
+            start_parts.append(starts)
+        else:
+            ids = tokenizer.encode_batch(batch)
         batch_lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
         lengths[start : start + len(ids)] = batch_lengths
         parts.append(np.fromiter(chain.from_iterable(ids), dtype=dtype, count=int(batch_lengths.sum())))
     tokens = np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+    starts = (np.concatenate(start_parts) if start_parts else np.empty(0, dtype=bool)) if zh_wwm else None
     kept = lengths > 0
     doc_of_sentence = np.repeat(np.arange(len(documents)), [len(d) for d in documents])
     per_document = np.bincount(doc_of_sentence[kept], minlength=len(documents))
-    return tokens, lengths[kept].astype(np.int32), per_document[per_document > 0].astype(np.int32)
+    return tokens, starts, lengths[kept].astype(np.int32), per_document[per_document > 0].astype(np.int32)
 
 
 _worker_tokenizer: Tokenizer | None = None
+_worker_zh_wwm = False
 
 
-def _init_worker(tokenizer: Tokenizer) -> None:
+def _init_worker(tokenizer: Tokenizer, zh_wwm: bool = False) -> None:
     """Runs once per worker process: one single-threaded tokenizer; Ctrl-C is the parent's to handle."""
-    global _worker_tokenizer
+    global _worker_tokenizer, _worker_zh_wwm
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _worker_tokenizer = tokenizer
+    _worker_tokenizer, _worker_zh_wwm = tokenizer, zh_wwm
     tokenizer.backend  # build it now, not inside the first chunk
+    if zh_wwm:
+        words.segment("预热")  # load jieba's dictionary now too
 
 
 def _tokenize_in_worker(chunk: list[Document]) -> Chunk:
     assert _worker_tokenizer is not None, "worker not initialized"
-    return _tokenize_chunk(_worker_tokenizer, chunk)
+    return _tokenize_chunk(_worker_tokenizer, chunk, _worker_zh_wwm)
 
 
 def _chunks(documents: Iterator[Document], chunk_chars: Callable[[], int]) -> Iterator[list[Document]]:
@@ -110,7 +126,7 @@ def _chunks(documents: Iterator[Document], chunk_chars: Callable[[], int]) -> It
         yield chunk
 
 
-def _tokenized_chunks(reader: CorpusReader, tokenizer: Tokenizer, workers: int) -> Iterator[Chunk]:
+def _tokenized_chunks(reader: CorpusReader, tokenizer: Tokenizer, workers: int, zh_wwm: bool = False) -> Iterator[Chunk]:
     """Tokenized chunks in input order, on ``workers`` processes (in this one for ``workers=1``).
 
     At most ``2 * workers`` chunks are in flight, so memory stays flat however large the corpus.
@@ -121,7 +137,7 @@ def _tokenized_chunks(reader: CorpusReader, tokenizer: Tokenizer, workers: int) 
     """
     if workers == 1:
         for chunk in _chunks(reader.documents(), lambda: CHUNK_CHARS):
-            yield _tokenize_chunk(tokenizer, chunk)
+            yield _tokenize_chunk(tokenizer, chunk, zh_wwm)
         return
 
     def chunk_chars() -> int:
@@ -130,7 +146,7 @@ def _tokenized_chunks(reader: CorpusReader, tokenizer: Tokenizer, workers: int) 
 
     chunks = _chunks(reader.documents(), chunk_chars)
     pool = ProcessPoolExecutor(
-        workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(tokenizer,)
+        workers, mp_context=get_context("spawn"), initializer=_init_worker, initargs=(tokenizer, zh_wwm)
     )
     pending: deque[Future[Chunk]] = deque()
     try:
@@ -147,15 +163,18 @@ def _tokenized_chunks(reader: CorpusReader, tokenizer: Tokenizer, workers: int) 
 class _ShardWriter:
     """Appends tokenized documents to shard files, starting a new shard when the next document would overflow."""
 
-    def __init__(self, directory: Path, shard_tokens: int):
+    def __init__(self, directory: Path, shard_tokens: int, word_starts: bool = False):
         self.directory = directory
         self.shard_tokens = shard_tokens
+        self.word_starts = word_starts  # write .words files (chunks then carry word starts)
         self.shards: list[dict] = []
         self.single_sentence_documents = 0  # too short for next-sentence prediction
+        self.words = 0  # tokens that start a word (with word_starts)
         self._files: tuple | None = None
+        self._bits = np.empty(0, dtype=bool)  # word starts not yet written: fewer than 8
 
     def add(self, chunk: Chunk) -> None:
-        tokens, sentence_lengths, per_document = chunk
+        tokens, starts, sentence_lengths, per_document = chunk
         if not len(per_document):
             return
         self.single_sentence_documents += int(np.count_nonzero(per_document == 1))
@@ -177,15 +196,24 @@ class _ShardWriter:
             last_token = int(doc_ends[last_doc - 1])
             self._append(
                 tokens[first_token:last_token],
+                None if starts is None else starts[first_token:last_token],
                 sentence_lengths[first_sentence:last_sentence],
                 per_document[first_doc:last_doc],
             )
             first_doc, first_sentence, first_token = last_doc, last_sentence, last_token
 
-    def _append(self, tokens: np.ndarray, sentence_lengths: np.ndarray, per_document: np.ndarray) -> None:
+    def _append(self, tokens: np.ndarray, starts: np.ndarray | None, sentence_lengths: np.ndarray,
+                per_document: np.ndarray) -> None:
         shard = self.shards[-1]
-        tokens_file, sentences_file, documents_file = self._files
+        tokens_file, sentences_file, documents_file = self._files[:3]
         tokens_file.write(tokens.tobytes())
+        if self.word_starts:
+            assert starts is not None and len(starts) == len(tokens), "word starts must come with every token"
+            bits = np.concatenate([self._bits, starts])
+            whole = len(bits) - len(bits) % 8
+            self._files[3].write(np.packbits(bits[:whole], bitorder="little").tobytes())
+            self._bits = bits[whole:]
+            self.words += int(np.count_nonzero(starts))
         sentences_file.write((shard["tokens"] + np.cumsum(sentence_lengths, dtype=np.int64)).tobytes())
         documents_file.write((shard["sentences"] + np.cumsum(per_document, dtype=np.int64)).tobytes())
         shard["documents"] += len(per_document)
@@ -196,13 +224,16 @@ class _ShardWriter:
         self.close()
         name = f"shard-{len(self.shards):05d}"
         self.shards.append({"name": name, "documents": 0, "sentences": 0, "tokens": 0})
-        kinds = ("tokens", "sentences", "documents")
+        kinds = ("tokens", "sentences", "documents") + (("words",) if self.word_starts else ())
         self._files = tuple(open(self.directory / f"{name}.{kind}", "wb") for kind in kinds)
         zero = np.zeros(1, dtype=np.int64).tobytes()
         self._files[1].write(zero)
         self._files[2].write(zero)
 
     def close(self) -> None:
+        if self._files is not None and self.word_starts and len(self._bits):
+            self._files[3].write(np.packbits(self._bits, bitorder="little").tobytes())  # padded with 0 bits
+        self._bits = self._bits[:0]
         for f in self._files or ():
             f.close()
         self._files = None
@@ -220,6 +251,7 @@ def prepare(
     strict: bool = False,
     text_field: str = "text",
     split_sentences: str | None = None,
+    zh_wwm: bool = False,
 ) -> dict:
     """Tokenize a corpus into shards in ``out_dir`` and return its meta dict.
 
@@ -230,7 +262,9 @@ def prepare(
     renamed), so an interrupted run never leaves a directory that looks usable. The output is
     identical for any number of ``workers``. ``progress`` shows a bar (on a terminal) and prints a
     summary line. Damaged input (non-UTF-8 bytes, over-long lines, bad records) is repaired or
-    skipped, counted in the meta and warned about, or with ``strict`` an error.
+    skipped, counted in the meta and warned about, or with ``strict`` an error. ``zh_wwm`` also segments
+    the text into Chinese words (jieba) and stores which tokens start a word, for ``pretrain --wwm``
+    (``words``); the token ids stay those of plain ``prepare``.
     """
     if workers < 1:
         raise UserError(f"workers must be at least 1, not {workers}")
@@ -240,6 +274,8 @@ def prepare(
     reader = CorpusReader(paths, strict, text_field, split_sentences)
     if "auto" in reader.split_modes.values():
         sentences.check_available()
+    if zh_wwm:
+        words.check_available()
     tokenizer = Tokenizer(vocab, lowercase=lowercase)
     out = Path(os.path.abspath(out_dir))  # absolute, so that even "." has a sibling to build in
     _check_replaceable(out, overwrite)
@@ -249,7 +285,7 @@ def prepare(
     tmp.mkdir()
     started = time.perf_counter()
     try:
-        meta = _write_shards(reader, tokenizer, tmp, workers, shard_tokens, progress)
+        meta = _write_shards(reader, tokenizer, tmp, workers, shard_tokens, progress, zh_wwm)
         if not meta["tokens"]:
             why = "".join(f"; {message}" for message in reader.warnings)
             raise UserError(f"no tokens in {', '.join(map(str, inputs))}: the corpus is empty{why}")
@@ -264,10 +300,14 @@ def prepare(
     if progress:
         rate = meta["tokens"] / max(time.perf_counter() - started, 1e-9)
         short = meta["single_sentence_documents"] / meta["documents"]
+        in_words = ""
+        if meta["word_starts"]:
+            n_words = meta["word_starts"]["words"]
+            in_words = f" in {n_words:,} words ({meta['tokens'] / n_words:.2f} tokens per word, {words.SEGMENTER})"
         print(
-            f"prepared {meta['documents']:,} documents, {meta['sentences']:,} sentences, {meta['tokens']:,} tokens "
-            f"in {len(meta['shards'])} shard(s) at {rate:,.0f} tokens/s -> {out}; {short:.1%} of the documents "
-            "have a single sentence, too short for next-sentence prediction"
+            f"prepared {meta['documents']:,} documents, {meta['sentences']:,} sentences, {meta['tokens']:,} tokens"
+            f"{in_words} in {len(meta['shards'])} shard(s) at {rate:,.0f} tokens/s -> {out}; {short:.1%} of the "
+            "documents have a single sentence, too short for next-sentence prediction"
         )
     return meta
 
@@ -304,13 +344,14 @@ def _replace_directory(new: Path, out: Path) -> None:
 
 
 def _write_shards(
-    reader: CorpusReader, tokenizer: Tokenizer, directory: Path, workers: int, shard_tokens: int, progress: bool
+    reader: CorpusReader, tokenizer: Tokenizer, directory: Path, workers: int, shard_tokens: int, progress: bool,
+    zh_wwm: bool = False,
 ) -> dict:
     """Tokenize the corpus into shards in ``directory`` and return the meta dict describing them."""
-    writer = _ShardWriter(directory, shard_tokens)
+    writer = _ShardWriter(directory, shard_tokens, word_starts=zh_wwm)
     bar = tqdm(total=reader.total_bytes, unit="B", unit_scale=True, desc="prepare", disable=None if progress else True)
     try:
-        for chunk in _tokenized_chunks(reader, tokenizer, workers):
+        for chunk in _tokenized_chunks(reader, tokenizer, workers, zh_wwm):
             writer.add(chunk)
             bar.update(reader.bytes_read - bar.n)
     finally:
@@ -340,6 +381,8 @@ def _write_shards(
         "bad_lines": reader.bad_lines,
         "long_lines": reader.long_lines,
         "cut_documents": reader.cut_documents + reader.cut_records,
+        # With --zh-wwm: the .words files exist; the segmenter and the number of words (word starts).
+        "word_starts": {"segmenter": words.segmenter_name(), "words": writer.words} if zh_wwm else None,
     }
 
 
@@ -364,6 +407,12 @@ class ShardedCorpus:
         counts = [s["sentences"] for s in self.meta["shards"]]
         self._shard_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._maps: list[tuple[np.memmap, np.memmap]] | None = None
+        self._word_maps: list[np.memmap] | None = None
+
+    @property
+    def has_word_starts(self) -> bool:
+        """Whether the data was prepared with ``--zh-wwm``: which tokens start a word is stored (``word_starts``)."""
+        return bool(self.meta.get("word_starts"))
 
     def __getstate__(self) -> dict:
         return {"data_dir": self.data_dir}
@@ -386,6 +435,8 @@ class ShardedCorpus:
                 "sentences": (shard["sentences"] + 1) * 8,
                 "documents": (shard["documents"] + 1) * 8,
             }
+            if self.has_word_starts:
+                expected["words"] = (shard["tokens"] + 7) // 8
             for kind, size in expected.items():
                 path = self._path(shard, kind)
                 actual = path.stat().st_size if path.is_file() else None
@@ -410,11 +461,8 @@ class ShardedCorpus:
         ]
         return np.concatenate([*parts, [self.num_sentences]]).astype(np.int64)
 
-    def tokens(self, start_sentence: int, end_sentence: int) -> np.ndarray:
-        """Token ids (int64) of global sentences ``[start, end)``, which must lie in one shard.
-
-        Any range inside one document does, since documents never cross shards.
-        """
+    def _locate(self, start_sentence: int, end_sentence: int) -> tuple[int, int, int]:
+        """(shard, first token, end token) of global sentences ``[start, end)``, token offsets within the shard."""
         shard = int(np.searchsorted(self._shard_starts, start_sentence, side="right")) - 1
         if not (0 <= shard < len(self.meta["shards"])) or not (
             start_sentence < end_sentence <= self._shard_starts[shard + 1]
@@ -426,9 +474,32 @@ class ShardedCorpus:
                  np.memmap(self._path(s, "sentences"), dtype=np.int64, mode="r"))
                 for s in self.meta["shards"]
             ]
-        tokens, offsets = self._maps[shard]
+        offsets = self._maps[shard][1]
         base = self._shard_starts[shard]
-        return tokens[offsets[start_sentence - base] : offsets[end_sentence - base]].astype(np.int64)
+        return shard, int(offsets[start_sentence - base]), int(offsets[end_sentence - base])
+
+    def tokens(self, start_sentence: int, end_sentence: int) -> np.ndarray:
+        """Token ids (int64) of global sentences ``[start, end)``, which must lie in one shard.
+
+        Any range inside one document does, since documents never cross shards.
+        """
+        shard, first, end = self._locate(start_sentence, end_sentence)
+        return self._maps[shard][0][first:end].astype(np.int64)
+
+    def word_starts(self, start_sentence: int, end_sentence: int) -> np.ndarray:
+        """Whether each token of sentences ``[start, end)`` starts a word (bool), as ``tokens`` gives them.
+
+        Only for data prepared with ``--zh-wwm`` (``has_word_starts``).
+        """
+        if not self.has_word_starts:
+            raise ValueError(f"{self.data_dir} was prepared without --zh-wwm: it stores no word starts")
+        shard, first, end = self._locate(start_sentence, end_sentence)
+        if self._word_maps is None:
+            self._word_maps = [np.memmap(self._path(s, "words"), dtype=np.uint8, mode="r")
+                               for s in self.meta["shards"]]
+        packed = self._word_maps[shard][first // 8 : (end + 7) // 8]
+        skip = first % 8
+        return np.unpackbits(packed, bitorder="little")[skip : skip + end - first].astype(bool)
 
 
 def _read_meta(data_dir: Path) -> dict:
@@ -444,9 +515,9 @@ def _read_meta(data_dir: Path) -> dict:
         raise UserError(f"{path}: not valid JSON ({e}); re-run `bertgpu prepare`") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise UserError(f"{path}: not a {FORMAT} meta file; create the directory with `bertgpu prepare`")
-    if meta.get("version") != VERSION:
+    if meta.get("version") not in READABLE_VERSIONS:
         raise UserError(
-            f"{path}: format version {meta.get('version')}, this bertgpu reads version {VERSION}; "
-            "re-run `bertgpu prepare`"
+            f"{path}: format version {meta.get('version')}, this bertgpu reads versions "
+            f"{', '.join(map(str, READABLE_VERSIONS))}; re-run `bertgpu prepare`"
         )
     return meta

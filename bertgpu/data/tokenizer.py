@@ -132,6 +132,11 @@ class Tokenizer:
         """Token ids of each text, without special tokens, in one call into Rust."""
         return [e.ids for e in self.backend.encode_batch_fast(texts, add_special_tokens=False)]
 
+    def encode_batch_with_offsets(self, texts: list[str]) -> tuple[list[list[int]], list[list[tuple[int, int]]]]:
+        """Token ids of each text and, for each token, the (start, end) characters of the text it comes from."""
+        encodings = self.backend.encode_batch(texts, add_special_tokens=False)
+        return [e.ids for e in encodings], [e.offsets for e in encodings]
+
     def encode_pair(self, a: str, b: str | None = None, max_length: int = 128) -> dict[str, list[int]]:
         """``[CLS] a [SEP]`` or ``[CLS] a [SEP] b [SEP]`` with segment ids and attention mask, at most ``max_length``.
 

@@ -18,6 +18,7 @@ current step, write a checkpoint and exit non-zero.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +27,8 @@ import torch.nn.functional as F
 
 from .. import checkpoint
 from ..config import PRESETS, ModelConfig, PretrainConfig, per_rank_sizes
-from ..data.pretraining import IGNORE_INDEX, GlobalBatchSampler, PretrainingDataset, check_nsp_possible
+from ..data.pretraining import (IGNORE_INDEX, GlobalBatchSampler, PretrainingDataset, check_nsp_possible,
+                                warn_wwm_fallback)
 from ..data.shards import ShardedCorpus
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
@@ -96,6 +98,8 @@ def run(cfg: PretrainConfig) -> None:
     check(cfg)
     if launch.restart_count() == 0:
         check_out_dir(cfg.out, cfg.overwrite, cfg.resume)
+        if int(os.environ.get("RANK", 0)) == 0:  # once per run: not again in every torchrun worker
+            warn_wwm_fallback(ShardedCorpus(cfg.data.data), cfg.data)
     run_workers(train, cfg)
 
 
