@@ -13,6 +13,7 @@ accuracy and F1 (mean and spread over the seeds), and each variant's gap to full
     python benchmarks/finetune_lora.py                      # the BENCHMARKS.md table (CPU, ~25 min on 2 quiet cores)
     python benchmarks/finetune_lora.py --seeds 0 --train-per-class 100 --epochs 1 --log-every 2   # a quick look
     python benchmarks/finetune_lora.py --table RUNS/results.json   # print an earlier run's table again
+    python benchmarks/finetune_lora.py --seeds 0 --epochs 1 --lr full=5e-5 lora=2e-3   # speed alone, no sweep
 
 Needs the test extras (peft, bitsandbytes) and the test-data packages, as ``make install`` sets up.
 """
@@ -135,9 +136,13 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--lr", nargs="+", default=[], metavar="VARIANT=LR",
+                        help="no sweep for these variants: one learning rate each (e.g. full=5e-5 lora=2e-3), "
+                             "to time them on a quiet machine")
     parser.add_argument("--out", default="", help="keep the runs here (default: a temporary directory)")
     parser.add_argument("--table", default="", help="only print the table of an earlier run's results.json")
     args = parser.parse_args()
+    fixed = {name: float(lr) for name, lr in (item.split("=", 1) for item in args.lr)}
     if args.table:
         print_table(json.loads(Path(args.table).read_text()))
         return
@@ -153,7 +158,9 @@ def main() -> None:
     chosen: dict[str, float] = {}
     for variant in args.variants:
         flags, rates = VARIANTS[variant]
-        if rates is None:
+        if variant in fixed:
+            rates = [fixed[variant]]
+        elif rates is None:
             rates = [chosen.get("lora", 1e-3)]
         runs = {}
         for lr in rates:

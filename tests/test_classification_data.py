@@ -13,7 +13,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-import torch
 
 from bertgpu import samples
 from bertgpu.data.classification import (ClassificationDataset, check_labels, eval_batches, label_names,

@@ -6,7 +6,6 @@ bert-base-uncased vocab), with the tolerances the issue states.
 
 from __future__ import annotations
 
-import dataclasses
 
 import numpy as np
 import pytest
