@@ -1,7 +1,7 @@
 """`python tests/slow_rank.py COMMAND ...`: the bertgpu CLI, with one process made slower.
 
 For the --balance auto test, a stand-in for a slower GPU: when this process's RANK is SLOW_RANK, every
-forward pass of the pretraining model first sleeps SLOW_SECONDS per sequence. It lives here, in the
+forward pass of the pretraining or classification model first sleeps SLOW_SECONDS per sequence. It lives here, in the
 tests, and patches the model from outside: the product has no such switch that a user could hit.
 """
 
@@ -10,16 +10,19 @@ import sys
 import time
 
 from bertgpu.cli import main
-from bertgpu.model import BertForPreTraining
+from bertgpu.model import BertForPreTraining, BertForSequenceClassification
 
-if os.environ.get("RANK") == os.environ.get("SLOW_RANK"):
-    forward = BertForPreTraining.forward
 
+def slowed(forward):
     def slow_forward(self, input_ids, *args, **kwargs):
         time.sleep(float(os.environ["SLOW_SECONDS"]) * input_ids.shape[0])
         return forward(self, input_ids, *args, **kwargs)
+    return slow_forward
 
-    BertForPreTraining.forward = slow_forward
+
+if os.environ.get("RANK") == os.environ.get("SLOW_RANK"):
+    for model in (BertForPreTraining, BertForSequenceClassification):
+        model.forward = slowed(model.forward)
 
 if __name__ == "__main__":
     sys.argv[0] = "bertgpu"

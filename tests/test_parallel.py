@@ -15,7 +15,10 @@ so three steps stay far below 1e-6; measured: at most 6e-8.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from conftest import at_real_tokens, run_cli
+from conftest import ROOT, at_real_tokens, run_cli
 
 COMMON = ["--model", "tiny", "--precision", "fp32", "--dropout", "0", "--seed", "7", "--steps", "3",
           "--lr", "1e-4", "--warmup", "1", "--log-every", "1", "--save-every", "2", "--device", "cpu",
@@ -240,7 +243,8 @@ def test_finetune_layouts_end_on_the_weights_of_one_process(name, finetuned):
 
 
 def test_finetune_with_unequal_batch_sizes_ends_on_the_weights_of_one_process(finetuned, tmp_path):
-    """--batch-size 6,2 on 2 processes is one process with batch 8, for fine-tuning too: the same
+    """--batch-size 6,2 on 2 processes, and 4,4 moved by --balance auto, are one process with batch 8,
+    for fine-tuning too: the same
     global batches (the last, short one shared in proportion), the loss normalised by the global batch.
     50 training reviews, 7 steps at lr 5e-5: 1e-6 holds with a margin (measured 1e-7 at 1e-4); the
     learning rate is low because AdamW's epsilon 1e-8 lets near-zero gradients (an attention key
@@ -253,11 +257,24 @@ def test_finetune_with_unequal_batch_sizes_ends_on_the_weights_of_one_process(fi
     run_cli("finetune", "--out", outs["one"], "--nproc", "1", "--batch-size", "8", *args)
     proc = run_cli("finetune", "--out", outs["unequal"], "--nproc", "2", "--batch-size", "6,2", *args)
     assert "global batch 8 = (6 + 2) x 1" in proc.stdout, proc.stdout
-    ref, got = (load_file(outs[n] / "best" / "model.safetensors") for n in outs)
+    # --balance auto, process 1 slowed from outside the product (tests/slow_rank.py, as in
+    # test_communication): 4,4 becomes a larger share for process 0 after step 5, the same batches.
+    balanced = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node", "2",
+                               str(ROOT / "tests" / "slow_rank.py"), "finetune", "--out", str(tmp_path / "balanced"),
+                               "--batch-size", "4", "--balance", "auto", *map(str, args)],
+                              capture_output=True, text=True, cwd=ROOT, timeout=600,
+                              env={**os.environ, "SLOW_RANK": "1", "SLOW_SECONDS": "0.01", "HF_HUB_OFFLINE": "1"})
+    assert balanced.returncode == 0, balanced.stderr[-3000:]
+    line = next(line for line in balanced.stdout.splitlines() if line.startswith("balance:"))
+    new = [int(x) for x in line.split("-> ")[1].split()[0].split(",")]
+    assert sum(new) == 8 and new[0] > new[1] and line.endswith("ms per example)"), line
+    outs["balanced"] = tmp_path / "balanced"
+    ref, got, got_balanced = (load_file(outs[n] / "best" / "model.safetensors") for n in outs)
     start = load_file(model / "model.safetensors")
     assert worst_difference({k: ref[k] for k in start if k in ref}, {k: start[k] for k in start if k in ref}) > 1e-4
-    worst = worst_difference(ref, got)
-    assert worst <= 1e-6, f"max abs parameter difference {worst:.3g}"
+    for weights in (got, got_balanced):
+        worst = worst_difference(ref, weights)
+        assert worst <= 1e-6, f"max abs parameter difference {worst:.3g}"
 
 
 # --- tensor parallelism and dropout ----------------------------------------------------------------

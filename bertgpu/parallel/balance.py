@@ -31,6 +31,12 @@ def proportional_sizes(seconds_per_sequence: list[float], total: int) -> list[in
     return split(total, [1.0 / max(s, 1e-12) for s in seconds_per_sequence])
 
 
+def describe(old: list[int], new: list[int], ms_per_item: list[float], unit: str) -> str:
+    """The line a run writes when ``--balance auto`` changes the sizes."""
+    return (f"balance: per-rank batch sizes {','.join(map(str, old))} -> {','.join(map(str, new))} "
+            f"(forward passes took {', '.join(f'{ms:.1f}' for ms in ms_per_item)} ms per {unit})")
+
+
 class Balancer:
     """Times this process's forward passes for ``TIMED_STEPS`` steps after the first of a run, then
     proposes per-rank batch sizes (the same on every process)."""

@@ -30,7 +30,7 @@ from ..data.tokenizer import Tokenizer
 from ..errors import UserError
 from ..model import BertForSequenceClassification
 from ..parallel import launch
-from ..parallel.balance import Balancer
+from ..parallel.balance import Balancer, describe as describe_balance
 from ..training import (Sums, Throughput, autocast, build_optimizer, build_schedule, describe_batch, describe_lr,
                         format_rate, optimizer_step)
 from .common import TrainingRun, check_layout, check_out_dir, run_workers
@@ -255,9 +255,7 @@ def train(cfg: FinetuneConfig) -> Path:
                     save_state(epoch, in_epoch)
                 balanced = balancer.end_step(sizes)
                 if balanced is not None and balanced[0] != sizes:
-                    run.write(f"balance: per-rank batch sizes {','.join(map(str, sizes))} -> "
-                              f"{','.join(map(str, balanced[0]))} (forward passes took "
-                              f"{', '.join(f'{ms:.1f}' for ms in balanced[1])} ms per example)")
+                    run.write(describe_balance(sizes, *balanced, "example"))
                     sizes = balanced[0]
                     batches = epoch_batches(epoch)  # the same global batches, shared anew
 

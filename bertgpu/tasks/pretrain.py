@@ -34,7 +34,7 @@ from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
 from ..model import BertForPreTraining, training_flops_per_sequence
 from ..parallel import ParallelModel, launch
-from ..parallel.balance import Balancer
+from ..parallel.balance import Balancer, describe as describe_balance
 from ..parallel.compression import describe as describe_compression
 from ..training import (Sums, Throughput, autocast, build_optimizer, build_schedule, describe_batch, describe_lr,
                         format_rate, ignore_stop_signals, optimizer_step, peak_flops)
@@ -207,9 +207,7 @@ def train(cfg: PretrainConfig) -> Path:
                     raise run.interrupted(step, saved)
                 balanced = balancer.end_step(sizes)
                 if balanced is not None and balanced[0] != sizes:
-                    run.write(f"balance: per-rank batch sizes {','.join(map(str, sizes))} -> "
-                              f"{','.join(map(str, balanced[0]))} (forward passes took "
-                              f"{', '.join(f'{ms:.1f}' for ms in balanced[1])} ms per sequence)")
+                    run.write(describe_balance(sizes, *balanced, "sequence"))
                     sizes = balanced[0]
                     break  # a new sampler, from this instance on, with the new sizes
             batches = loader = None  # let this epoch's DataLoader workers go
