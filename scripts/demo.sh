@@ -14,17 +14,17 @@ python -c "from bertgpu.samples import write_chinese_corpus as w; print(w('$OUT/
 echo "== 2/6 bertgpu vocab"
 bertgpu vocab "$OUT/corpus.txt" --size 3000 --out "$OUT/vocab.txt"
 
-echo "== 3/6 bertgpu prepare"
-bertgpu prepare "$OUT/corpus.txt" --vocab "$OUT/vocab.txt" --out "$OUT/data" --workers 2 --overwrite
+echo "== 3/6 bertgpu prepare (--zh-wwm: which characters start a Chinese word, for whole-word masking)"
+bertgpu prepare "$OUT/corpus.txt" --vocab "$OUT/vocab.txt" --out "$OUT/data" --workers 2 --zh-wwm --overwrite
 
-echo "== 4/6 bertgpu pretrain"
+echo "== 4/6 bertgpu pretrain (--wwm: a Chinese word's characters are masked together)"
 if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   NPROC=()            # every GPU of this machine
 else
   NPROC=(--nproc 2)   # two CPU processes, gloo
 fi
 bertgpu pretrain --data "$OUT/data" --model tiny --out "$OUT/run" "${NPROC[@]}" \
-  --batch-size 16 --steps "$STEPS" --lr 1e-3 --warmup 0.05 --log-every 25 --save-every 100 --overwrite
+  --wwm --batch-size 16 --steps "$STEPS" --lr 1e-3 --warmup 0.05 --log-every 25 --save-every 100 --overwrite
 
 CKPT=$(ls -d "$OUT"/run/checkpoints/step-* | tail -n 1)
 
