@@ -39,7 +39,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -131,13 +130,7 @@ def main() -> None:
     print(f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"tokenizers {version('tokenizers')}, sentencex {version('sentencex')}")
     print(f"# load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    tmp = None
-    if args.workdir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="prepare-split-bench-")
-        workdir = Path(tmp.name)
-    else:
-        workdir = args.workdir
-        workdir.mkdir(parents=True, exist_ok=True)
+    workdir, tmp = pt.work_directory(args.workdir, "prepare-split-bench-")
     sizes = sorted(args.size_mb)
     corpora = {s: write_corpora(workdir, s) for s in sizes}
     started = time.perf_counter()
@@ -157,13 +150,7 @@ def main() -> None:
                   f"{r['seconds']:7.1f} s  peak tree RSS {r['peak_tree_mb']:7.0f} MB", flush=True)
     split = measure_split(max(2, args.repeat))
     elapsed = time.perf_counter() - started
-    results = []
-    for config_runs in runs:
-        best = dict(max(config_runs, key=lambda r: r["tokens_per_s"]))
-        best["all_tokens_per_s"] = [r["tokens_per_s"] for r in config_runs]
-        for key in ("peak_tree_mb", "main_peak_mb", "worker_peak_mb"):  # memory: the worst run
-            best[key] = max(r[key] for r in config_runs)
-        results.append(best)
+    results = [pt.best_of(config_runs) for config_runs in runs]
 
     print(f"\n# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; measurements took {elapsed:.0f} s")
     print("| pipeline | input | workers | tokens | s | tokens/s | all runs, tokens/s | CPU s, main / workers "

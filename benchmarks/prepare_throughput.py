@@ -662,6 +662,25 @@ def make_corpus(workdir: Path, size_mb: float) -> Path:
     return samples.write_english_corpus(workdir / f"corpus-{size_mb:g}mb.txt", repeat=repeat)
 
 
+def work_directory(workdir: Path | None, prefix: str) -> tuple[Path, tempfile.TemporaryDirectory | None]:
+    """``--workdir`` (created if missing), or a temporary directory; the second item is what to clean up."""
+    if workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix=prefix)
+        return Path(tmp.name), tmp
+    workdir.mkdir(parents=True, exist_ok=True)
+    return workdir, None
+
+
+def best_of(config_runs: list[dict]) -> dict:
+    """One configuration's repeated runs: the fastest, with every run's rate beside it, and the worst
+    run's memory."""
+    best = dict(max(config_runs, key=lambda r: r["tokens_per_s"]))
+    best["all_tokens_per_s"] = [r["tokens_per_s"] for r in config_runs]
+    for key in ("peak_tree_mb", "main_peak_mb", "worker_peak_mb"):
+        best[key] = max(r[key] for r in config_runs)
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=float, nargs="+", default=[50, 200],
@@ -695,13 +714,7 @@ def main() -> None:
     print(f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
           f"torch {version('torch')}, transformers {version('transformers')}, tokenizers {version('tokenizers')}")
     print(f"# load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    tmp = None
-    if args.workdir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="prepare-bench-")
-        workdir = Path(tmp.name)
-    else:
-        workdir = args.workdir
-        workdir.mkdir(parents=True, exist_ok=True)
+    workdir, tmp = work_directory(args.workdir, "prepare-bench-")
     sizes = sorted(args.size_mb)
     corpora = {s: make_corpus(workdir, s) for s in sizes}
     big = corpora[sizes[-1]]
@@ -729,13 +742,7 @@ def main() -> None:
             print(f"  {r['pipeline']:<18} {r['corpus_mb']:6.1f} MB  workers={r['workers']} {r['threads']:<5} "
                   f"{r['tokens_per_s']:>11,.0f} tokens/s  {r['seconds']:7.1f} s  peak tree RSS {r['peak_tree_mb']:7.0f} MB",
                   flush=True)
-    results = []
-    for config_runs in runs:  # the fastest run of each configuration, with the others' rates beside it
-        best = dict(max(config_runs, key=lambda r: r["tokens_per_s"]))
-        best["all_tokens_per_s"] = [r["tokens_per_s"] for r in config_runs]
-        for key in ("peak_tree_mb", "main_peak_mb", "worker_peak_mb"):  # memory: the worst run
-            best[key] = max(r[key] for r in config_runs)
-        results.append(best)
+    results = [best_of(config_runs) for config_runs in runs]
     elapsed = time.perf_counter() - started
 
     print(f"\n# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; measurements took {elapsed:.0f} s")
