@@ -30,7 +30,7 @@ from .config import BenchConfig, DataConfig, ModelConfig
 from .data.pretraining import IGNORE_INDEX, PretrainingDataset
 from .data.shards import ShardedCorpus, prepare
 from .data.tokenizer import load_vocab
-from .errors import UserError
+from .errors import require
 from .model import BertForPreTraining, training_flops_per_sequence
 from .training import allow_tf32, autocast, peak_flops, resolve_precision
 
@@ -72,10 +72,7 @@ def time_steps(step, steps: int, warmup: int, device: torch.device) -> list[floa
 
 
 def run(cfg: BenchConfig) -> dict[str, float]:
-    try:
-        import transformers
-    except ImportError:
-        raise UserError("bertgpu bench compares with transformers: pip install transformers") from None
+    transformers = require("transformers", "bertgpu bench compares with transformers: pip install transformers")
     from .parallel.launch import resolve_device
 
     device = torch.device(resolve_device(cfg.device))

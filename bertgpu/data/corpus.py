@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import glob
 import gzip
-import importlib
 import io
 import json
 import os
@@ -36,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
-from ..errors import UserError
+from ..errors import UserError, require
 from .sentences import MODES
 
 _SNIFF_BYTES = 8192  # a NUL byte in this many leading bytes marks a file as binary
@@ -83,11 +82,8 @@ def input_format(path: Path) -> tuple[str, str | None]:
 
 def _require(module: str, path: Path, what: str, extra: str) -> Any:
     """Import an optional dependency, or say in one line what to install."""
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise UserError(f"{path}: reading {what} needs the {module.split('.')[0]} package: "
-                        f"pip install 'bertgpu[{extra}]'") from None
+    return require(module, f"{path}: reading {what} needs the {module.split('.')[0]} package: "
+                           f"pip install 'bertgpu[{extra}]'")
 
 
 def resolve_inputs(patterns: Iterable[str | os.PathLike]) -> list[Path]:

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
-from ..errors import UserError
+from ..errors import require
 
 MODES = ("auto", "lines", "none")
 LANGUAGE = "en"  # sentencex's rules for Latin-script text (its abbreviation lists are per language)
@@ -57,12 +57,8 @@ def check_available() -> None:
 def _splitter() -> Callable[[str, str], list[str]]:
     global _segment
     if _segment is None:
-        try:
-            import sentencex
-        except ImportError:
-            raise UserError("--split-sentences auto needs the sentencex package (pip install sentencex); "
-                            "or keep paragraphs whole with --split-sentences none") from None
-        _segment = sentencex.segment
+        _segment = require("sentencex", "--split-sentences auto needs the sentencex package (pip install "
+                                        "sentencex); or keep paragraphs whole with --split-sentences none").segment
     return _segment
 
 

@@ -42,7 +42,7 @@ from itertools import chain
 
 import numpy as np
 
-from ..errors import UserError
+from ..errors import require
 from .tokenizer import Tokenizer
 
 SEGMENTER = "rjieba"
@@ -71,12 +71,8 @@ def check_available() -> None:
 def _segmenter() -> Callable[[str], list[str]]:
     global _cut
     if _cut is None:
-        try:
-            import rjieba
-        except ImportError:
-            raise UserError("--zh-wwm segments Chinese words with the rjieba package: pip install 'bertgpu[zh]' "
-                            "(or pip install rjieba)") from None
-        _cut = rjieba.cut
+        _cut = require("rjieba", "--zh-wwm segments Chinese words with the rjieba package: pip install "
+                                 "'bertgpu[zh]' (or pip install rjieba)").cut
     return _cut
 
 
