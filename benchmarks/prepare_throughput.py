@@ -621,14 +621,10 @@ def _memory_mb(pid: int) -> tuple[float, float]:
     return rss, hwm
 
 
-def measure(pipeline: str, corpus: Path, workers: int, threads: str, workdir: Path, max_bytes: int = 0,
-            dupe_factor: int = 1) -> dict:
-    """Run one pipeline in a fresh subprocess, sampling its process tree's RSS every 50 ms."""
-    env = dict(os.environ, TOKENIZERS_PARALLELISM="true" if threads == "rayon" else "false")
-    out = workdir / "prepared"
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", pipeline, "--corpus", str(corpus),
-           "--workers", str(workers), "--out", str(out), "--max-bytes", str(max_bytes),
-           "--reference-dupe-factor", str(dupe_factor)]
+def run_sampled(cmd: list[str], env: dict, what: str) -> dict:
+    """Run a benchmark child, sampling its process tree's RSS every 50 ms: the ``RESULT {json}`` line it
+    prints, with ``peak_tree_mb`` (the tree's largest total) and ``worker_peak_mb`` (the largest peak of
+    a process below the child, 0 without any)."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     peak_tree = 0.0
     hwm: dict[int, float] = {}  # per process: its own peak (VmHWM), as last sampled
@@ -642,12 +638,24 @@ def measure(pipeline: str, corpus: Path, workers: int, threads: str, workdir: Pa
         time.sleep(0.05)
     stdout = proc.stdout.read()
     if proc.returncode:
-        raise SystemExit(f"{pipeline} (workers={workers}) failed with exit code {proc.returncode}")
-    result = json.loads(next(l for l in stdout.splitlines() if l.startswith("RESULT "))[7:])
-    shutil.rmtree(out, ignore_errors=True)
+        raise SystemExit(f"{what} failed with exit code {proc.returncode}")
+    result = json.loads(next(line for line in stdout.splitlines() if line.startswith("RESULT "))[7:])
     hwm.pop(proc.pid, None)
-    result["worker_peak_mb"] = max(hwm.values(), default=0.0)
-    result.update(pipeline=pipeline, workers=workers, threads=threads, peak_tree_mb=peak_tree,
+    result.update(peak_tree_mb=peak_tree, worker_peak_mb=max(hwm.values(), default=0.0))
+    return result
+
+
+def measure(pipeline: str, corpus: Path, workers: int, threads: str, workdir: Path, max_bytes: int = 0,
+            dupe_factor: int = 1) -> dict:
+    """Run one pipeline in a fresh subprocess, sampling its process tree's RSS every 50 ms."""
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="true" if threads == "rayon" else "false")
+    out = workdir / "prepared"
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", pipeline, "--corpus", str(corpus),
+           "--workers", str(workers), "--out", str(out), "--max-bytes", str(max_bytes),
+           "--reference-dupe-factor", str(dupe_factor)]
+    result = run_sampled(cmd, env, f"{pipeline} (workers={workers})")
+    shutil.rmtree(out, ignore_errors=True)
+    result.update(pipeline=pipeline, workers=workers, threads=threads,
                   corpus_mb=(max_bytes if pipeline.startswith("reference") else corpus.stat().st_size) / MB)
     result["tokens_per_s"] = result["tokens"] / result["seconds"]
     result["tokens_per_cpu_s"] = result["tokens"] / (result["main_cpu_s"] + result["workers_cpu_s"])

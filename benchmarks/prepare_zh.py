@@ -97,26 +97,11 @@ def measure(corpus: Path, vocab: Path, workers: int, zh_wwm: bool, workdir: Path
     out = workdir / "prepared"
     cmd = [sys.executable, os.path.abspath(__file__), "--child", "prepare", "--corpus", str(corpus), "--vocab",
            str(vocab), "--workers", str(workers), "--out", str(out)] + ["--zh-wwm"] * zh_wwm
-    proc = subprocess.Popen(cmd, env=dict(os.environ, TOKENIZERS_PARALLELISM="false"), stdout=subprocess.PIPE,
-                            text=True)
-    peak_tree = 0.0
-    hwm: dict[int, float] = {}
-    while proc.poll() is None:
-        tree = 0.0
-        for pid in pt._tree(proc.pid):
-            rss, peak = pt._memory_mb(pid)
-            tree += rss
-            hwm[pid] = max(hwm.get(pid, 0.0), peak)
-        peak_tree = max(peak_tree, tree)
-        time.sleep(0.05)
-    stdout = proc.stdout.read()
-    if proc.returncode:
-        raise SystemExit(f"prepare (zh_wwm={zh_wwm}, workers={workers}) failed with exit code {proc.returncode}")
-    result = json.loads(next(line for line in stdout.splitlines() if line.startswith("RESULT "))[7:])
+    result = pt.run_sampled(cmd, dict(os.environ, TOKENIZERS_PARALLELISM="false"),
+                            f"prepare (zh_wwm={zh_wwm}, workers={workers})")
     shutil.rmtree(out, ignore_errors=True)
-    hwm.pop(proc.pid, None)
-    result.update(label="prepare --zh-wwm" if zh_wwm else "prepare", workers=workers, peak_tree_mb=peak_tree,
-                  worker_peak_mb=max(hwm.values(), default=0.0), corpus_mb=corpus.stat().st_size / MB,
+    result.update(label="prepare --zh-wwm" if zh_wwm else "prepare", workers=workers,
+                  corpus_mb=corpus.stat().st_size / MB,
                   tokens_per_s=result["tokens"] / result["seconds"])
     return result
 
