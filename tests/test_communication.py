@@ -19,10 +19,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import ROOT, run_cli
+from conftest import ROOT, TORCHRUN, run_balanced_with_a_slow_rank, run_cli
 from procs import assert_bitwise_equal, start, wait_for_step
 
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
 
 def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
@@ -116,13 +115,8 @@ def test_balance_auto_moves_work_to_the_faster_process_and_keeps_the_union_batch
     on the weights of one process training on the whole global batch (1e-6)."""
     one, balanced = tmp_path / "one", tmp_path / "balanced"
     run_cli("pretrain", "--data", small_english_data, "--out", one, "--nproc", "1", "--batch-size", "8", *BALANCE)
-    proc = subprocess.run([TORCHRUN, "--standalone", "--nproc_per_node", "2", str(ROOT / "tests" / "slow_rank.py"),
-                           "pretrain", "--data", str(small_english_data), "--out", str(balanced), "--batch-size", "4",
-                           "--balance", "auto", *BALANCE], capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "SLOW_RANK": "1", "SLOW_SECONDS": "0.01", "HF_HUB_OFFLINE": "1"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(line for line in proc.stdout.splitlines() if line.startswith("balance:"))
-    new = [int(x) for x in line.split("-> ")[1].split()[0].split(",")]
+    _, line, new = run_balanced_with_a_slow_rank("pretrain", "--data", small_english_data, "--out", balanced,
+                                                 "--batch-size", "4", "--balance", "auto", *BALANCE)
     assert sum(new) == 4 + 4 and new[0] > new[1], line
     state = torch.load(balanced / "checkpoints" / "step-0000006" / "training_state.pt", weights_only=True)
     assert state["batch_sizes"] == new and state["balanced"]  # kept, so that a resume uses them

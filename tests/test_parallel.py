@@ -15,10 +15,7 @@ so three steps stay far below 1e-6; measured: at most 6e-8.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,7 +23,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from conftest import ROOT, at_real_tokens, run_cli, sentiment_reviews, write_tiny_bert
+from conftest import at_real_tokens, run_balanced_with_a_slow_rank, run_cli, sentiment_reviews, write_tiny_bert
 
 COMMON = ["--model", "tiny", "--precision", "fp32", "--dropout", "0", "--seed", "7", "--steps", "3",
           "--lr", "1e-4", "--warmup", "1", "--log-every", "1", "--save-every", "2", "--device", "cpu",
@@ -248,14 +245,8 @@ def test_finetune_with_unequal_batch_sizes_ends_on_the_weights_of_one_process(fi
     assert "global batch 8 = (6 + 2) x 1" in proc.stdout, proc.stdout
     # --balance auto, process 1 slowed from outside the product (tests/slow_rank.py, as in
     # test_communication): 4,4 becomes a larger share for process 0 after step 5, the same batches.
-    balanced = subprocess.run([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node", "2",
-                               str(ROOT / "tests" / "slow_rank.py"), "finetune", "--out", str(tmp_path / "balanced"),
-                               "--batch-size", "4", "--balance", "auto", *map(str, args)],
-                              capture_output=True, text=True, cwd=ROOT, timeout=600,
-                              env={**os.environ, "SLOW_RANK": "1", "SLOW_SECONDS": "0.01", "HF_HUB_OFFLINE": "1"})
-    assert balanced.returncode == 0, balanced.stderr[-3000:]
-    line = next(line for line in balanced.stdout.splitlines() if line.startswith("balance:"))
-    new = [int(x) for x in line.split("-> ")[1].split()[0].split(",")]
+    _, line, new = run_balanced_with_a_slow_rank("finetune", "--out", tmp_path / "balanced", "--batch-size", "4",
+                                                 "--balance", "auto", *args)
     assert sum(new) == 8 and new[0] > new[1] and line.endswith("ms per example)"), line
     outs["balanced"] = tmp_path / "balanced"
     ref, got, got_balanced = (load_file(outs[n] / "best" / "model.safetensors") for n in outs)
