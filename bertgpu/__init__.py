@@ -23,9 +23,7 @@ _EXPORTS = {
     "FinetuneConfig": "bertgpu.config",
     "AdapterConfig": "bertgpu.config",
     "UserError": "bertgpu.errors",
-    "train_vocab": "bertgpu.data.tokenizer",
     "Tokenizer": "bertgpu.data.tokenizer",
-    "prepare": "bertgpu.data.shards",
     "ShardedCorpus": "bertgpu.data.shards",
     "BertModel": "bertgpu.model",
     "BertForPreTraining": "bertgpu.model",
@@ -35,20 +33,46 @@ _EXPORTS = {
     "Classifier": "bertgpu.classifier",
 }
 
-__all__ = [*_EXPORTS, "pretrain", "finetune", "__version__"]
+__all__ = [*_EXPORTS, "train_vocab", "prepare", "pretrain", "finetune", "__version__"]
+
+
+# The commands as functions. Each first stops a worker process that is re-running a script without
+# `if __name__ == "__main__":` (workers are spawned, so they import the script again).
+
+
+def train_vocab(*args, **kwargs):
+    """Run `bertgpu vocab` from Python (see bertgpu.data.tokenizer.train_vocab)."""
+    from .data.tokenizer import train_vocab
+    from .parallel.launch import refuse_when_reimported
+
+    refuse_when_reimported()
+    return train_vocab(*args, **kwargs)
+
+
+def prepare(*args, **kwargs):
+    """Run `bertgpu prepare` from Python (see bertgpu.data.shards.prepare)."""
+    from .data.shards import prepare
+    from .parallel.launch import refuse_when_reimported
+
+    refuse_when_reimported()
+    return prepare(*args, **kwargs)
 
 
 def pretrain(cfg):
     """Run `bertgpu pretrain` from Python with a PretrainConfig (starts cfg.nproc workers if asked)."""
+    from .parallel.launch import refuse_when_reimported
     from .tasks.pretrain import run
 
+    refuse_when_reimported()
     return run(cfg)
 
 
 def finetune(cfg):
     """Run `bertgpu finetune` from Python with a FinetuneConfig (starts cfg.nproc workers if asked)."""
+    from .parallel.launch import refuse_when_reimported
     from .tasks.finetune import run_finetune
 
+    refuse_when_reimported()
     return run_finetune(cfg)
 
 

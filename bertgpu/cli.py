@@ -85,10 +85,14 @@ def build_config(cls: type, ns: argparse.Namespace) -> Any:
 
 
 def _vocab(cfg: VocabConfig) -> None:
-    from .data.tokenizer import train_vocab
+    from .data.tokenizer import coverage, train_vocab
 
-    path = train_vocab(cfg.corpus, cfg.size, cfg.out, cased=cfg.cased, text_field=cfg.text_field)
-    print(f"vocab: {path}")
+    path = train_vocab(cfg.corpus, cfg.size, cfg.out, cased=cfg.cased, text_field=cfg.text_field,
+                       overwrite=cfg.overwrite)
+    unknown, total = coverage(path, cfg.corpus, cfg.cased, cfg.text_field)
+    entries = sum(1 for _ in open(path, encoding="utf-8"))
+    print(f"vocab: {path} ({entries:,} entries); it spells {1 - unknown / max(total, 1):.2%} of the corpus's "
+          f"tokens ({unknown:,} [UNK] of {total:,} in its first lines)")
 
 
 def _prepare(cfg: PrepareConfig) -> None:
@@ -97,7 +101,8 @@ def _prepare(cfg: PrepareConfig) -> None:
 
     cased = vocab_is_cased(cfg.vocab) if cfg.cased is None else cfg.cased
     prepare(cfg.corpus, cfg.vocab, cfg.out, workers=cfg.workers, lowercase=not cased, overwrite=cfg.overwrite,
-            strict=cfg.strict, text_field=cfg.text_field, split_sentences=cfg.split_sentences, zh_wwm=cfg.zh_wwm)
+            strict=cfg.strict, text_field=cfg.text_field, split_sentences=cfg.split_sentences, zh_wwm=cfg.zh_wwm,
+            max_unk_share=cfg.max_unk_share)
 
 
 def _pretrain(cfg: PretrainConfig) -> None:
@@ -154,15 +159,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"bertgpu {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (cls, _, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=(cls.__doc__ or "").strip(),
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter if False else argparse.HelpFormatter)
+        p = sub.add_parser(name, help=help_text, description=(cls.__doc__ or "").strip())
         add_config_arguments(p, cls)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     warnings.formatwarning = lambda message, *args, **kwargs: f"bertgpu: warning: {message}\n"
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # argparse would blame the top-level parser and print its usage, not the command's
+        command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        command.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     cls, fn, _ = COMMANDS[args.command]
     try:
         fn(build_config(cls, args))

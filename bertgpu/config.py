@@ -227,6 +227,7 @@ class VocabConfig:
     out: str = opt("vocab.txt", "where to write vocab.txt")
     cased: bool = opt(False, "keep case and accents (default: lower-case and strip accents, as BERT uncased)")
     text_field: str = opt("text", "the field (JSON Lines) or column (Parquet) that holds a record's text")
+    overwrite: bool = opt(False, "replace an existing --out")
 
 
 @dataclass
@@ -253,8 +254,12 @@ class PrepareConfig:
                               "pip install 'bertgpu[zh]') and store which tokens start a word, so that "
                               "`pretrain --wwm` masks all characters of a Chinese word together; the token ids "
                               "are unchanged (one per character, as BERT's vocab has them)")
+    max_unk_share: float = opt(0.1, "refuse the data when more than this share of its tokens are [UNK] (a vocab "
+                                    "made for another language or corpus); 1 accepts any")
 
     def __post_init__(self) -> None:
+        if not 0 <= self.max_unk_share <= 1:
+            raise UserError(f"--max-unk-share must be between 0 and 1, not {self.max_unk_share}")
         if self.workers < 0:
             raise UserError(f"--workers must be 0 (one per core, at most 8) or a number of processes, not {self.workers}")
         if self.workers == 0:
@@ -272,7 +277,8 @@ class DataConfig:
     short_seq_prob: float = opt(0.1, "probability of a shorter target length for a document")
     wwm: bool = opt(False, "whole-word masking: mask all pieces of a ## word together, and all characters of a "
                            "Chinese word in data prepared with --zh-wwm")
-    nsp: bool = opt(True, "next-sentence prediction (--no-nsp: single segments, MLM only)", flag="--no-nsp")
+    nsp: bool = opt(True, "drop next-sentence prediction: masked LM only, on single segments (default: MLM + NSP "
+                          "on sentence pairs, as the original BERT)", flag="--no-nsp")
     loader_workers: int = opt(2, "DataLoader worker processes per training process (0: in-process)")
 
     def __post_init__(self) -> None:
@@ -548,7 +554,7 @@ class FinetuneConfig:
     train: str = opt("", "training data: " + _DATA_FILE, required=True)
     eval: str = opt("", "evaluation data with the same columns (default: hold out --eval-split of --train)")
     eval_split: float | None = opt(None, "fraction of --train held out for evaluation when there is no --eval, "
-                                         "stratified by label and seeded (default: 0.1)")
+                                         "stratified by label and seeded; between 0 and 1 exclusive (default: 0.1)")
     text_column: str = opt("text", _TEXT_HELP)
     pair_column: str = opt("", _PAIR_HELP)
     label_column: str = opt("label", _LABEL_HELP)
@@ -562,9 +568,9 @@ class FinetuneConfig:
     batch_size: int | tuple[int, ...] = _batch_size(8, "examples")
     grad_accum: int = opt(1, "micro-steps per optimizer step (gradient accumulation): the global batch is "
                              "--batch-size x data-parallel processes x this")
-    group_by_length: bool = opt(True, "batches of similar length, as transformers' group_by_length, so little "
-                                      "padding is computed (1.8x the examples/s on short reviews, BENCHMARKS.md); "
-                                      "--no-group-by-length: random batches", flag="--no-group-by-length")
+    group_by_length: bool = opt(True, "random batches of any lengths (default: batches of similar length, as "
+                                      "transformers' group_by_length, so little padding is computed: 1.8x the "
+                                      "examples/s on short reviews, BENCHMARKS.md)", flag="--no-group-by-length")
     max_seq_length: int = opt(128, "tokens per example at most, [CLS] and [SEP]s included (longest-first truncation)")
     weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)")
     warmup: float = opt(0.0, "linear warmup: steps if >= 1, else a fraction of all steps")
@@ -598,6 +604,11 @@ class FinetuneConfig:
             raise UserError("--save-total-limit must be at least 0 and --log-every at least 1")
         if self.eval and self.eval_split is not None:
             raise UserError("--eval and --eval-split contradict each other: choose one")
+        if self.eval_split is not None and not 0 < self.eval_split < 1:
+            # 0 used to fall back to the default 0.1 silently; fine-tuning picks best/ on held-out data, so it needs some
+            raise UserError(f"--eval-split must be a fraction between 0 and 1 (exclusive), not {self.eval_split:g}: "
+                            "fine-tuning evaluates every epoch to choose best/; give --eval FILE to hold out nothing "
+                            "of --train")
         if self.resume and self.overwrite:
             raise UserError("--resume and --overwrite contradict each other: choose one")
         if self.save_every < 1:

@@ -358,6 +358,12 @@ class Throughput:
 
     def reset(self) -> None:
         self.t0 = time.perf_counter()
+        self.carried = (0, 0, 0)
+
+    def carry(self, steps: int, sequences: int, tokens: int) -> None:
+        """On resume: the log window restored from the checkpoint already holds these, trained before
+        this process's clock started; the next rates leave them out (the window's losses keep them)."""
+        self.carried = (steps, sequences, tokens)
 
     def pause(self) -> None:
         """Stop the clock (an evaluation between training steps); ``resume`` starts it again."""
@@ -368,6 +374,7 @@ class Throughput:
 
     def rates(self, steps: int, sequences: int, tokens: int) -> dict[str, float]:
         dt = max(time.perf_counter() - self.t0, 1e-9)
+        steps, sequences, tokens = (max(0, now - before) for now, before in zip((steps, sequences, tokens), self.carried))
         out = {"steps_per_s": steps / dt, "seq_per_s": sequences / dt, "tokens_per_s": tokens / dt}
         if self.peak:
             out["mfu"] = self.flops_per_sequence * sequences / dt / (self.peak * self.world)

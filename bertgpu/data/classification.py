@@ -20,6 +20,7 @@ import io
 import json
 import random
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,8 @@ def detect_format(path: str | Path, fmt: str | None = None) -> str:
         if fmt not in FORMATS:
             raise UserError(f"unknown format {fmt!r} (choose from {', '.join(FORMATS)})")
         return fmt
+    if Path(path).is_dir():
+        raise UserError(f"{path} is a directory: give one labelled file (.csv, .tsv or .jsonl, .gz allowed)")
     name = Path(path).name.lower().removesuffix(".gz")
     ext = Path(name).suffix
     if ext not in _EXTENSIONS:
@@ -222,6 +225,32 @@ def label_names(examples: Examples) -> list[str]:
     if all(_INTEGER.fullmatch(n) for n in names):
         return sorted(names, key=lambda n: (int(n), n))
     return sorted(names)
+
+
+# A label this rare cannot be learned or evaluated; it is most often a typo of another label.
+FEW_EXAMPLES = 5
+
+
+def describe_labels(examples: Examples, names: Sequence[str]) -> tuple[str, list[str]]:
+    """The per-label counts of training data as one line, and warnings: labels with fewer than
+    ``FEW_EXAMPLES`` examples, and labels that differ only in case, spaces or punctuation (typos that
+    would silently become classes of their own, such as ``bash-manual`` and ``Bash_manual``)."""
+    counts = Counter(examples.labels or ())
+    line = f"{examples.path}: {len(names)} labels: " + ", ".join(f"{name} {counts[name]:,}" for name in names)
+    warnings = []
+    rare = [name for name in names if counts[name] < FEW_EXAMPLES]
+    if rare:
+        warnings.append(f"{examples.path}: label(s) {', '.join(repr(n) for n in rare)} have fewer than "
+                        f"{FEW_EXAMPLES} examples each ({', '.join(str(counts[n]) for n in rare)}): too few to learn or "
+                        "evaluate; a typo of another label?")
+    alike: dict[str, list[str]] = {}
+    for name in names:
+        alike.setdefault(re.sub(r"[\W_]+", "", name.casefold()), []).append(name)
+    for group in alike.values():
+        if len(group) > 1:
+            warnings.append(f"{examples.path}: labels {', '.join(repr(n) for n in group)} differ only in case, spaces "
+                            f"or punctuation and are {len(group)} separate classes; fix the labels if they mean one")
+    return line, warnings
 
 
 def as_data_labels(model_labels: Sequence[str], examples: Examples) -> list[str]:

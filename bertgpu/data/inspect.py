@@ -20,7 +20,7 @@ from typing import Any, TextIO
 from ..config import InspectConfig
 from ..errors import UserError
 from .pretraining import IGNORE_INDEX, PretrainingDataset, warn_wwm_fallback
-from .shards import ShardedCorpus
+from .shards import ShardedCorpus, warn_if_unknown
 from .tokenizer import load_vocab
 
 
@@ -103,6 +103,7 @@ def run(cfg: InspectConfig, out: TextIO | None = None) -> None:
     out = out or sys.stdout
     dataset, vocab = _dataset(cfg)
     warn_wwm_fallback(dataset.corpus, cfg.data)
+    warn_if_unknown(dataset.corpus.meta, cfg.data.data)
     d = cfg.data
     last = min(cfg.index + cfg.n, len(dataset))
     try:

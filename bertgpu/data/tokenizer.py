@@ -13,6 +13,7 @@ import hashlib
 import os
 import sys
 import warnings
+from itertools import islice
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -173,17 +174,22 @@ class Tokenizer:
 
 def train_vocab(
     inputs: list[str], size: int, out: str | os.PathLike, cased: bool = False, progress: bool = True,
-    text_field: str = "text",
+    text_field: str = "text", overwrite: bool = False,
 ) -> Path:
     """Learn a WordPiece vocab of ``size`` tokens from a corpus and write it to ``out`` (a ``vocab.txt``).
 
     Ids follow bert-base-uncased ([PAD]=0, [unused0..98], [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103),
     so the unused slots stay free for later additions as in Google's vocabs. The file appears only when
-    complete (written to a temporary file, then renamed). Training the same corpus twice may give
-    slightly different vocabs: the ``tokenizers`` trainer breaks ties in hash-map order
-    (huggingface/tokenizers#1794), so keep the file rather than expecting to regenerate it. The corpus
+    complete (written to a temporary file, then renamed); an existing ``out`` is replaced only with
+    ``overwrite``. Training the same corpus twice may give slightly different vocabs: the ``tokenizers``
+    trainer breaks ties between equally frequent merges in the order of a Rust hash map, which is
+    seeded at random in every process and cannot be fixed from outside (huggingface/tokenizers#1794;
+    ``RAYON_NUM_THREADS=1`` does not help), so keep the file rather than expecting to regenerate it. The corpus
     may hold plain text, JSON Lines and Parquet files, as for ``prepare`` (records' text in ``text_field``).
     """
+    if Path(out).exists() and not overwrite:
+        raise UserError(f"--out {out} already exists; pass --overwrite to replace it (a vocab cannot be trained "
+                        "twice alike: keep the one your data was prepared with)")
     files = resolve_inputs(inputs)
     if size < _FIRST_LEARNED + MIN_LEARNED_TOKENS:
         raise UserError(f"vocab size {size} is too small: it must be at least {_FIRST_LEARNED + MIN_LEARNED_TOKENS}")
@@ -216,6 +222,20 @@ def train_vocab(
         warnings.warn(f"the corpus gives {len(tokens):,} vocab entries, fewer than the {size:,} asked for: {why}",
                       stacklevel=2)
     return _write_atomically(Path(out), "".join(t + "\n" for t in tokens))
+
+
+def coverage(vocab_path: str | os.PathLike, inputs: list[str], cased: bool, text_field: str = "text",
+             max_lines: int = 20_000) -> tuple[int, int]:
+    """``([UNK] tokens, tokens)`` of the first ``max_lines`` lines of a corpus under a vocab: how much of
+    the text the vocab can spell (a vocab trained on the corpus leaves only rare characters out)."""
+    tokenizer = Tokenizer(vocab_path, lowercase=not cased)
+    lines = list(islice(CorpusReader(resolve_inputs(inputs), text_field=text_field).lines(), max_lines))
+    unknown = total = 0
+    for batch in _batches(iter(lines)):
+        for ids in tokenizer.encode_batch(batch):
+            total += len(ids)
+            unknown += ids.count(tokenizer.unk_id)
+    return unknown, total
 
 
 def _train_wordpiece(reader: CorpusReader, learned_slots: int, alphabet_cap: int, cased: bool,

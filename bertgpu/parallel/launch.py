@@ -10,6 +10,7 @@ processes is ``dims.py``'s and ``parallelize.py``'s business.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 import uuid
@@ -125,6 +126,13 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, max_restarts: int = 
         start_method="spawn",
         **extra,
     )
+    # torch's elastic agent logs a worker's exit (with a traceback of its own) and each signal it passes
+    # on; bertgpu's workers and the lines below already say what happened, in one line.
+    quiet = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)  # each has its own level
+             if name.startswith(("torch.distributed.elastic", "torch.multiprocessing"))]
+    levels = [log.level for log in quiet]
+    for log in quiet:
+        log.setLevel(logging.CRITICAL)
     try:
         elastic_launch(config, fn)(*args)
     except SignalException as e:  # Ctrl-C or SIGTERM reached the launcher: the workers checkpoint and say so
@@ -138,6 +146,38 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, max_restarts: int = 
         rank, failure = e.get_first_failure()
         raise SystemExit(f"bertgpu: error: worker rank {rank} failed with exit code {failure.exitcode} "
                          f"(its traceback is printed above)") from None
+    finally:
+        for log, level in zip(quiet, levels):
+            log.setLevel(level)
+
+
+def refuse_when_reimported() -> None:
+    """Stop a worker process that is re-running the user's script instead of starting its work.
+
+    Our workers are spawned (a fresh interpreter that imports the parent's ``__main__`` first), so a
+    script that calls bertgpu at its top level, without ``if __name__ == "__main__":``, would call it
+    again in every worker: one line per worker instead of a traceback per worker."""
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        # Every worker says it: none knows its rank yet (the launcher sets it after this import).
+        print("bertgpu: error: bertgpu starts worker processes, which import your script again: put the calls "
+              "to bertgpu under `if __name__ == \"__main__\":` (see README: Python API)", file=sys.stderr, flush=True)
+        raise SystemExit(USER_ERROR_EXIT)
+
+
+def cpu_threads(local_world: int) -> int:
+    """Threads per process on CPU: ``OMP_NUM_THREADS`` when the user (or torchrun) set it, else the cores
+    this process may run on (its affinity: a container's or taskset's share, not the machine's count)
+    shared between the local processes, so they do not oversubscribe the cores (BENCHMARKS.md: threads)."""
+    given = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if given:
+        try:
+            return max(1, int(given))
+        except ValueError:
+            raise UserError(f"OMP_NUM_THREADS={given!r} is not a number of threads") from None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // local_world)
 
 
 def init(device: str) -> DistEnv:
@@ -151,8 +191,7 @@ def init(device: str) -> DistEnv:
         dev = torch.device("cuda", local_rank)
     else:
         dev = torch.device("cpu")
-        # Share the cores between the local processes instead of oversubscribing them.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
+        torch.set_num_threads(cpu_threads(local_world))
     if world > 1 and not dist.is_initialized():
         backend = "nccl" if device == "cuda" else "gloo"
         kwargs: dict[str, Any] = {"device_id": dev} if device == "cuda" else {}

@@ -14,6 +14,8 @@ skipped non-finite steps, and saving and restoring resumable checkpoints. The lo
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -38,6 +40,37 @@ def check_out_dir(out: str, overwrite: bool, resume: bool) -> None:
     if path.is_dir() and any(path.iterdir()) and not (overwrite or resume):
         raise UserError(f"output directory {path} is not empty; pass --resume to continue the run there, "
                         "or --overwrite to start afresh")
+
+
+def announce_resume(cfg: Any, length_flag: str, length_now: int, length_saved: Callable[[dict], Any],
+                    finished: Callable[[dict[str, Any]], bool]) -> bool:
+    """With --resume, before any process starts, say in one line what resuming will do: start from
+    scratch (no checkpoint yet), nothing (the run is finished: return True), or train to a changed
+    length (``length_flag``: the learning-rate schedule is stretched to it, so a rate that had decayed
+    rises again)."""
+    if not cfg.resume or launch.restart_count() > 0 or int(os.environ.get("RANK", 0)) != 0:
+        return False
+    latest = checkpoint.latest_checkpoint(cfg.out)
+    if latest is None:
+        print(f"bertgpu: no checkpoint in {cfg.out}: starting from scratch", flush=True)
+        return False
+    state = checkpoint.load_training_state(latest)
+    if finished(state):
+        print(f"bertgpu: the run in {cfg.out} is finished (its last checkpoint, {latest.name}, is at the end of "
+              f"{length_flag} {length_now}): nothing to train; pass a larger {length_flag} to train further", flush=True)
+        return True
+    try:
+        saved = length_saved(json.loads((latest / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))["config"])
+    except (OSError, KeyError, ValueError):
+        return False
+    if saved != length_now:
+        step = state["step"]
+        print(f"bertgpu: {length_flag} raised from {saved} to {length_now} on resume: the learning-rate schedule "
+              f"(warm-up, then linear decay to 0) is stretched to the new end, so from step {step} the rate is the "
+              "longer schedule's (it rises again where it had decayed)" if length_now > saved else
+              f"bertgpu: {length_flag} lowered from {saved} to {length_now} on resume: the learning-rate schedule "
+              f"now ends sooner, so from step {step} the rate decays faster", flush=True)
+    return False
 
 
 def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from .. import checkpoint, lora
 from ..classifier import model_lowercase, model_vocab
 from ..config import FinetuneConfig, ModelConfig, OptimConfig, per_rank_sizes, scaled_lr
-from ..data.classification import (ClassificationDataset, Examples, check_labels, label_names, load_examples,
+from ..data.classification import (ClassificationDataset, Examples, check_labels, describe_labels, label_names, load_examples,
                                    split_examples, train_batches)
 from ..data.sharing import shares_of
 from ..data.tokenizer import Tokenizer
@@ -33,7 +33,7 @@ from ..parallel import launch
 from ..parallel.balance import Balancer, describe as describe_balance
 from ..training import (Sums, Throughput, autocast, build_optimizer, build_schedule, describe_batch, describe_lr,
                         format_rate, optimizer_step)
-from .common import TrainingRun, check_layout, check_out_dir, run_workers
+from .common import TrainingRun, announce_resume, check_layout, check_out_dir, run_workers
 from .predict import _write_json_atomic, check_model_dir, compute_metrics, predict_logits
 
 # transformers' Trainer defaults that have no flag here.
@@ -58,6 +58,7 @@ class Plan:
     eval: Examples
     warnings: list[str]
     dp: int  # data-parallel processes: the global batch is batch size x dp x accumulation steps
+    labels_line: str = ""  # the examples per label in --train
 
 
 def check(cfg: FinetuneConfig) -> Plan:
@@ -81,7 +82,8 @@ def check(cfg: FinetuneConfig) -> Plan:
                    label_column=cfg.label_column, fmt=cfg.format)
     train = load_examples(cfg.train, **columns)
     names = label_names(train)
-    warnings = [train.skipped_warning()]
+    labels_line, label_warnings = describe_labels(train, names)
+    warnings = [train.skipped_warning(), *label_warnings]
     if cfg.eval:
         evaluation = load_examples(cfg.eval, **columns)
         check_labels(evaluation, names, f"the training data {cfg.train}")
@@ -91,15 +93,24 @@ def check(cfg: FinetuneConfig) -> Plan:
     id2label = dict(enumerate(names))
     config = dataclasses.replace(base, id2label=id2label)
     return Plan(model_dir, config, base.id2label == id2label, model_lowercase(model_dir), train, evaluation,
-                [w for w in warnings if w], dims.dp)
+                [w for w in warnings if w], dims.dp, labels_line)
 
 
 def run_finetune(cfg: FinetuneConfig) -> None:
     """Check, then fine-tune here or in local workers."""
     cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device))
     plan = check(cfg)
+    if plan.model_dir != Path(cfg.model):
+        print(f"bertgpu: --model {cfg.model} is a run directory: starting from its newest checkpoint, "
+              f"{plan.model_dir}", flush=True)
+        cfg = dataclasses.replace(cfg, model=str(plan.model_dir))
     if launch.restart_count() == 0:
         check_out_dir(cfg.out, cfg.overwrite, cfg.resume)
+        if int(os.environ.get("RANK", 0)) == 0:
+            print(plan.labels_line, flush=True)
+    if announce_resume(cfg, "--epochs", cfg.epochs, lambda saved: saved["epochs"],
+                       lambda state: state["position"]["epoch"] > cfg.epochs):
+        return
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.resume else None
     if resume_from is not None:  # refused here, before any process starts (each worker checks again)
         _check_resumable(checkpoint.load_training_state(resume_from), resume_from, list(plan.model_config.id2label.values()),
@@ -181,6 +192,9 @@ def train(cfg: FinetuneConfig) -> Path:
         epoch_sums.restore(run.state["epoch_sums"], dims)
 
     meter = Throughput(0.0, None, dims.world_size)
+    if run.state is not None:
+        carried = dict(zip(LOG_SUMS, run.state["window"].tolist()))
+        meter.carry(steps_in_window, int(carried["examples"]), int(carried["tokens"]))
     for warning in plan.warnings:
         run.warn(warning)
     how = f"; resuming from {run.resume_from} at step {step}" if run.resume_from is not None else ""

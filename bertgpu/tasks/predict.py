@@ -40,6 +40,12 @@ def check_model_dir(path: str) -> tuple[Path, ModelConfig]:
     if not model_dir.is_dir():
         raise UserError(f"--model {path}: no such directory "
                         f"(a BERT directory: config.json, model.safetensors, vocab.txt)")
+    if not (model_dir / "config.json").is_file():
+        newest = checkpoint.latest_checkpoint(model_dir)
+        if newest is None:
+            raise UserError(f"--model {path} has no config.json: not a BERT directory, nor a `bertgpu pretrain` run "
+                            "with a checkpoint")
+        model_dir = newest  # a pretraining run's --out: its newest checkpoint, as finetune's start line says
     config = ModelConfig.load(model_dir)
     if not (model_dir / checkpoint.WEIGHTS_NAME).is_file():
         if (model_dir / "pytorch_model.bin").is_file():
@@ -121,6 +127,7 @@ def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
     names = as_data_labels([config.id2label[i] for i in sorted(config.id2label)], examples)
     check_labels(examples, names, f"the model's labels ({model_dir / 'config.json'})")
     output = Path(cfg.output) if cfg.output else model_dir / "eval_results.json"
+    refuse_overwriting_input(output, "--output", cfg.data, "--data")
     if output.is_dir() or not os.access(output.parent, os.W_OK):
         raise UserError(f"cannot write the metrics to {output}; choose another --output")
     return examples, names, output
@@ -169,11 +176,14 @@ def run_predict(cfg: PredictConfig) -> None:
     cfg = dataclasses.replace(cfg, model=str(classifier_dir(cfg.model)))
     device = launch.resolve_device(cfg.device)
     if not cfg.input:
+        if not all(text.strip() for text in cfg.texts):
+            raise UserError("an empty text: there is nothing to classify (a file's empty rows are skipped the same way)")
         check_model_dir(cfg.model)
         clf = Classifier.load(cfg.model, device, cfg.max_seq_length or None)
         result = clf(cfg.texts[0], cfg.texts[1] if len(cfg.texts) == 2 else None)
         print(f"{result['label']}\t{result['score']:.4f}")
         return
+    refuse_overwriting_input(Path(cfg.output), "--output", cfg.input, "--input")
     table = read_table(cfg.input, cfg.format)
     require_columns(table, text_column=cfg.text_column, pair_column=cfg.pair_column or None)
     out_format = detect_format(cfg.output) if Path(cfg.output).suffix else table.format
@@ -225,6 +235,17 @@ def _render(table: Table, predictions: dict[int, tuple[str, float]], fmt: str, c
             writer.writerow(["" if row.get(c) is None else row[c] for c in columns])
     data = buffer.getvalue().encode("utf-8")
     return gzip.compress(data) if compress else data
+
+
+def refuse_overwriting_input(output: Path, output_flag: str, data: str, data_flag: str) -> None:
+    """A one-line error when an output file is the input it is made from (it would be lost)."""
+    source = Path(data)
+    same = output.resolve() == source.resolve()
+    if not same and output.exists() and source.exists():
+        same = os.path.samefile(output, source)  # a link, or another spelling of the same file
+    if same:
+        raise UserError(f"{output_flag} {output} is the {data_flag} file: writing it would destroy the data; "
+                        f"choose another {output_flag}")
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:

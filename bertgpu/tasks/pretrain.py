@@ -29,7 +29,7 @@ from .. import checkpoint
 from ..config import PRESETS, ModelConfig, PretrainConfig, per_rank_sizes
 from ..data.pretraining import (IGNORE_INDEX, GlobalBatchSampler, PretrainingDataset, check_nsp_possible,
                                 warn_wwm_fallback)
-from ..data.shards import ShardedCorpus
+from ..data.shards import ShardedCorpus, warn_if_unknown
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
 from ..model import BertForPreTraining, training_flops_per_sequence
@@ -38,7 +38,7 @@ from ..parallel.balance import Balancer, describe as describe_balance
 from ..parallel.compression import describe as describe_compression
 from ..training import (Sums, Throughput, autocast, build_optimizer, build_schedule, describe_batch, describe_lr,
                         format_rate, ignore_stop_signals, optimizer_step, peak_flops)
-from .common import TrainingRun, check_layout, check_out_dir, run_workers
+from .common import TrainingRun, announce_resume, check_layout, check_out_dir, run_workers
 
 # What the log sums between two log lines (summed over the data-parallel ranks).
 LOG_SUMS = ("mlm_loss", "mlm_correct", "masked", "nsp_loss", "nsp_correct", "sequences", "tokens")
@@ -99,7 +99,12 @@ def run(cfg: PretrainConfig) -> None:
     if launch.restart_count() == 0:
         check_out_dir(cfg.out, cfg.overwrite, cfg.resume)
         if int(os.environ.get("RANK", 0)) == 0:  # once per run: not again in every torchrun worker
-            warn_wwm_fallback(ShardedCorpus(cfg.data.data), cfg.data)
+            corpus = ShardedCorpus(cfg.data.data)
+            warn_wwm_fallback(corpus, cfg.data)
+            warn_if_unknown(corpus.meta, cfg.data.data)
+    if announce_resume(cfg, "--steps", cfg.optim.steps, lambda saved: saved["optim"]["steps"],
+                       lambda state: state["step"] >= cfg.optim.steps):
+        return
     run_workers(train, cfg)
 
 
@@ -150,6 +155,9 @@ def train(cfg: PretrainConfig) -> Path:
     meter = Throughput(training_flops_per_sequence(plan.model_config, cfg.data.max_seq_length,
                                                    cfg.data.max_predictions), peak_flops(device, run.precision),
                        dims.world_size)
+    if run.state is not None:
+        carried = dict(zip(LOG_SUMS, run.state["log_sums"].tolist()))
+        meter.carry(0, int(carried["sequences"]), int(carried["tokens"]))  # the window counts steps since resume
     n_params = sum(p.numel() for p in model.parameters())
     how = f"resuming from {run.resume_from} at step {step}{moved}" if run.resume_from else "starting"
     compressed = f", gradients {describe_compression(net.compression)}" if dims.dp > 1 and \

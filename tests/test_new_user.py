@@ -1,0 +1,199 @@
+"""What a new user trips on (issue 21): each fix proved through the command line, on real files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, run_cli, write_tiny_bert
+from test_cli_errors import assert_one_line_error
+
+TINY_RUN = ["--model", "tiny", "--batch-size", "4", "--max-seq-length", "64", "--device", "cpu", "--log-every", "1"]
+
+
+def test_a_vocab_made_for_other_text_is_refused_then_warned_about(tmp_path, small_english_data, chinese_corpus):
+    """An English vocab on Chinese text gives almost only [UNK]: prepare refuses it in one line and
+    leaves nothing behind; --max-unk-share 1 lets it through, and then inspect and pretrain warn."""
+    english_vocab = small_english_data / "vocab.txt"
+    out = tmp_path / "data"
+    proc = run_cli("prepare", chinese_corpus, "--vocab", english_vocab, "--out", out, "--workers", "1", check=False)
+    line = assert_one_line_error(proc, "are [UNK]", str(english_vocab), "--max-unk-share 1")
+    assert float(line.split("% of the")[0].split()[-1]) > 90
+    assert not out.exists() and not list(tmp_path.glob(".data*"))
+
+    proc = run_cli("prepare", chinese_corpus, "--vocab", english_vocab, "--out", out, "--workers", "1",
+                   "--max-unk-share", "1")
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["unk_tokens"] / meta["tokens"] > 0.9
+    assert f"{meta['unk_tokens'] / meta['tokens']:.2%} of the tokens are [UNK]" in proc.stdout
+    proc = run_cli("inspect", out, "--n", "1")
+    assert "are [UNK]" in proc.stderr and "bertgpu vocab" in proc.stderr
+    proc = run_cli("pretrain", "--data", out, "--out", tmp_path / "run", "--steps", "1", *TINY_RUN)
+    assert "are [UNK]" in proc.stderr
+
+
+def test_the_right_vocab_reports_its_unk_share_and_vocab_its_coverage(tmp_path, english_corpus, uncased_vocab):
+    proc = run_cli("prepare", english_corpus, "--vocab", uncased_vocab, "--out", tmp_path / "data", "--workers", "1")
+    meta = json.loads((tmp_path / "data" / "meta.json").read_text())
+    assert meta["unk_tokens"] / meta["tokens"] < 0.01  # bert-base-uncased on English prose
+    assert "of the tokens are [UNK]" in proc.stdout
+
+    vocab = tmp_path / "vocab.txt"
+    proc = run_cli("vocab", english_corpus, "--size", "1500", "--out", vocab)
+    assert "it spells" in proc.stdout and "of the corpus's tokens" in proc.stdout
+    spelled = float(proc.stdout.split("it spells ")[1].split("%")[0])
+    assert 99 <= spelled <= 100  # a vocab trained on a corpus spells (nearly) all of it
+
+
+def test_vocab_refuses_to_overwrite_without_overwrite(tmp_path, english_corpus):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("precious\n")
+    proc = run_cli("vocab", english_corpus, "--size", "1500", "--out", vocab, check=False)
+    assert_one_line_error(proc, f"--out {vocab} already exists", "--overwrite")
+    assert vocab.read_text() == "precious\n"
+    run_cli("vocab", english_corpus, "--size", "1500", "--out", vocab, "--overwrite")
+    assert len(vocab.read_text().splitlines()) == 1500
+
+
+def test_threads_follow_omp_num_threads_and_the_cores_this_process_may_use():
+    code = ("import os, sys, torch; from bertgpu.parallel import launch; "
+            "os.sched_setaffinity(0, {0}) if sys.argv[1] == 'one-core' else None; "
+            "launch.init('cpu'); print(torch.get_num_threads())")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+
+    def threads(mode: str, **extra: str) -> int:
+        out = subprocess.run([sys.executable, "-c", code, mode], env={**env, **extra}, capture_output=True, text=True,
+                             check=True)
+        return int(out.stdout.strip())
+
+    cores = len(os.sched_getaffinity(0))
+    assert threads("all") == cores
+    assert threads("all", LOCAL_WORLD_SIZE="2", WORLD_SIZE="1") == max(1, cores // 2)
+    assert threads("one-core") == 1  # affinity, not os.cpu_count()
+    assert threads("all", OMP_NUM_THREADS="3") == 3  # the user's setting wins
+    proc = subprocess.run([sys.executable, "-c", code, "all"], env={**env, "OMP_NUM_THREADS": "many"},
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "OMP_NUM_THREADS='many' is not a number of threads" in proc.stderr
+
+
+def test_label_counts_and_label_typos(tmp_path, uncased_vocab):
+    """Per-label counts at the start; labels with very few examples and labels that differ only in
+    case or punctuation are warned about (they would silently become classes of their own)."""
+    rows = ["label,text"] + [f"gnu standard,line {i}" for i in range(12)] + [f"bash manual,row {i}" for i in range(12)]
+    rows += ["Bash_manual,a typo", "bash-manual,another typo"]
+    train = tmp_path / "train.csv"
+    train.write_text("\n".join(rows) + "\n")
+    model = write_tiny_bert(tmp_path / "tiny", uncased_vocab)
+    proc = run_cli("finetune", "--model", model, "--train", train, "--out", tmp_path / "clf", "--epochs", "1",
+                   "--device", "cpu", "--batch-size", "8")
+    assert f"{train}: 4 labels: Bash_manual 1, bash manual 12, bash-manual 1, gnu standard 12" in proc.stdout
+    warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
+    assert any("'Bash_manual', 'bash-manual' have fewer than 5 examples" in w for w in warnings), proc.stderr
+    assert any("'Bash_manual', 'bash manual', 'bash-manual' differ only in case" in w for w in warnings), proc.stderr
+    assert not any("gnu standard" in w for w in warnings)
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, uncased_vocab):
+    import torch
+
+    from bertgpu.checkpoint import save_pretrained
+    from bertgpu.config import ModelConfig
+    from bertgpu.model import BertForSequenceClassification
+
+    root = tmp_path_factory.mktemp("clf")
+    config = ModelConfig.preset("tiny", vocab_size=30522, id2label={0: "neg", 1: "pos"})
+    torch.manual_seed(0)
+    model = root / "clf"
+    save_pretrained(BertForSequenceClassification(config), config, model, vocab_path=uncased_vocab, do_lower_case=True,
+                    architecture="BertForSequenceClassification")
+    data = root / "labelled.csv"
+    data.write_text("label,text\npos,good\nneg,bad\n")
+    return model, data
+
+
+def test_outputs_never_overwrite_their_inputs(tmp_path, classifier):
+    model, data = classifier
+    before = data.read_bytes()
+    proc = run_cli("evaluate", "--model", model, "--data", data, "--output", data, check=False)
+    assert_one_line_error(proc, f"--output {data} is the --data file")
+    link = tmp_path / "link.csv"
+    link.symlink_to(data)
+    proc = run_cli("predict", "--model", model, "--input", data, "--output", link, check=False)
+    assert_one_line_error(proc, "is the --input file")
+    assert data.read_bytes() == before
+    proc = run_cli("predict", "--model", model, " ", check=False)  # as a file's empty rows, nothing to classify
+    assert_one_line_error(proc, "an empty text")
+    out = tmp_path / "predictions.csv"
+    run_cli("predict", "--model", model, "--input", data, "--output", out)
+    assert out.read_text().splitlines()[0] == "label,text,prediction,probability"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_eval_split_zero_is_an_error(tmp_path, classifier):
+    model, data = classifier
+    proc = run_cli("finetune", "--model", model, "--train", data, "--out", tmp_path / "o", "--eval-split", "0",
+                   check=False)
+    assert_one_line_error(proc, "--eval-split must be a fraction between 0 and 1", "--eval FILE")
+
+
+def test_misleading_errors_say_what_is_wrong(tmp_path, english_corpus, classifier):
+    proc = run_cli("inspect", english_corpus, check=False)
+    assert_one_line_error(proc, "is a corpus file, not prepared data", "bertgpu prepare")
+    model, _ = classifier
+    proc = run_cli("finetune", "--model", model, "--train", tmp_path, "--out", tmp_path / "o", check=False)
+    assert_one_line_error(proc, f"{tmp_path} is a directory", ".csv, .tsv or .jsonl")
+    proc = run_cli("vocab", english_corpus, "--device", "cuda", check=False)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage: bertgpu vocab") and "unrecognized arguments: --device cuda" in proc.stderr
+    help_text = " ".join(run_cli("pretrain", "--help").stdout.split())
+    assert "--no-nsp drop next-sentence prediction" in help_text
+    help_text = " ".join(run_cli("finetune", "--help").stdout.split())
+    assert "--no-group-by-length random batches" in help_text
+
+
+def test_resume_says_what_it_does(tmp_path, small_english_data, classifier):
+    """No checkpoint, a finished run, a longer run; a run directory given to finetune; the first log
+    line after a resume has steps/s and sequences/s that agree."""
+    run = tmp_path / "run"
+    common = ["pretrain", "--data", small_english_data, "--out", run, "--resume", *TINY_RUN, "--log-every", "3"]
+    proc = run_cli(*common, "--steps", "4", "--save-every", "2")
+    assert f"no checkpoint in {run}: starting from scratch" in proc.stdout
+    proc = run_cli(*common, "--steps", "4")
+    assert proc.returncode == 0 and f"the run in {run} is finished" in proc.stdout
+    assert "bertgpu pretrain:" not in proc.stdout  # nothing started
+    shutil.rmtree(run / "checkpoints" / "step-0000004")  # as if killed after step 3: resumes at step 2
+    proc = run_cli(*common, "--steps", "6")
+    assert "--steps raised from 4 to 6 on resume" in proc.stdout and "rises again" in proc.stdout
+    first = json.loads((run / "log.jsonl").read_text().splitlines()[0])
+    assert first["step"] == 3  # a window across the resume: 2 steps before it, 1 after
+    assert first["seq_per_s"] / first["steps_per_s"] == pytest.approx(4)  # one step's sequences, not three
+
+    _, data = classifier
+    rows = ["label,text"] + [f"{'pos' if i % 2 else 'neg'},text number {i}" for i in range(20)]
+    (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
+    proc = run_cli("finetune", "--model", run, "--train", tmp_path / "train.csv", "--out", tmp_path / "clf",
+                   "--epochs", "1", "--device", "cpu")
+    assert f"--model {run} is a run directory: starting from its newest checkpoint, {run}/checkpoints/step-" \
+        in proc.stdout
+
+
+NO_GUARD = """
+from bertgpu import DataConfig, OptimConfig, PretrainConfig, pretrain
+pretrain(PretrainConfig(model="tiny", out={out!r}, data=DataConfig(data={data!r}, max_seq_length=64),
+                        optim=OptimConfig(steps=1), batch_size=2, nproc=2, device="cpu"))
+"""
+
+
+def test_a_script_without_the_main_guard_gets_one_line_per_worker(tmp_path, small_english_data):
+    script = tmp_path / "train.py"
+    script.write_text(NO_GUARD.format(out=str(tmp_path / "run"), data=str(small_english_data)))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 2 and all('under `if __name__ == "__main__":`' in line for line in lines), proc.stderr
