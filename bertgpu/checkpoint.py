@@ -233,6 +233,7 @@ def write_pretrained(
 
 STATE_NAME = "training_state.pt"  # plain values: data position, RNGs, scaler, records (rank 0)
 OPTIMIZER_DIR = "optimizer"  # the optimizer's per-parameter tensors: torch.distributed.checkpoint, a file per process
+CARD_NAME = "README.md"  # the model card (bertgpu.model_card)
 RUN_CONFIG_NAME = "bertgpu.json"  # the task's config dataclass, as JSON
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -301,6 +302,7 @@ def save_checkpoint(
     keep: int,
     architecture: str | None = None,
     rank_tensors: dict[str, torch.Tensor] | None = None,
+    card: str | None = None,
 ) -> Path:
     """Write the resumable checkpoint ``run_dir/checkpoints/step-NNNNNNN`` atomically and keep the
     newest ``keep``. Every process calls this, together; ``rank_tensors`` is state of this process's
@@ -321,6 +323,8 @@ def save_checkpoint(
                          architecture=architecture, state=weights)
         torch.save({"step": step, **state}, tmp / STATE_NAME)
         _write_json(tmp / RUN_CONFIG_NAME, {"step": step, "config": dataclasses.asdict(run_config)})
+        if card:
+            (tmp / CARD_NAME).write_text(card, encoding="utf-8")
 
     kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
     _save_collectively(path, model, write, optimizer, kept, rank_tensors)
@@ -339,6 +343,7 @@ def save_model_dir(
     do_lower_case: bool,
     architecture: str | None = None,
     json_files: dict[str, Any] | None = None,
+    card: str | None = None,
 ) -> Path:
     """Write a Hugging Face BERT directory of a model spread over processes, atomically (every
     process calls this; rank 0 writes), with more JSON files beside the weights."""
@@ -348,6 +353,8 @@ def save_model_dir(
                          architecture=architecture, state=weights)
         for name, obj in (json_files or {}).items():
             (tmp / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        if card:
+            (tmp / CARD_NAME).write_text(card, encoding="utf-8")
 
     _save_collectively(Path(path), model, write, None, "nothing was replaced")
     return Path(path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import types
 import typing
@@ -15,7 +16,7 @@ import warnings
 from typing import Any, Callable
 
 from . import __version__
-from .config import (BenchConfig, EvaluateConfig, FinetuneConfig, InspectConfig, PredictConfig, PrepareConfig,
+from .config import (BenchConfig, EvaluateConfig, FillMaskConfig, FinetuneConfig, InspectConfig, PredictConfig, PrepareConfig,
                      PretrainConfig, VocabConfig)
 from .errors import UserError
 
@@ -70,6 +71,73 @@ def add_config_arguments(parser: argparse.ArgumentParser, cls: type, positional:
             elif default not in (None, "", []):
                 kwargs["help"] += f" (default: {default})"
         parser.add_argument(flag, **kwargs)
+
+
+def _sections(cls: type) -> dict[str, type]:
+    """The nested config sections of a command's config: field name -> dataclass."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])}
+
+
+def _flag_fields(cls: type) -> set[str]:
+    """Every field a command's flags set, nested sections flattened (flags are flat)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    for section in _sections(cls).values():
+        names |= _flag_fields(section)
+    return names
+
+
+def read_config_file(path: str, command: str, cls: type) -> dict[str, Any]:
+    """The fields of a --config file (JSON or YAML; flat, or nested in the config's sections, as a
+    checkpoint's bertgpu.json holds them), as flag destinations -> values."""
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as e:
+        raise UserError(f"--config {path}: {e.strerror or e}") from None
+    if path.endswith((".yaml", ".yml")):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise UserError(f"--config {path}: not valid YAML ({' '.join(str(e).split())})") from None
+    else:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"--config {path}: not valid JSON ({e}); YAML files end in .yaml or .yml") from None
+    if isinstance(data, dict) and isinstance(data.get("config"), dict) and "step" in data:
+        # A checkpoint's bertgpu.json: re-run that run. Whether to resume or start afresh is the caller's choice.
+        data = {k: v for k, v in data["config"].items() if k not in ("resume", "overwrite")}
+    if not isinstance(data, dict):
+        raise UserError(f"--config {path}: expected a mapping of field names to values")
+    names = _flag_fields(cls)
+    flat: dict[str, Any] = {}
+
+    def add(mapping: dict[str, Any], section: type) -> None:
+        for key, value in mapping.items():
+            name = str(key).replace("-", "_").lstrip("_")
+            if name in _sections(section) and isinstance(value, dict):
+                add(value, _sections(section)[name])
+            elif name in names:
+                flat[name] = value
+            else:
+                raise UserError(f"--config {path}: {key!r} is not a field of `bertgpu {command}` "
+                                f"(see bertgpu {command} --help)")
+
+    add(data, cls)
+    return flat
+
+
+def _apply_config_file(parser: argparse.ArgumentParser, values: dict[str, Any]) -> None:
+    """Make the file's values the defaults of the command's flags, so that flags given override them."""
+    for action in parser._actions:
+        if action.dest in values:
+            value = values[action.dest]
+            if not action.option_strings and action.nargs in ("+", None):  # a positional the file provides
+                action.nargs = "*" if action.nargs == "+" else "?"
+            action.required = False
+            action.default = value
 
 
 def build_config(cls: type, ns: argparse.Namespace) -> Any:
@@ -135,6 +203,12 @@ def _predict(cfg: PredictConfig) -> None:
     predict.run_predict(cfg)
 
 
+def _fill_mask(cfg: FillMaskConfig) -> None:
+    from .tasks import fill_mask
+
+    fill_mask.run(cfg)
+
+
 def _bench(cfg: BenchConfig) -> None:
     from .bench import run
 
@@ -149,6 +223,8 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
     "finetune": (FinetuneConfig, _finetune, "fine-tune a BERT into a text classifier"),
     "evaluate": (EvaluateConfig, _evaluate, "loss, accuracy and F1 of a classifier on labelled data"),
     "predict": (PredictConfig, _predict, "classify a text, a text pair, or every row of a file"),
+    "fill-mask": (FillMaskConfig, _fill_mask, "the most likely tokens for each [MASK] of a text (a quick check of a "
+                  "pretrained model)"),
     "bench": (BenchConfig, _bench, "time pretraining steps of bertgpu and of transformers, same model and batch"),
 }
 
@@ -160,17 +236,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (cls, _, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=(cls.__doc__ or "").strip())
+        p.add_argument("--config", metavar="FILE", help="a JSON or YAML file of this command's fields (the flags' "
+                       "names, flat or in sections), or a checkpoint's bertgpu.json to re-run its run; flags "
+                       "given override it")
         add_config_arguments(p, cls)
     return parser
+
+
+_config_only = argparse.ArgumentParser(add_help=False)
+_config_only.add_argument("--config")
 
 
 def main(argv: list[str] | None = None) -> None:
     warnings.formatwarning = lambda message, *args, **kwargs: f"bertgpu: warning: {message}\n"
     parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        if argv and argv[0] in commands and "--config" in " ".join(argv):
+            # The file's values become the defaults before the real parse, so required flags may come from it.
+            known, _ = _config_only.parse_known_args(argv[1:])
+            if known.config:
+                _apply_config_file(commands[argv[0]], read_config_file(known.config, argv[0], COMMANDS[argv[0]][0]))
+    except UserError as e:
+        print(f"bertgpu: error: {e}", file=sys.stderr)
+        sys.exit(2)
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # argparse would blame the top-level parser and print its usage, not the command's
-        command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-        command.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     cls, fn, _ = COMMANDS[args.command]
     try:
         fn(build_config(cls, args))

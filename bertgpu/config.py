@@ -428,6 +428,24 @@ class InspectConfig:
 
 
 @dataclass
+class FillMaskConfig:
+    """`bertgpu fill-mask`: the most likely tokens for each [MASK] in a text, the quickest check of a
+    pretrained model (as transformers' fill-mask pipeline)."""
+
+    model: str = opt("", "a BERT directory with a masked-LM head: a `bertgpu pretrain` checkpoint (or its run "
+                         "directory, for the newest checkpoint) or a local Hugging Face BertForMaskedLM or "
+                         "BertForPreTraining", positional=True, nargs=None)
+    text: str = opt("", "the text, with [MASK] where tokens are to be predicted", positional=True, nargs=None)
+    top_k: int = opt(5, "candidates to show per [MASK]")
+    json: bool = opt(False, "print one JSON object per [MASK] instead of text")
+    device: str = opt("auto", "where to run", choices=_DEVICE_CHOICES)
+
+    def __post_init__(self) -> None:
+        if self.top_k < 1:
+            raise UserError(f"--top-k must be at least 1, got {self.top_k}")
+
+
+@dataclass
 class BenchConfig:
     """`bertgpu bench`: time pretraining steps of bertgpu and of transformers' BertForPreTraining."""
 

@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 import time
+from typing import Any
 from pathlib import Path
 
 import torch
@@ -416,19 +417,39 @@ class RunLog:
             if isinstance(v, (int, float)) and math.isfinite(v):
                 self.tb.add_scalar(k, v, step)
 
-    def first_and_last(self, key: str) -> tuple[float | None, float | None]:
-        if not self.history:
-            return None, None
-        return self.history[0][key], self.history[-1][key]
-
     @property
     def first_step(self) -> int | None:
         return self.history[0]["step"] if self.history else None
+
+    def last(self, *keys: str) -> dict[str, Any]:
+        """The newest record's values of ``keys`` (those it has)."""
+        newest = self.history[-1] if self.history else {}
+        return {k: newest[k] for k in keys if k in newest}
+
+    def summary(self, keys: dict[str, str]) -> list[str]:
+        """One line per key of ``keys`` (name -> "min" or "max": which is better) that the records hold:
+        first -> last value, and the best with its step."""
+        lines = []
+        for key, better in keys.items():
+            seen = [(r[key], r["step"]) for r in self.history if isinstance(r.get(key), (int, float))]
+            if not seen:
+                continue
+            best = (min if better == "min" else max)(seen, key=lambda value_step: value_step[0])
+            lines.append(f"{key} {seen[0][0]:.4f} -> {seen[-1][0]:.4f} (best {best[0]:.4f} at step {best[1]:,})")
+        return lines
 
     def close(self) -> None:
         if self.enabled:
             self.tb.close()
             self.jsonl.close()
+
+
+def format_duration(seconds: float) -> str:
+    """``1h02m``, ``3m05s`` or ``42s``: for an ETA and a run's length."""
+    seconds = max(0, int(round(seconds)))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
 
 
 def format_rate(x: float) -> str:

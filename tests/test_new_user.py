@@ -90,12 +90,18 @@ def test_label_counts_and_label_typos(tmp_path, uncased_vocab):
     train.write_text("\n".join(rows) + "\n")
     model = write_tiny_bert(tmp_path / "tiny", uncased_vocab)
     proc = run_cli("finetune", "--model", model, "--train", train, "--out", tmp_path / "clf", "--epochs", "1",
-                   "--device", "cpu", "--batch-size", "8")
+                   "--device", "cpu", "--batch-size", "8", "--log-every", "1")
     assert f"{train}: 4 labels: Bash_manual 1, bash manual 12, bash-manual 1, gnu standard 12" in proc.stdout
     warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
     assert any("'Bash_manual', 'bash-manual' have fewer than 5 examples" in w for w in warnings), proc.stderr
     assert any("'Bash_manual', 'bash manual', 'bash-manual' differ only in case" in w for w in warnings), proc.stderr
     assert not any("gnu standard" in w for w in warnings)
+    # The end-of-run summary, the ETA in the log line and the model card in best/
+    assert "bertgpu finetune: done, steps 0 -> " in proc.stdout and "eval_accuracy" in proc.stdout
+    assert " | eta " in proc.stdout
+    card = (tmp_path / "clf" / "best" / "README.md").read_text()
+    assert "pipeline_tag: text-classification" in card and "| eval_accuracy |" in card
+    assert "Bash_manual, bash manual, bash-manual, gnu standard" in card
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +203,72 @@ def test_a_script_without_the_main_guard_gets_one_line_per_worker(tmp_path, smal
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 2 and all('under `if __name__ == "__main__":`' in line for line in lines), proc.stderr
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, small_english_data):
+    """A short pretraining run: (its directory, the finished command)."""
+    run = tmp_path_factory.mktemp("pretrained") / "run"
+    proc = run_cli("pretrain", "--data", small_english_data, "--out", run, "--steps", "4", *TINY_RUN,
+                   "--log-every", "2")
+    return run, proc
+
+
+def test_summary_eta_and_model_card_of_pretraining(pretrained):
+    run, proc = pretrained
+    assert " | eta " in proc.stdout
+    summary = proc.stdout[proc.stdout.index("bertgpu pretrain: done, steps 0 -> 4 in"):]
+    last = json.loads((run / "log.jsonl").read_text().splitlines()[-1])
+    assert f"mlm_loss " in summary and f"-> {last['mlm_loss']:.4f}" in summary and "checkpoint: " in summary
+    card = (run / "checkpoints" / "step-0000004" / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers") and "| steps | 4 of 4 |" in card
+    assert f"| mlm_loss | {last['mlm_loss']:.4g} |" in card
+    assert "bertgpu fill-mask PATH" in card
+
+
+def test_fill_mask_gives_what_transformers_computes(pretrained, minilm_dir):
+    """Top-k tokens and probabilities for each [MASK], against transformers' BertForPreTraining and
+    BertTokenizer on the same checkpoint (float32 softmax of the same logits: 1e-5)."""
+    import torch
+    from transformers import BertForPreTraining, BertTokenizer
+
+    run, _ = pretrained
+    text = "the [MASK] statement is used in a [MASK]."
+    proc = run_cli("fill-mask", run, text, "--top-k", "4", "--json", "--device", "cpu")
+    ours = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert len(ours) == 2
+    ckpt = sorted((run / "checkpoints").iterdir())[-1]
+    tokenizer = BertTokenizer.from_pretrained(ckpt)
+    model = BertForPreTraining.from_pretrained(ckpt).eval()
+    encoded = tokenizer(text, return_tensors="pt")
+    with torch.no_grad():
+        probs = model(**encoded).prediction_logits[0].softmax(-1)
+    positions = (encoded["input_ids"][0] == tokenizer.mask_token_id).nonzero().flatten().tolist()
+    for mine, position in zip(ours, positions):
+        assert mine["position"] == position
+        top = probs[position].topk(4)
+        assert mine["tokens"] == tokenizer.convert_ids_to_tokens(top.indices.tolist())
+        assert mine["probabilities"] == pytest.approx(top.values.tolist(), abs=1e-5)
+    proc = run_cli("fill-mask", minilm_dir, "a [MASK].", check=False)
+    assert_one_line_error(proc, "has no masked-LM head")
+    proc = run_cli("fill-mask", run, "no mask here", check=False)
+    assert_one_line_error(proc, "no [MASK] in")
+
+
+def test_config_file_with_flags_overriding_it_and_rerunning_a_saved_run(tmp_path, small_english_data):
+    config = tmp_path / "pretrain.yaml"
+    config.write_text(f"model: tiny\nout: {tmp_path / 'a'}\nbatch-size: 3\ndevice: cpu\noptim:\n  steps: 5\n"
+                      f"  lr: 0.0005\ndata:\n  data: {small_english_data}\n  max_seq_length: 64\n")
+    run_cli("pretrain", "--config", config, "--steps", "2")  # the flag wins over the file's 5
+    saved = json.loads((tmp_path / "a" / "checkpoints" / "step-0000002" / "bertgpu.json").read_text())
+    assert saved["config"]["optim"]["steps"] == 2 and saved["config"]["optim"]["lr"] == 0.0005
+    assert saved["config"]["batch_size"] == 3 and saved["config"]["data"]["max_seq_length"] == 64
+    # The saved bertgpu.json runs the same run again (here into another directory)
+    run_cli("pretrain", "--config", tmp_path / "a" / "checkpoints" / "step-0000002" / "bertgpu.json",
+            "--out", tmp_path / "b")
+    again = json.loads((tmp_path / "b" / "checkpoints" / "step-0000002" / "bertgpu.json").read_text())
+    assert {**again["config"], "out": None} == {**saved["config"], "out": None}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"model": "tiny", "stepz": 3}))
+    proc = run_cli("pretrain", "--config", bad, check=False)
+    assert_one_line_error(proc, "'stepz' is not a field of `bertgpu pretrain`")

@@ -18,18 +18,20 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from tqdm import tqdm
 
-from .. import checkpoint
+from .. import checkpoint, model_card
 from ..config import ModelConfig, per_rank_sizes
 from ..errors import UserError
 from ..parallel import ParallelDims, ParallelModel, launch, parallelize
 from ..parallel.compression import Compression, load_state_tensors, state_tensors
-from ..training import (LaggedFlags, RunLog, StopSignal, allow_tf32, console_is_tty, gather_rng_states, peak_memory_mb,
+from ..training import (LaggedFlags, RunLog, StopSignal, allow_tf32, console_is_tty, format_duration, gather_rng_states,
+                        peak_memory_mb,
                         resolve_precision, restore_rng_state)
 
 
@@ -122,6 +124,7 @@ class TrainingRun:
 
     def __init__(self, cfg: Any, model_config: ModelConfig):
         self.cfg = cfg
+        self.task = "finetune" if hasattr(cfg, "epochs") else "pretrain"
         self.env = launch.init(cfg.device)
         self.device = self.env.device
         self.is_main = self.env.is_main
@@ -189,6 +192,7 @@ class TrainingRun:
 
     def start(self, line: str, total_steps: int) -> None:
         """Print the start line (rank 0), open the log and the progress bar."""
+        self.started = time.perf_counter()
         if self.is_main:
             print(line, flush=True)
         self.log = RunLog(self.out, self.is_main, start_step=self.start_step)
@@ -206,15 +210,17 @@ class TrainingRun:
 
     def save(self, step: int, net: ParallelModel, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
              state: dict[str, Any], model_config: ModelConfig, *, vocab_path: str | Path, do_lower_case: bool,
-             keep: int, architecture: str | None = None) -> Path:
+             keep: int, architecture: str | None = None, metrics: dict[str, Any] | None = None) -> Path:
         """A resumable checkpoint of step ``step``: the loop's ``state`` plus the scaler, every
         process's RNG and the layout. Every process calls this."""
         full = {**state, "scaler": scaler.state_dict(), "rng": gather_rng_states(self.device, self.layout),
                 "layout": list(self.layout)}
+        card = model_card.render(self.task, self.cfg, step, model_config, self.dims.describe(), metrics)
         return checkpoint.save_checkpoint(self.out, step, net.model, optimizer, model_config, full, self.cfg,
                                           vocab_path=vocab_path, do_lower_case=do_lower_case, keep=keep,
                                           architecture=architecture,
-                                          rank_tensors=state_tensors(net.powersgd) if net.powersgd else None)
+                                          rank_tensors=state_tensors(net.powersgd) if net.powersgd else None,
+                                          card=card)
 
     def end_step(self, step: int, bad: torch.Tensor, *, flush: bool, save: Callable[[], Path]) -> bool:
         """After every optimizer step: queue its flags (was it skipped; was any process asked to stop)
@@ -260,6 +266,17 @@ class TrainingRun:
         name = signal.Signals(signum).name if signum else "a signal on another rank"
         return launch.Interrupted(f"stopped by {name} after step {step}; checkpoint {path}. "
                                   "Run the same command with --resume to continue.", signum or signal.SIGTERM)
+
+    def summary(self, step: int, keys: dict[str, str], where: str) -> None:
+        """The closing lines of a run (rank 0): the steps and time, each logged metric of ``keys`` from its
+        first to its last value with the best, and where the result is."""
+        if not self.is_main:
+            return
+        took = format_duration(time.perf_counter() - self.started)
+        lines = [f"bertgpu {self.task}: done, steps {self.start_step:,} -> {step:,} in {took}"]
+        lines += [f"  {line}" for line in (self.log.summary(keys) if self.log else [])]
+        lines.append(f"  {where}")
+        print("\n".join(lines), flush=True)
 
     def peak_memory_mb(self) -> float:
         """The largest peak memory of any process (a collective: call it at the same step everywhere)."""

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .. import checkpoint, lora
+from .. import checkpoint, lora, model_card
 from ..classifier import model_lowercase, model_vocab
 from ..config import FinetuneConfig, ModelConfig, OptimConfig, per_rank_sizes, scaled_lr
 from ..data.classification import (ClassificationDataset, Examples, check_labels, describe_labels, label_names, load_examples,
@@ -32,7 +32,7 @@ from ..model import BertForSequenceClassification
 from ..parallel import launch
 from ..parallel.balance import Balancer, describe as describe_balance
 from ..training import (Sums, Throughput, autocast, build_optimizer, build_schedule, describe_batch, describe_lr,
-                        format_rate, optimizer_step)
+                        format_duration, format_rate, optimizer_step)
 from .common import TrainingRun, announce_resume, check_layout, check_out_dir, run_workers
 from .predict import _write_json_atomic, check_model_dir, compute_metrics, predict_logits
 
@@ -262,7 +262,9 @@ def train(cfg: FinetuneConfig) -> Path:
                     run.log.log(step, values, f"epoch {epoch} step {step}/{optim.steps} | loss {values['loss']:.4f} | "
                                 f"acc {values['accuracy']:.3f} | lr {values['lr']:.2e} | "
                                 f"{format_rate(rates['seq_per_s'])} examples/s | "
-                                f"peak mem {values['peak_memory_mb'] / 1024:.2f} GiB", write=run.write)
+                                f"peak mem {values['peak_memory_mb'] / 1024:.2f} GiB | eta "
+                                f"{format_duration((optim.steps - step) / max(rates['steps_per_s'], 1e-9))}",
+                                write=run.write)
                 if stop_now:
                     raise run.interrupted(step, save_state(epoch, in_epoch))
                 if save_due:
@@ -291,7 +293,8 @@ def train(cfg: FinetuneConfig) -> Path:
             line = (f"epoch {epoch} eval | loss {metrics['loss']:.4f} | accuracy {metrics['accuracy']:.4f} | "
                     f"f1 {metrics['f1']:.4f} | {metrics['examples']} examples{' | best so far' if is_best else ''}")
             run.log.log(step, {k: v for k, v in record.items() if k != "step"}, line, write=run.write)
-            kept = save_epoch(out, epoch, net.model, plan, cfg, record, kept, best, is_best, run.is_main)
+            kept = save_epoch(out, epoch, net.model, plan, cfg, record, kept, best, is_best, run.is_main,
+                              dims.describe())
             if run.is_main:
                 _write_json_atomic(out / METRICS_NAME, {
                     "metric": cfg.metric, "best_epoch": best["epoch"], "best_checkpoint": _epoch_dir(best["epoch"]),
@@ -303,10 +306,10 @@ def train(cfg: FinetuneConfig) -> Path:
                 raise run.interrupted(step, path)  # a signal during the evaluation: all of it is saved
     finally:
         run.close()
-    if run.is_main:
-        print(f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  "
-              f"(transformers.BertForSequenceClassification.from_pretrained('{out / 'best'}'), "
-              f"or bertgpu predict --model {out / 'best'} TEXT)", flush=True)
+    run.summary(step, {"loss": "min", "accuracy": "max", "eval_loss": "min", "eval_accuracy": "max", "eval_f1": "max"},
+                f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  "
+                f"(transformers.BertForSequenceClassification.from_pretrained('{out / 'best'}'), "
+                f"or bertgpu predict --model {out / 'best'} TEXT)")
     return out / "best"
 
 
@@ -371,7 +374,7 @@ def _epoch_dir(epoch: int) -> str:
 
 def save_epoch(out: Path, epoch: int, model: torch.nn.Module, plan: Plan, cfg: FinetuneConfig,
                record: dict[str, Any], kept: list[Path], best: dict[str, Any], is_best: bool,
-               is_main: bool) -> list[Path]:
+               is_main: bool, layout: str = "1 process") -> list[Path]:
     """Write this epoch's checkpoint (every process calls this: the weights are gathered from them),
     keep the best and the newest up to --save-total-limit, and refresh ``out/best``. Every directory
     appears complete or not at all. Return the kept ones."""
@@ -380,7 +383,9 @@ def save_epoch(out: Path, epoch: int, model: torch.nn.Module, plan: Plan, cfg: F
                               do_lower_case=plan.lowercase, architecture=ARCHITECTURE, json_files={
                                   METRICS_NAME: record, checkpoint.RUN_CONFIG_NAME: {
                                       "task": "finetune", "epoch": epoch, "step": record["step"],
-                                      "config": dataclasses.asdict(cfg)}})
+                                      "config": dataclasses.asdict(cfg)}},
+                              card=model_card.render("finetune", cfg, record["step"], plan.model_config, layout,
+                                                     {k: v for k, v in record.items() if k != "step"}))
     kept = kept + [path]
     best_path = out / _epoch_dir(best["epoch"])
     newest = [p for p in kept if p != best_path][-(cfg.save_total_limit - 1):] if cfg.save_total_limit > 1 else []

@@ -37,7 +37,7 @@ from ..parallel import ParallelModel, launch
 from ..parallel.balance import Balancer, describe as describe_balance
 from ..parallel.compression import describe as describe_compression
 from ..training import (Sums, Throughput, autocast, build_optimizer, build_schedule, describe_batch, describe_lr,
-                        format_rate, ignore_stop_signals, optimizer_step, peak_flops)
+                        format_duration, format_rate, ignore_stop_signals, optimizer_step, peak_flops)
 from .common import TrainingRun, announce_resume, check_layout, check_out_dir, run_workers
 
 # What the log sums between two log lines (summed over the data-parallel ranks).
@@ -172,7 +172,9 @@ def train(cfg: PretrainConfig) -> Path:
                  "batch_sizes": sizes, "balanced": cfg.parallel.balance == "auto" and not balancer.enabled,
                  "log_sums": sums.gathered(dims)}
         return run.save(step, net, optimizer, scaler, state, plan.model_config, vocab_path=corpus.vocab_path,
-                        do_lower_case=plan.lowercase, keep=cfg.keep)
+                        do_lower_case=plan.lowercase, keep=cfg.keep,
+                        metrics=run.log.last("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc") if cfg.data.nsp
+                        else run.log.last("mlm_loss", "mlm_acc"))
 
     window = 0  # steps since the last log line
     comm_bytes = 0  # gradient bytes exchanged by this process since the last log line
@@ -225,12 +227,9 @@ def train(cfg: PretrainConfig) -> Path:
         if batches is not None and hasattr(batches, "_shutdown_workers"):
             batches._shutdown_workers()  # stop DataLoader workers now, not during interpreter exit
         run.close()
-    if run.is_main:
-        first, last = run.log.first_and_last("mlm_loss")
-        if first is not None:
-            print(f"mlm loss {first:.4f} -> {last:.4f} over steps {run.log.first_step}-{step}", flush=True)
-        print(f"checkpoint: {saved}  (a Hugging Face BERT directory: "
-              f"transformers.BertForPreTraining.from_pretrained('{saved}'))", flush=True)
+    keys = {"mlm_loss": "min", "mlm_acc": "max", **({"nsp_loss": "min", "nsp_acc": "max"} if cfg.data.nsp else {})}
+    run.summary(step, keys, f"checkpoint: {saved}  (a Hugging Face BERT directory: "
+                f"transformers.BertForPreTraining.from_pretrained('{saved}'); bertgpu fill-mask {saved} TEXT)")
     return saved
 
 
@@ -288,10 +287,11 @@ def log_line(step: int, steps: int, values: dict, nsp: bool) -> str:
     line = f"step {step}/{steps} | loss {values['loss']:.4f} | mlm {values['mlm_loss']:.4f} acc {values['mlm_acc']:.3f}"
     if nsp:
         line += f" | nsp {values['nsp_loss']:.4f} acc {values['nsp_acc']:.3f}"
+    eta = format_duration((steps - step) / values["steps_per_s"]) if values["steps_per_s"] > 0 else "?"
     line += (f" | lr {values['lr']:.2e} | batch {values['global_batch']} | {values['steps_per_s']:.2f} steps/s"
              f" | {format_rate(values['seq_per_s'])} seq/s | {format_rate(values['tokens_per_s'])} tok/s")
     if "mfu" in values:
         line += f" | mfu {100 * values['mfu']:.1f}%"
     if values.get("comm_bytes_per_step"):
         line += f" | grads {values['comm_bytes_per_step'] / 2**20:.2f} MiB/step"
-    return line + f" | peak mem {values['peak_memory_mb'] / 1024:.2f} GiB"
+    return line + f" | peak mem {values['peak_memory_mb'] / 1024:.2f} GiB | eta {eta}"

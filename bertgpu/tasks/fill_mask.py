@@ -1,0 +1,90 @@
+"""`bertgpu fill-mask`: the top-k tokens, with probabilities, for each [MASK] of a text.
+
+The quickest sanity check of a pretrained model, as transformers' fill-mask pipeline: a model that
+learned something fills "the capital of france is [MASK]." with a city.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import checkpoint
+from ..classifier import model_lowercase, model_vocab
+from ..config import FillMaskConfig, ModelConfig
+from ..data.tokenizer import Tokenizer
+from ..errors import UserError
+from ..model import BertForPreTraining
+from ..parallel import launch
+
+MASK = "[MASK]"
+
+
+def model_directory(path: str) -> Path:
+    """``path``, or the newest checkpoint when it is a `bertgpu pretrain` run directory."""
+    model_dir = Path(path)
+    if not model_dir.is_dir():
+        raise UserError(f"{path}: no such directory (a BERT directory: config.json, model.safetensors, vocab.txt)")
+    if not (model_dir / "config.json").is_file():
+        newest = checkpoint.latest_checkpoint(model_dir)
+        if newest is None:
+            raise UserError(f"{path} has no config.json: not a BERT directory, nor a `bertgpu pretrain` run with a "
+                            "checkpoint")
+        model_dir = newest
+    return model_dir
+
+
+def load_masked_lm(path: str, device: torch.device) -> tuple[BertForPreTraining, Tokenizer, Path]:
+    """The model with its masked-LM head, its tokenizer and its directory; one line when it has no such head."""
+    model_dir = model_directory(path)
+    config = ModelConfig.load(model_dir)
+    model = BertForPreTraining(config)
+    missing, _ = checkpoint.load_weights(model, model_dir)
+    if any(name.startswith("cls.predictions") for name in missing):
+        raise UserError(f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: fill-mask needs a "
+                        "pretraining checkpoint, BertForMaskedLM or BertForPreTraining")
+    tokenizer = Tokenizer(model_vocab(model_dir), model_lowercase(model_dir))
+    return model.to(device).eval(), tokenizer, model_dir
+
+
+@torch.no_grad()
+def fill_mask(model: BertForPreTraining, tokenizer: Tokenizer, text: str, top_k: int = 5) -> list[dict[str, Any]]:
+    """For each [MASK] of ``text`` in order: its position and the ``top_k`` tokens with their probabilities."""
+    pieces = text.split(MASK)
+    if len(pieces) == 1:
+        raise UserError(f"no {MASK} in {text!r}: write {MASK} where a token is to be predicted")
+    # The text between the [MASK]s is tokenized alone: the normalizer would lower-case "[MASK]" and the
+    # pre-tokenizer split it into "[", "mask", "]".
+    ids = [tokenizer.cls_id]
+    for n, piece_ids in enumerate(tokenizer.encode_batch(pieces)):
+        ids += ([tokenizer.mask_id] if n else []) + piece_ids
+    ids.append(tokenizer.sep_id)
+    if len(ids) > model.config.max_position_embeddings:
+        raise UserError(f"the text is {len(ids)} tokens long, more than the model's "
+                        f"{model.config.max_position_embeddings} positions")
+    positions = [i for i, token in enumerate(ids) if token == tokenizer.mask_id]
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([ids], device=device)
+    logits, _ = model(input_ids, torch.zeros_like(input_ids), torch.ones_like(input_ids),
+                      torch.tensor([positions], device=device))
+    probs = logits[0].float().softmax(-1)
+    top = probs.topk(min(top_k, probs.size(-1)), dim=-1)
+    return [{"position": position, "tokens": [tokenizer.vocab[i] for i in top.indices[k].tolist()],
+             "probabilities": [round(p, 6) for p in top.values[k].tolist()]}
+            for k, position in enumerate(positions)]
+
+
+def run(cfg: FillMaskConfig) -> list[dict[str, Any]]:
+    device = torch.device(launch.resolve_device(cfg.device))
+    model, tokenizer, _ = load_masked_lm(cfg.model, device)
+    results = fill_mask(model, tokenizer, cfg.text, cfg.top_k)
+    for n, result in enumerate(results, 1):
+        if cfg.json:
+            print(json.dumps(result, ensure_ascii=False))
+        else:
+            candidates = "  ".join(f"{t} {p:.4f}" for t, p in zip(result["tokens"], result["probabilities"]))
+            print(f"[MASK] {n}: {candidates}")
+    return results
