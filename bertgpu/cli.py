@@ -192,9 +192,12 @@ def _finetune(cfg: FinetuneConfig) -> None:
 
 
 def _evaluate(cfg: EvaluateConfig) -> None:
-    from .tasks import predict
+    from .tasks import evaluate_mlm, predict
 
-    predict.run_evaluate(cfg)
+    if evaluate_mlm.is_prepared(cfg.data):  # pretraining data: masked-LM metrics of any BERT
+        evaluate_mlm.run(cfg)
+    else:
+        predict.run_evaluate(cfg)
 
 
 def _predict(cfg: PredictConfig) -> None:
@@ -221,7 +224,8 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
     "pretrain": (PretrainConfig, _pretrain, "pretrain BERT (masked LM + next-sentence prediction)"),
     "inspect": (InspectConfig, _inspect, "print pretraining instances of prepared data as pretrain builds them"),
     "finetune": (FinetuneConfig, _finetune, "fine-tune a BERT into a text classifier"),
-    "evaluate": (EvaluateConfig, _evaluate, "loss, accuracy and F1 of a classifier on labelled data"),
+    "evaluate": (EvaluateConfig, _evaluate, "loss, accuracy and F1 of a classifier on labelled data, or masked-LM "
+                 "metrics of a pretrained BERT on prepared data"),
     "predict": (PredictConfig, _predict, "classify a text, a text pair, or every row of a file"),
     "fill-mask": (FillMaskConfig, _fill_mask, "the most likely tokens for each [MASK] of a text (a quick check of a "
                   "pretrained model)"),

@@ -362,6 +362,31 @@ class ParallelConfig:
 
 
 @dataclass
+class HeldOutConfig:
+    """Held-out evaluation during pretraining (bertgpu.evaluation)."""
+
+    eval_data: str = opt("", "a second prepared directory (the same vocab) to evaluate on")
+    eval_fraction: float = opt(0.0, "hold out this fraction of the documents of --data (seeded; never trained on; "
+                                    "the same documents for any process count and on resume), in (0, 0.5]")
+    eval_every: int = opt(0, "evaluate every N steps (0: at every checkpoint and at the end)")
+    eval_instances: int = opt(2000, "held-out instances in the evaluation set (the same ones, masked the same way, "
+                                    "at every evaluation)")
+    eval_batch_size: int = opt(0, "sequences per process per evaluation forward pass (0: the largest --batch-size)")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.eval_data or self.eval_fraction)
+
+    def __post_init__(self) -> None:
+        if self.eval_data and self.eval_fraction:
+            raise UserError("--eval-data and --eval-fraction contradict each other: choose one")
+        if self.eval_fraction and not 0 < self.eval_fraction <= 0.5:
+            raise UserError(f"--eval-fraction must be in (0, 0.5], not {self.eval_fraction:g}")
+        if self.eval_every < 0 or self.eval_instances < 1 or self.eval_batch_size < 0:
+            raise UserError("--eval-every and --eval-batch-size must be at least 0, --eval-instances at least 1")
+
+
+@dataclass
 class PretrainConfig:
     """`bertgpu pretrain`: masked LM + next-sentence prediction, data parallel over processes."""
 
@@ -371,6 +396,7 @@ class PretrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    heldout: HeldOutConfig = field(default_factory=HeldOutConfig)
     nproc: int = _nproc()
     device: str = opt("auto", "where to train", choices=_DEVICE_CHOICES)
     batch_size: int | tuple[int, ...] = _batch_size(32, "sequences")
@@ -636,12 +662,17 @@ class FinetuneConfig:
 
 @dataclass
 class EvaluateConfig:
-    """`bertgpu evaluate`: loss, accuracy and F1 of a fine-tuned classifier on labelled data."""
+    """`bertgpu evaluate`: loss, accuracy and F1 of a fine-tuned classifier on labelled data; or, when --data is
+    a directory written by `bertgpu prepare`, held-out masked-LM (and NSP) loss, accuracy and perplexity of any
+    pretrained BERT on it."""
 
     model: str = opt("", "a fine-tuned classifier directory (`bertgpu finetune`'s --out or its best/, or a "
-                         "transformers one)",
+                         "transformers one); with prepared --data, any BERT with a masked-LM head (a "
+                         "`bertgpu pretrain` checkpoint or run directory, a local BertForPreTraining or "
+                         "BertForMaskedLM)",
                      required=True)
-    data: str = opt("", "labelled data: " + _DATA_FILE, required=True)
+    data: str = opt("", "labelled data (" + _DATA_FILE + "), or a directory written by `bertgpu prepare`",
+                    required=True)
     text_column: str = opt("text", _TEXT_HELP)
     pair_column: str = opt("", _PAIR_HELP)
     label_column: str = opt("label", _LABEL_HELP)
@@ -652,10 +683,19 @@ class EvaluateConfig:
     nproc: int = _nproc()
     device: str = opt("auto", "where to run", choices=_DEVICE_CHOICES)
     precision: str = _precision()
+    # Prepared data only: the evaluation set, built as pretraining builds its instances.
+    eval_instances: int = opt(2000, "prepared data: instances in the evaluation set (a seeded choice, masked as "
+                                    "pretraining masks)")
+    nsp: bool = opt(True, "prepared data: single-segment instances, masked LM only (default: sentence pairs, "
+                          "and NSP metrics when the model has an NSP head)", flag="--no-nsp")
+    seed: int = opt(42, "prepared data: the seed that picks and masks the evaluation instances")
+    json: bool = opt(False, "prepared data: print the metrics as one JSON object")
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.eval_instances < 1:
+            raise UserError(f"--eval-instances must be at least 1, got {self.eval_instances}")
         _check_length(self.max_seq_length, allow_auto=True)
 
 

@@ -22,13 +22,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import checkpoint
+from .. import checkpoint, evaluation
 from ..config import PRESETS, ModelConfig, PretrainConfig, per_rank_sizes
 from ..data.pretraining import (IGNORE_INDEX, GlobalBatchSampler, PretrainingDataset, check_nsp_possible,
                                 warn_wwm_fallback)
+from ..data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
 from ..data.shards import ShardedCorpus, warn_if_unknown
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
@@ -85,11 +87,42 @@ def check(cfg: PretrainConfig) -> Plan:
         check_nsp_possible(corpus)
     if cfg.dropout is not None:
         mcfg = dataclasses.replace(mcfg, hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
-    check_layout(cfg, mcfg)
+    dims = check_layout(cfg, mcfg)
+    heldout_split(cfg, corpus, None, dims.dp)
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.resume else None
     if resume_from is not None:
         _check_same_vocab(resume_from, corpus, cfg.data.data)
     return Plan(mcfg, init_from, bool(corpus.meta.get("lowercase", True)))
+
+
+def heldout_split(cfg: PretrainConfig, corpus: ShardedCorpus, state: dict | None,
+                  dp: int) -> tuple[ShardedCorpus | DocumentSubset, EvalSet | None, np.ndarray | None]:
+    """(the text to train on, the evaluation set or None, the held-out document ids or None). A resumed
+    run holds out the documents its checkpoint recorded, whatever --eval-fraction says now."""
+    h = cfg.heldout
+    documents = None
+    if state is not None and state.get("heldout_documents") is not None:
+        documents = state["heldout_documents"].numpy()
+    elif h.eval_fraction:
+        documents = heldout_documents(corpus.num_documents, h.eval_fraction, cfg.seed)
+    if documents is not None:
+        train_text, eval_text = split_documents(corpus, documents)
+        where = f"{len(documents):,} held-out documents of {cfg.data.data}"
+        if cfg.data.nsp and len(documents) < 2:
+            raise UserError(f"--eval-fraction {h.eval_fraction:g} holds out {len(documents)} document of "
+                            f"{cfg.data.data}: next-sentence prediction needs 2; hold out more or use --no-nsp")
+    elif h.eval_data:
+        train_text, eval_text, where = corpus, ShardedCorpus(h.eval_data), f"--eval-data {h.eval_data}"
+        if eval_text.vocab_sha256 != corpus.vocab_sha256:
+            raise UserError(f"--eval-data {h.eval_data} was prepared with another vocab than --data {cfg.data.data}: "
+                            f"prepare it with --vocab {corpus.vocab_path}")
+        if cfg.data.nsp:
+            check_nsp_possible(eval_text)
+    else:
+        return corpus, None, None
+    eval_set = EvalSet(eval_text, cfg.data, cfg.seed, h.eval_instances, where)
+    eval_set.check_enough(dp)
+    return train_text, eval_set, documents
 
 
 def run(cfg: PretrainConfig) -> None:
@@ -116,8 +149,10 @@ def train(cfg: PretrainConfig) -> Path:
     dims, device = run.dims, run.device
 
     # Data: one global order per epoch; each data-parallel rank reads only its share of each global batch.
+    # Held-out text (--eval-fraction, --eval-data) becomes a fixed evaluation set, never trained on.
     corpus = ShardedCorpus(cfg.data.data)
-    dataset = PretrainingDataset(corpus, cfg.data, cfg.seed, load_vocab(corpus.vocab_path))
+    train_text, eval_set, heldout = heldout_split(cfg, corpus, run.state, dims.dp)
+    dataset = PretrainingDataset(train_text, cfg.data, cfg.seed, load_vocab(corpus.vocab_path))
     sizes, accum = per_rank_sizes(cfg.batch_size, dims.dp), cfg.grad_accum  # per data-parallel rank
     global_batch = sum(sizes) * accum
     if len(dataset) < global_batch:
@@ -160,21 +195,31 @@ def train(cfg: PretrainConfig) -> Path:
         meter.carry(0, int(carried["sequences"]), int(carried["tokens"]))  # the window counts steps since resume
     n_params = sum(p.numel() for p in model.parameters())
     how = f"resuming from {run.resume_from} at step {step}{moved}" if run.resume_from else "starting"
+    held = f", evaluated on {len(eval_set):,} instances of {eval_set.where}" if eval_set is not None else ""
     compressed = f", gradients {describe_compression(net.compression)}" if dims.dp > 1 and \
         net.compression.kind != "none" else ""
     run.start(f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {dims.describe()}{compressed}, on {device.type}, "
               f"{run.precision}, global batch {global_batch} = {describe_batch(sizes, accum)}, "
               f"{describe_lr(cfg.optim.lr, optim.lr, cfg.optim.lr_scaling, global_batch, cfg.optim.reference_batch)}, "
-              f"{len(dataset):,} instances in epoch {epoch}; {how}", cfg.optim.steps)
+              f"{len(dataset):,} instances in epoch {epoch}{held}; {how}", cfg.optim.steps)
 
     def save() -> Path:
         state = {"position": {"epoch": epoch, "instance": instance}, "global_batch": global_batch,
                  "batch_sizes": sizes, "balanced": cfg.parallel.balance == "auto" and not balancer.enabled,
-                 "log_sums": sums.gathered(dims)}
+                 "log_sums": sums.gathered(dims),
+                 "heldout_documents": None if heldout is None else torch.from_numpy(heldout)}
         return run.save(step, net, optimizer, scaler, state, plan.model_config, vocab_path=corpus.vocab_path,
                         do_lower_case=plan.lowercase, keep=cfg.keep,
-                        metrics=run.log.last("mlm_loss", "mlm_acc", "nsp_loss", "nsp_acc") if cfg.data.nsp
-                        else run.log.last("mlm_loss", "mlm_acc"))
+                        metrics=run.log.last(*card_keys))
+
+    card_keys = ["mlm_loss", "mlm_acc"] + ["nsp_loss", "nsp_acc"] * cfg.data.nsp + list(evaluation.SUMMARY_KEYS)
+    eval_batch = cfg.heldout.eval_batch_size or max(sizes)
+
+    def evaluate() -> None:
+        meter.pause()  # the rates cover training steps only
+        metrics = evaluation.evaluate_mlm(net, eval_set, dims, device, eval_batch, cfg.data.nsp, run.precision)
+        run.log.log(step, metrics, evaluation.describe(step, metrics, len(eval_set)), write=run.write)
+        meter.resume()
 
     window = 0  # steps since the last log line
     comm_bytes = 0  # gradient bytes exchanged by this process since the last log line
@@ -211,6 +256,9 @@ def train(cfg: PretrainConfig) -> Path:
                               **meter.rates(window, int(s["sequences"]), int(s["tokens"]))}
                     window = comm_bytes = 0
                     run.log.log(step, values, log_line(step, cfg.optim.steps, values, cfg.data.nsp), write=run.write)
+                if eval_set is not None and (step == cfg.optim.steps or (
+                        step % cfg.heldout.eval_every == 0 if cfg.heldout.eval_every else checkpoint_due)):
+                    evaluate()  # before the checkpoint, whose model card shows it
                 if checkpoint_due or stop_now:
                     saved = save()
                 if stop_now:
@@ -227,7 +275,8 @@ def train(cfg: PretrainConfig) -> Path:
         if batches is not None and hasattr(batches, "_shutdown_workers"):
             batches._shutdown_workers()  # stop DataLoader workers now, not during interpreter exit
         run.close()
-    keys = {"mlm_loss": "min", "mlm_acc": "max", **({"nsp_loss": "min", "nsp_acc": "max"} if cfg.data.nsp else {})}
+    keys = {"mlm_loss": "min", "mlm_acc": "max", **({"nsp_loss": "min", "nsp_acc": "max"} if cfg.data.nsp else {}),
+            **evaluation.SUMMARY_KEYS}
     run.summary(step, keys, f"checkpoint: {saved}  (a Hugging Face BERT directory: "
                 f"transformers.BertForPreTraining.from_pretrained('{saved}'); bertgpu fill-mask {saved} TEXT)")
     return saved
