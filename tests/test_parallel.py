@@ -42,6 +42,17 @@ LAYOUTS = {
 TOLERANCE = 1e-6
 
 
+def evaluated_on(data) -> list[str]:
+    """Held-out evaluation in every parity run (at the step-2 checkpoint and the end): it shares their
+    launches, and it must neither depend on the layout nor change what training does."""
+    return ["--eval-data", str(data), "--eval-instances", "25"]  # 25: the ranks' shares differ in size
+
+
+def evaluations(run_dir) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    return [r for r in records if "eval_mlm_loss" in r]
+
+
 def final_weights(run_dir):
     ckpt = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
     assert ckpt.name == "step-0000003"
@@ -49,7 +60,7 @@ def final_weights(run_dir):
 
 
 def losses(run_dir):
-    return [json.loads(line)["loss"] for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if "loss" in r]
 
 
 def worst_difference(a: dict, b: dict) -> float:
@@ -60,7 +71,8 @@ def worst_difference(a: dict, b: dict) -> float:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, small_english_data):
     out = tmp_path_factory.mktemp("runs") / "one-by-8"
-    run_cli("pretrain", "--data", small_english_data, "--out", out, "--nproc", "1", "--batch-size", "8", *COMMON)
+    run_cli("pretrain", "--data", small_english_data, "--out", out, "--nproc", "1", "--batch-size", "8", *COMMON,
+            *evaluated_on(small_english_data))
     first = losses(out)
     assert len(first) == 3 and first[0] != first[-1]  # training changed the weights: the comparisons mean something
     return out
@@ -75,7 +87,8 @@ def layouts(tmp_path_factory, small_english_data):
         if name not in done:
             flags, described = LAYOUTS[name]
             out = tmp_path_factory.mktemp("runs") / name
-            proc = run_cli("pretrain", "--data", small_english_data, "--out", out, *flags, *COMMON)
+            proc = run_cli("pretrain", "--data", small_english_data, "--out", out, *flags, *COMMON,
+                           *evaluated_on(small_english_data))
             assert described in proc.stdout and "global batch 8" in proc.stdout, proc.stdout
             done[name] = out
         return done[name]
@@ -89,7 +102,29 @@ def test_same_parameters_as_one_process_with_the_global_batch(name, layouts, ref
     worst = worst_difference(final_weights(reference), final_weights(out))
     assert worst <= TOLERANCE, f"max abs parameter difference {worst:.3g}"
     assert losses(out) == pytest.approx(losses(reference), abs=1e-5)
-    assert json.loads((out / "log.jsonl").read_text().splitlines()[-1])["layout"] == LAYOUTS[name][1]
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r for r in records if "layout" in r][-1]["layout"] == LAYOUTS[name][1]
+
+
+@pytest.mark.parametrize("name", ["2procs-x-4", "fsdp-2procs-x-4", "tp2-x-8", "dp2-x-tp2-fsdp-x-4"])
+def test_held_out_evaluation_is_the_same_in_every_layout(name, layouts, reference):
+    """The same instances, masked the same way, summed exactly over the data-parallel ranks: the eval
+    loss of every layout is one process's to 1e-6 (the weights agree to ~6e-8, the sums in float64)."""
+    ours, ref = evaluations(layouts(name)), evaluations(reference)
+    assert [r["step"] for r in ours] == [r["step"] for r in ref] == [2, 3]
+    for mine, theirs in zip(ours, ref):
+        for key in ("eval_mlm_loss", "eval_mlm_acc", "eval_nsp_loss", "eval_nsp_acc"):
+            assert mine[key] == pytest.approx(theirs[key], abs=1e-6), key
+    assert ref[0]["eval_mlm_loss"] != ref[1]["eval_mlm_loss"]  # it measures the weights of its step
+
+
+def test_evaluation_does_not_change_training(reference, small_english_data, tmp_path):
+    """A run with held-out evaluation ends on the same weights as one without, bit for bit: evaluation
+    draws nothing from the training RNG and runs without gradients."""
+    out = tmp_path / "no-eval"
+    run_cli("pretrain", "--data", small_english_data, "--out", out, "--nproc", "1", "--batch-size", "8", *COMMON)
+    assert not evaluations(out)
+    assert worst_difference(final_weights(reference), final_weights(out)) == 0
 
 
 def test_fsdp_ends_on_the_weights_of_ddp(layouts):

@@ -1,0 +1,154 @@
+"""Held-out evaluation of pretraining (issue 22): documents held out are never trained on, a resume
+holds out the same ones, `bertgpu evaluate` on prepared data gives what transformers computes, and bad
+input is one line. (The same figure in every layout is proved with the parity runs, test_parallel.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_cli
+from test_cli_errors import assert_one_line_error
+
+TINY = ["--model", "tiny", "--batch-size", "4", "--max-seq-length", "64", "--device", "cpu", "--dropout", "0",
+        "--precision", "fp32", "--loader-workers", "0"]
+
+
+def test_held_out_documents_never_reach_training(small_english_data):
+    """Every sentence that any training instance reads, over two epochs (random next sentences
+    included), lies in a training document; the held-out ones depend on the seed and fraction only."""
+    from bertgpu.config import DataConfig
+    from bertgpu.data.heldout import heldout_documents, split_documents
+    from bertgpu.data.pretraining import PretrainingDataset
+    from bertgpu.data.shards import ShardedCorpus
+    from bertgpu.data.tokenizer import load_vocab
+
+    corpus = ShardedCorpus(small_english_data)
+    held = heldout_documents(corpus.num_documents, 0.2, seed=3)
+    assert len(held) == round(0.2 * corpus.num_documents)
+    assert np.array_equal(held, heldout_documents(corpus.num_documents, 0.2, seed=3))
+    assert not np.array_equal(held, heldout_documents(corpus.num_documents, 0.2, seed=4))
+    train, evaluation = split_documents(corpus, held)
+    read: list[tuple[int, int]] = []
+    tokens = corpus.tokens
+
+    def recording(start, end):
+        read.append((start, end))
+        return tokens(start, end)
+
+    corpus.tokens = recording
+    dataset = PretrainingDataset(train, DataConfig(data=str(small_english_data), max_seq_length=64), 3,
+                                 load_vocab(corpus.vocab_path))
+    for epoch in (0, 1):
+        dataset.set_epoch(epoch)
+        for i in range(len(dataset)):
+            dataset[i]
+    heldout_sentences = np.zeros(corpus.num_sentences, dtype=bool)
+    for d in held:
+        heldout_sentences[corpus.doc_offsets[d]:corpus.doc_offsets[d + 1]] = True
+    assert len(read) > 2 * len(dataset)
+    assert not any(heldout_sentences[start:end].any() for start, end in read)
+    # and the evaluation subset reads held-out text only, token for token the corpus's
+    first = int(corpus.doc_offsets[held[0]])
+    assert np.array_equal(evaluation.tokens(0, 1), tokens(first, first + 1))
+
+
+def test_resume_holds_out_the_same_documents(tmp_path, small_english_data):
+    run = tmp_path / "run"
+    common = ["pretrain", "--data", small_english_data, "--out", run, *TINY, "--save-every", "2",
+              "--eval-instances", "8"]
+    first = run_cli(*common, "--steps", "2", "--eval-fraction", "0.2")
+    held = torch.load(run / "checkpoints" / "step-0000002" / "training_state.pt", weights_only=True)[
+        "heldout_documents"]
+    resumed = run_cli(*common, "--steps", "4", "--eval-fraction", "0.4", "--resume")  # the recorded ones win
+    again = torch.load(run / "checkpoints" / "step-0000004" / "training_state.pt", weights_only=True)[
+        "heldout_documents"]
+    assert torch.equal(held, again)
+    where = first.stdout.split("evaluated on ")[1].split(";")[0]
+    assert where in resumed.stdout and f"{len(held)} held-out documents" in where
+    records = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "eval_mlm_loss" in r] == [2, 4]
+
+
+@pytest.fixture(scope="module")
+def checkpoint_dir(tmp_path_factory, small_english_data):
+    run = tmp_path_factory.mktemp("mlm") / "run"
+    run_cli("pretrain", "--data", small_english_data, "--out", run, *TINY, "--steps", "3")
+    return run / "checkpoints" / "step-0000003"
+
+
+def _transformers_losses(model, eval_set, nsp: bool) -> dict[str, float]:
+    """Masked-token cross-entropy (and NSP) of a transformers model over the evaluation instances."""
+    loss_sum = masked = correct = nsp_sum = 0.0
+    with torch.no_grad():
+        for k in range(len(eval_set)):
+            x = {key: torch.as_tensor(v)[None] for key, v in eval_set.instance(k).items()}
+            out = model(input_ids=x["input_ids"], token_type_ids=x["token_type_ids"],
+                        attention_mask=x["attention_mask"])
+            logits = out.prediction_logits if nsp else out.logits
+            picked = logits[0, x["mlm_positions"][0]]
+            labels = x["mlm_labels"][0]
+            valid = labels != -100
+            loss_sum += torch.nn.functional.cross_entropy(picked[valid], labels[valid], reduction="sum").item()
+            masked += valid.sum().item()
+            correct += (picked[valid].argmax(-1) == labels[valid]).sum().item()
+            if nsp:
+                nsp_sum += torch.nn.functional.cross_entropy(out.seq_relationship_logits, x["nsp_label"]).item()
+    result = {"eval_mlm_loss": loss_sum / masked, "eval_mlm_acc": correct / masked}
+    if nsp:
+        result["eval_nsp_loss"] = nsp_sum / len(eval_set)
+    return result
+
+
+@pytest.mark.parametrize("kind", ["ours", "transformers-masked-lm"])
+def test_evaluate_on_prepared_data_gives_what_transformers_computes(kind, checkpoint_dir, small_english_data,
+                                                                   tmp_path):
+    """Ours (BertForPreTraining, NSP too) and a transformers BertForMaskedLM directory (no NSP head):
+    the metrics of `bertgpu evaluate --data DIR` on 2 processes equal transformers' forward passes on
+    the same masked instances, to 1e-5 (float32 logits, float64 sums)."""
+    import transformers
+
+    from bertgpu.config import DataConfig
+    from bertgpu.data.heldout import EvalSet
+    from bertgpu.data.shards import ShardedCorpus
+
+    if kind == "ours":
+        model_dir, nsp = checkpoint_dir, True
+        model = transformers.BertForPreTraining.from_pretrained(model_dir).eval()
+    else:
+        model_dir, nsp = tmp_path / "masked-lm", False
+        config = transformers.BertConfig.from_pretrained(checkpoint_dir)
+        torch.manual_seed(1)
+        model = transformers.BertForMaskedLM(config).eval()
+        model.save_pretrained(model_dir)
+        for name in ("vocab.txt", "tokenizer_config.json"):
+            (model_dir / name).write_bytes((checkpoint_dir / name).read_bytes())
+    proc = run_cli("evaluate", "--model", model_dir, "--data", small_english_data, "--eval-instances", "9",
+                   "--max-seq-length", "64", "--nproc", "2", "--device", "cpu", "--json")
+    ours = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert ours["instances"] == 9 and ("eval_nsp_loss" in ours) == nsp
+    eval_set = EvalSet(ShardedCorpus(small_english_data), DataConfig(data=str(small_english_data), max_seq_length=64),
+                       42, 9, "test")
+    theirs = _transformers_losses(model, eval_set, nsp)
+    for key, value in theirs.items():
+        assert ours[key] == pytest.approx(value, abs=1e-5), key
+    assert ours["eval_perplexity"] == pytest.approx(np.exp(theirs["eval_mlm_loss"]), rel=1e-5)
+
+
+def test_bad_evaluation_input_is_one_line(tmp_path, small_english_data, english_data, checkpoint_dir, minilm_dir):
+    common = ["pretrain", "--data", small_english_data, "--out", tmp_path / "run", *TINY, "--steps", "1"]
+    proc = run_cli(*common, "--eval-data", english_data, check=False)
+    assert_one_line_error(proc, f"--eval-data {english_data} was prepared with another vocab")
+    for fraction in ("0.6", "-0.1"):
+        proc = run_cli(*common, "--eval-fraction", fraction, check=False)
+        assert_one_line_error(proc, "--eval-fraction must be in (0, 0.5]")
+    proc = run_cli(*common, "--eval-data", small_english_data, "--eval-instances", "1", "--nproc", "2", check=False)
+    assert_one_line_error(proc, "gives 1 instance(s), fewer than the 2 data-parallel processes")
+    assert not (tmp_path / "run").exists()
+    proc = run_cli("evaluate", "--model", minilm_dir, "--data", english_data, check=False)
+    assert_one_line_error(proc, "has no masked-LM head")
+    proc = run_cli("evaluate", "--model", checkpoint_dir, "--data", english_data, check=False)
+    assert_one_line_error(proc, "was prepared with another vocab than the model's")
