@@ -280,8 +280,14 @@ class DataConfig:
     nsp: bool = opt(True, "drop next-sentence prediction: masked LM only, on single segments (default: MLM + NSP "
                           "on sentence pairs, as the original BERT)", flag="--no-nsp")
     loader_workers: int = opt(2, "DataLoader worker processes per training process (0: in-process)")
+    pack: bool = opt(False, "with --no-nsp: fill every sequence with consecutive sentences across document "
+                            "boundaries ([SEP] between documents), as RoBERTa and run_mlm do, instead of one "
+                            "document chunk per sequence (most of it padding on corpora of short documents)")
 
     def __post_init__(self) -> None:
+        if self.pack and self.nsp:
+            raise UserError("--pack needs --no-nsp: packed sequences cross documents, so there is no next "
+                            "sentence to predict")
         if self.max_seq_length < 8:
             raise UserError(f"--max-seq-length must be at least 8, got {self.max_seq_length}")
         if self.max_predictions < 1:
@@ -414,8 +420,14 @@ class PretrainConfig:
     compile: bool = opt(False, "torch.compile the model (static shapes: fixed prediction slots per sequence)")
     pad_vocab_multiple: int = opt(64, "pad the vocab inside the model to a multiple of this, for faster GPU "
                                       "matmuls (checkpoints keep the true vocab size; 1: no padding)")
+    recipe: str = opt("bert", "bert: the original BERT recipe; fast: what reached a held-out loss sooner in "
+                              "benchmarks/time_to_quality.py (BENCHMARKS.md): --pack (with --no-nsp), "
+                              "--masked-lm-prob 0.3 with prediction slots to match, --dropout 0; a flag given "
+                              "explicitly overrides the recipe's value", choices=["bert", "fast"])
 
     def __post_init__(self) -> None:
+        if self.recipe == "fast":
+            apply_fast_recipe(self)
         self.batch_size = parse_batch_sizes(self.batch_size)
         if self.grad_accum < 1:
             raise UserError(f"--grad-accum must be at least 1, got {self.grad_accum}")
@@ -427,6 +439,20 @@ class PretrainConfig:
             raise UserError("--resume and --overwrite contradict each other: choose one")
         if self.pad_vocab_multiple < 1:
             raise UserError(f"--pad-vocab-multiple must be at least 1, got {self.pad_vocab_multiple}")
+
+
+def apply_fast_recipe(cfg: "PretrainConfig") -> None:
+    """--recipe fast: change each field that still holds the BERT recipe's default (a flag given with another
+    value wins; README: The fast recipe)."""
+    data = cfg.data
+    if not data.nsp and not data.pack:
+        data.pack = True  # no sequence mostly padding: 117 real tokens of 128 instead of 39 on short documents
+    if data.masked_lm_prob == 0.15:
+        data.masked_lm_prob = 0.3  # MosaicBERT: 30% masking beats 15%
+        if data.max_predictions == 20:  # BERT's 20 slots for 15% of 128; as many as the masking needs
+            data.max_predictions = max(20, -(-round(0.3 * data.max_seq_length) // 8) * 8)
+    if cfg.dropout is None:
+        cfg.dropout = 0.0  # Cramming: no dropout when every token is seen about once
 
 
 @dataclass

@@ -42,6 +42,7 @@ IGNORE_INDEX = -100  # label of positions that are not predicted (as in transfor
 _TAG_INSTANCE, _TAG_SPANS, _TAG_ORDER = 0, 1, 2
 # Markers in a span's b_end: B is random text / A and B split one sentence between them.
 RANDOM_NEXT, SPLIT_SENTENCE = -1, -2
+PACKED = -3  # b_end of a packed span (--pack): sentences of several documents, [SEP] between documents
 
 
 def build_instance_spans(
@@ -100,6 +101,30 @@ def build_instance_spans(
         return np.zeros((0, 5), dtype=np.int64)
     out = np.concatenate(spans)
     return out[np.lexsort((out[:, 0], out[:, 4]))]  # document order
+
+
+def build_packed_spans(sentence_lengths: np.ndarray, doc_offsets: np.ndarray, max_num_tokens: int) -> np.ndarray:
+    """``--pack`` (MLM only): consecutive sentences, across document boundaries, until the next would
+    overflow ``max_num_tokens`` counting one [SEP] between documents; as RoBERTa's FULL-SENTENCES and
+    run_mlm's packed blocks, so no sequence is mostly padding. Same columns as ``build_instance_spans``
+    (b_end is ``PACKED``, doc the first sentence's document); a sentence longer than the budget is a
+    span of its own (truncated when encoded)."""
+    n = len(sentence_lengths)
+    starts_doc = np.zeros(n, dtype=np.int64)
+    first = doc_offsets[:-1][doc_offsets[:-1] < doc_offsets[1:]]
+    starts_doc[first[first > 0]] = 1  # a [SEP] before it when a span runs into it
+    cum = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(sentence_lengths + starts_doc, out=cum[1:])
+    doc_of = np.repeat(np.arange(len(doc_offsets) - 1), np.diff(doc_offsets))
+    spans = []
+    start = 0
+    while start < n:
+        # [start, end) costs cum[end] - cum[start] - starts_doc[start]: the first sentence needs no [SEP]
+        end = int(np.searchsorted(cum, cum[start] + starts_doc[start] + max_num_tokens, side="right")) - 1
+        end = min(max(end, start + 1), n)
+        spans.append((start, end, PACKED, max_num_tokens, doc_of[start]))
+        start = end
+    return np.array(spans, dtype=np.int64).reshape(-1, 5)
 
 
 def truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random.Generator):
@@ -225,6 +250,12 @@ class PretrainingDataset(torch.utils.data.Dataset):
             return
         self.epoch = epoch
         rng = np.random.default_rng([self.seed, epoch, _TAG_SPANS])
+        if self.cfg.pack:  # the same spans every epoch (masking is still drawn afresh)
+            if not hasattr(self, "_packed"):
+                self._packed = build_packed_spans(self.corpus.sentence_lengths, self.corpus.doc_offsets,
+                                                  self.max_num_tokens)
+            self.spans = self._packed
+            return
         self.spans = build_instance_spans(self.corpus.sentence_lengths, self.corpus.doc_offsets,
                                           self.max_num_tokens, self.cfg.short_seq_prob, self.cfg.nsp, rng)
 
@@ -248,6 +279,20 @@ class PretrainingDataset(torch.utils.data.Dataset):
             return ids
         return np.stack([ids, self.corpus.word_starts(start, end)], axis=1)
 
+    def _packed_segment(self, start: int, end: int) -> np.ndarray:
+        """Sentences [start, end) that may cross documents, a [SEP] between two documents."""
+        offsets = self.corpus.doc_offsets
+        doc = int(np.searchsorted(offsets, start, side="right")) - 1
+        pieces = []
+        while start < end:
+            stop = min(end, int(offsets[doc + 1]))
+            if pieces:
+                sep = np.array([self.special.sep])
+                pieces.append(np.stack([sep, np.ones(1, dtype=sep.dtype)], axis=1) if self.stored_words else sep)
+            pieces.append(self._segment(start, stop))
+            start, doc = stop, doc + 1
+        return np.concatenate(pieces)
+
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         return self.example(index)
 
@@ -256,9 +301,12 @@ class PretrainingDataset(torch.utils.data.Dataset):
         ``word_starts``: where --wwm's words start, per position (for ``bertgpu inspect``)."""
         a_start, a_end, b_end, target, doc = (int(v) for v in self.spans[index])
         rng = np.random.default_rng([self.seed, self.epoch, _TAG_INSTANCE, index])
-        a = self._segment(a_start, a_end)
+        a = self._segment(a_start, a_end) if b_end != PACKED else None
         is_random = 0
-        if not self.cfg.nsp:
+        if b_end == PACKED:
+            a = self._packed_segment(a_start, a_end)
+            b = a[:0]
+        elif not self.cfg.nsp:
             b = a[:0]
         elif b_end == SPLIT_SENTENCE and len(a) >= 2:
             cut = int(rng.integers(1, len(a)))
@@ -304,6 +352,8 @@ class PretrainingDataset(torch.utils.data.Dataset):
         # Masked LM: candidates are the real tokens (never [CLS], [SEP] or padding).
         cand = np.ones(n, dtype=bool)
         cand[0] = cand[n_a - 1] = cand[n - 1] = False
+        if cfg.pack:
+            cand[1:n_a - 1] &= a != sp.sep  # the [SEP]s between packed documents
         cand_pos = np.flatnonzero(cand)
         num_to_predict = min(cfg.max_predictions, max(1, int(round(n * cfg.masked_lm_prob))))
         if cfg.wwm:
