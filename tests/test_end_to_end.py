@@ -65,6 +65,7 @@ def test_same_command_under_torchrun(tmp_path, english_data):
         capture_output=True, text=True, cwd=ROOT, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 processes = dp 2, ddp" in proc.stdout and "global batch 8" in proc.stdout
-    assert proc.stdout.count("bertgpu pretrain:") == 1  # rank 0 logs, once
+    # rank 0 alone prints: one start line and one closing summary
+    assert proc.stdout.count("bertgpu pretrain:") == 2 and proc.stdout.count("bertgpu pretrain: done") == 1
     assert (run / "checkpoints" / "step-0000006" / "model.safetensors").exists()
     assert [r["step"] for r in read_log(run)] == [3, 6]

@@ -58,12 +58,17 @@ def logits_of(model, tokenizer) -> torch.Tensor:
         return model(**enc).logits
 
 
+def start_line(stdout: str) -> str:
+    """The run's start line (the label counts come before it)."""
+    return next(line for line in stdout.splitlines() if line.startswith("bertgpu finetune:"))
+
+
 def test_start_line_counts_trainable_parameters(lora_run):
     # Per layer, rank 4 adapters on query and value (128 -> 128): 2 x (4 x 128 + 128 x 4); the head 128 x 2 + 2.
     trainable = 2 * 2 * (4 * 128 + 128 * 4) + 128 * 2 + 2
     total = sum(p.numel() for p in BertForSequenceClassification(ModelConfig.preset("tiny", vocab_size=30522))
                 .parameters()) + trainable - 258
-    line = lora_run[1].splitlines()[0]
+    line = start_line(lora_run[1])
     assert f"LoRA r 4 alpha 8 dropout 0.1 on query, value: {trainable:,} of {total:,} parameters trainable" in line, line
     assert "2 processes = dp 2, ddp" in line and "global batch 16 = 4 x 2 x 2" in line, line
 
@@ -191,7 +196,7 @@ def test_nf4_run_writes_a_full_precision_best_that_evaluates_as_the_run_did(tmp_
     out = tmp_path / "nf4"
     proc = run_cli(*command(setup, out, "--nproc", "1", "--batch-size", "16", "--epochs", "1", "--quantize", "nf4",
                             "--eval", setup[1]))
-    assert "on query, value, nf4 base" in proc.stdout.splitlines()[0] and "Failed to load" not in proc.stderr
+    assert "on query, value, nf4 base" in start_line(proc.stdout) and "Failed to load" not in proc.stderr
     weights = load_file(out / "best" / "model.safetensors")
     assert {t.dtype for t in weights.values()} == {torch.float32}
     config = ModelConfig.preset("tiny", vocab_size=30522)

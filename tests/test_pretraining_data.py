@@ -86,7 +86,8 @@ def test_nsp_is_half_random_on_chinese_news(tmp_path_factory, chinese_corpus, un
     from bertgpu.data.shards import prepare
 
     out = tmp_path_factory.mktemp("zh") / "data"
-    prepare([str(chinese_corpus)], str(uncased_vocab), str(out), workers=1, progress=False)
+    # An English vocab leaves 63% [UNK]: what matters here is the sentence layout, so allow it
+    prepare([str(chinese_corpus)], str(uncased_vocab), str(out), workers=1, progress=False, max_unk_share=1)
     ds = make_dataset(out)
     labels = nsp_labels(ds, epochs=3)
     assert len(labels) > 5000

@@ -85,6 +85,9 @@ def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, 
     assert proc.returncode != 0
     assert "--resume" in stderr and "stopped by SIGTERM" in stderr, stderr
     assert "Traceback" not in stderr
+    # One line: not torch's elastic agent's own log lines before it ("Received 15 death signal ...")
+    assert [line for line in stderr.splitlines() if line.strip()] == [next(
+        line for line in stderr.splitlines() if "stopped by SIGTERM" in line)], stderr
     stopped_at = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step-*"))
     assert stopped_at == max(losses(out)) >= 4  # the step it was in was finished and checkpointed
     assert f"step-{stopped_at:07d}" in stderr
