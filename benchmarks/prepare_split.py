@@ -54,8 +54,10 @@ def write_corpora(workdir: Path, size_mb: float) -> tuple[Path, Path]:
     from bertgpu.data.sentences import split_paragraph
 
     docs = samples.english_paragraphs()
-    records = "".join(json.dumps({"id": i, "topic": f"python-reference-{i}", "text": "\n".join(doc)},
-                                 ensure_ascii=False) + "\n" for i, doc in enumerate(docs)).encode("utf-8")
+    records = "".join(
+        json.dumps({"id": i, "topic": f"python-reference-{i}", "text": "\n".join(doc)}, ensure_ascii=False) + "\n"
+        for i, doc in enumerate(docs)
+    ).encode("utf-8")
     text = "".join("\n".join(s for p in doc for s in split_paragraph(p)) + "\n\n" for doc in docs).encode("utf-8")
     repeat = math.ceil(size_mb * MB / len(records))
     paths = workdir / f"corpus-{size_mb:g}mb.jsonl", workdir / f"corpus-{size_mb:g}mb.txt"
@@ -84,8 +86,11 @@ def child_split() -> None:
     tokenizer = Tokenizer(pt._vocab())
     tokenizer.encode_batch(split[:100])  # build it
     t0 = time.perf_counter()
-    tokens = sum(len(ids) for start in range(0, len(split), pt.BATCH_LINES)
-                 for ids in tokenizer.encode_batch(split[start : start + pt.BATCH_LINES]))
+    tokens = sum(
+        len(ids)
+        for start in range(0, len(split), pt.BATCH_LINES)
+        for ids in tokenizer.encode_batch(split[start : start + pt.BATCH_LINES])
+    )
     result["tokenize_s"] = time.perf_counter() - t0
     lines = [json.dumps({"text": "\n".join(doc)}) for doc in docs]
     t0 = time.perf_counter()
@@ -101,9 +106,14 @@ def measure_split(repeat: int) -> dict:
     runs = []
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     for _ in range(repeat):
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child-split"], env=env,
-                             capture_output=True, text=True, check=True).stdout
-        runs.append(json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[7:]))
+        out = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--child-split"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        runs.append(json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:]))
     best = dict(runs[0])
     for key in ("cold_s", "warm_s", "tokenize_s", "json_s"):
         best[key] = min(r[key] for r in runs)
@@ -112,11 +122,20 @@ def measure_split(repeat: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mb", type=float, nargs="+", default=[50, 200],
-                    help="JSON Lines corpus sizes (MB = 10^6 bytes); the largest is the headline (default 50 200)")
+    ap.add_argument(
+        "--size-mb",
+        type=float,
+        nargs="+",
+        default=[50, 200],
+        help="JSON Lines corpus sizes (MB = 10^6 bytes); the largest is the headline (default 50 200)",
+    )
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="measure every configuration this many times (round robin) and report the fastest run")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measure every configuration this many times (round robin) and report the fastest run",
+    )
     ap.add_argument("--workdir", type=Path, help="where corpora and shards go (default: a temporary directory)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--child-split", action="store_true", help=argparse.SUPPRESS)
@@ -127,8 +146,10 @@ def main() -> None:
 
     from importlib.metadata import version
 
-    print(f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"tokenizers {version('tokenizers')}, sentencex {version('sentencex')}")
+    print(
+        f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"tokenizers {version('tokenizers')}, sentencex {version('sentencex')}"
+    )
     print(f"# load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     workdir, tmp = pt.work_directory(args.workdir, "prepare-split-bench-")
     sizes = sorted(args.size_mb)
@@ -146,51 +167,70 @@ def main() -> None:
             r = pt.measure(pipeline, corpus, w, "1thr", workdir)
             r["label"] = label
             runs[i].append(r)
-            print(f"  {label:<11} {r['corpus_mb']:6.1f} MB  workers={w} {r['tokens_per_s']:>11,.0f} tokens/s  "
-                  f"{r['seconds']:7.1f} s  peak tree RSS {r['peak_tree_mb']:7.0f} MB", flush=True)
+            print(
+                f"  {label:<11} {r['corpus_mb']:6.1f} MB  workers={w} {r['tokens_per_s']:>11,.0f} tokens/s  "
+                f"{r['seconds']:7.1f} s  peak tree RSS {r['peak_tree_mb']:7.0f} MB",
+                flush=True,
+            )
     split = measure_split(max(2, args.repeat))
     elapsed = time.perf_counter() - started
     results = [pt.best_of(config_runs) for config_runs in runs]
 
-    print(f"\n# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; measurements took {elapsed:.0f} s")
-    print("| pipeline | input | workers | tokens | s | tokens/s | all runs, tokens/s | CPU s, main / workers "
-          "| peak RSS, tree (MB) | main / largest worker peak (MB) |")
+    print(
+        f"\n# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; measurements took {elapsed:.0f} s"
+    )
+    print(
+        "| pipeline | input | workers | tokens | s | tokens/s | all runs, tokens/s | CPU s, main / workers "
+        "| peak RSS, tree (MB) | main / largest worker peak (MB) |"
+    )
     print("|---" * 10 + "|")
     for r in results:
         kind = "JSON Lines" if r["label"] == "jsonl-auto" else "text"
         worker = f"{r['worker_peak_mb']:.0f}" if r["workers"] > 1 else "-"
-        print(f"| {r['label']} | {r['corpus_mb']:.0f} MB {kind} | {r['workers']} | {r['tokens']:,} | {r['seconds']:.1f} "
-              f"| {r['tokens_per_s']:,.0f} | {', '.join(f'{x / 1000:,.0f}k' for x in r['all_tokens_per_s'])} "
-              f"| {r['main_cpu_s']:.1f} / {r['workers_cpu_s']:.1f} | {r['peak_tree_mb']:.0f} | {r['main_peak_mb']:.0f} / {worker} |")
+        print(
+            f"| {r['label']} | {r['corpus_mb']:.0f} MB {kind} | {r['workers']} | {r['tokens']:,} | {r['seconds']:.1f} "
+            f"| {r['tokens_per_s']:,.0f} | {', '.join(f'{x / 1000:,.0f}k' for x in r['all_tokens_per_s'])} "
+            f"| {r['main_cpu_s']:.1f} / {r['workers_cpu_s']:.1f} | {r['peak_tree_mb']:.0f} | {r['main_peak_mb']:.0f} / {worker} |"
+        )
 
     def find(label: str, workers: int, corpus: Path) -> dict | None:
         mb = corpus.stat().st_size / MB
-        return next((r for r in results if (r["label"], r["workers"]) == (label, workers)
-                     and abs(r["corpus_mb"] - mb) < 1e-6), None)
+        return next(
+            (r for r in results if (r["label"], r["workers"]) == (label, workers) and abs(r["corpus_mb"] - mb) < 1e-6),
+            None,
+        )
 
     print()
     jsonl, txt = corpora[sizes[-1]]
     for w in args.workers:
         auto, lines, limit = find("jsonl-auto", w, jsonl), find("text-lines", w, txt), find("limit", w, txt)
         same = len({r["tokens"] for r in (auto, lines, limit)}) == 1
-        print(f"workers={w}: jsonl-auto / text-lines {auto['tokens_per_s'] / lines['tokens_per_s']:.1%} (splitting and "
-              f"JSON cost {1 - auto['tokens_per_s'] / lines['tokens_per_s']:.1%}; aim: at most 25%); jsonl-auto / limit "
-              f"{auto['tokens_per_s'] / limit['tokens_per_s']:.1%}; text-lines / limit "
-              f"{lines['tokens_per_s'] / limit['tokens_per_s']:.1%}; same tokens in all three: {'yes' if same else 'NO'}")
+        print(
+            f"workers={w}: jsonl-auto / text-lines {auto['tokens_per_s'] / lines['tokens_per_s']:.1%} (splitting and "
+            f"JSON cost {1 - auto['tokens_per_s'] / lines['tokens_per_s']:.1%}; aim: at most 25%); jsonl-auto / limit "
+            f"{auto['tokens_per_s'] / limit['tokens_per_s']:.1%}; text-lines / limit "
+            f"{lines['tokens_per_s'] / limit['tokens_per_s']:.1%}; same tokens in all three: {'yes' if same else 'NO'}"
+        )
         if len(sizes) > 1:
             small = find("jsonl-auto", w, corpora[sizes[0]][0])
             growth = auto["peak_tree_mb"] / small["peak_tree_mb"]
-            print(f"  jsonl-auto peak tree RSS, workers={w}: {small['peak_tree_mb']:.0f} MB at {sizes[0]:g} MB -> "
-                  f"{auto['peak_tree_mb']:.0f} MB at {sizes[-1]:g} MB ({growth:.2f}x; flat: "
-                  f"{'yes' if growth <= 1.1 else 'NO'})")
+            print(
+                f"  jsonl-auto peak tree RSS, workers={w}: {small['peak_tree_mb']:.0f} MB at {sizes[0]:g} MB -> "
+                f"{auto['peak_tree_mb']:.0f} MB at {sizes[-1]:g} MB ({growth:.2f}x; flat: "
+                f"{'yes' if growth <= 1.1 else 'NO'})"
+            )
     mb = split["mb"]
-    print(f"\nsplitter alone ({split['splitter']}) on {mb:.2f} MB of paragraphs -> {split['sentences']:,} sentences: "
-          f"cold {mb / split['cold_s']:.1f} MB/s, warm {mb / split['warm_s']:.1f} MB/s; tokenizer on those sentences "
-          f"{mb / split['tokenize_s']:.1f} MB/s; JSON decoding and paragraph split {mb / split['json_s']:.0f} MB/s")
+    print(
+        f"\nsplitter alone ({split['splitter']}) on {mb:.2f} MB of paragraphs -> {split['sentences']:,} sentences: "
+        f"cold {mb / split['cold_s']:.1f} MB/s, warm {mb / split['warm_s']:.1f} MB/s; tokenizer on those sentences "
+        f"{mb / split['tokenize_s']:.1f} MB/s; JSON decoding and paragraph split {mb / split['json_s']:.0f} MB/s"
+    )
     for name in ("cold", "warm"):
         extra = (split[f"{name}_s"] + split["json_s"]) / split["tokenize_s"]
-        print(f"  {name}: reading JSON and splitting add {extra:.1%} to the tokenizer's time -> at most "
-              f"{1 / (1 + extra):.1%} of the one-sentence-per-line rate")
+        print(
+            f"  {name}: reading JSON and splitting add {extra:.1%} to the tokenizer's time -> at most "
+            f"{1 / (1 + extra):.1%} of the one-sentence-per-line rate"
+        )
     load = os.getloadavg()[0]
     if load > 1.5:
         print(f"warning: 1-minute load average {load:.2f} at the end; other work shared the CPUs")

@@ -327,9 +327,18 @@ class MaskedLmInstance(NamedTuple):
     label: str
 
 
-def create_training_instances(path: str, start: int, end: int, tokenizer, dupe_factor: int, max_seq_length: int,
-                              short_seq_prob: float, masked_lm_prob: float, max_predictions_per_seq: int,
-                              rng: random.Random) -> tuple[list[TrainingInstance], int]:
+def create_training_instances(
+    path: str,
+    start: int,
+    end: int,
+    tokenizer,
+    dupe_factor: int,
+    max_seq_length: int,
+    short_seq_prob: float,
+    masked_lm_prob: float,
+    max_predictions_per_seq: int,
+    rng: random.Random,
+) -> tuple[list[TrainingInstance], int]:
     """The original's, on the lines starting in bytes [start, end) of ``path``; also returns the word pieces read."""
     all_documents: list[list[list[str]]] = [[]]
     with open(path, "rb") as f:  # binary, to seek to the part; the original reads the whole file as text
@@ -357,16 +366,32 @@ def create_training_instances(path: str, start: int, end: int, tokenizer, dupe_f
     instances: list[TrainingInstance] = []
     for _ in range(dupe_factor):
         for document_index in range(len(all_documents)):
-            instances.extend(create_instances_from_document(
-                all_documents, document_index, max_seq_length, short_seq_prob, masked_lm_prob,
-                max_predictions_per_seq, vocab_words, rng))
+            instances.extend(
+                create_instances_from_document(
+                    all_documents,
+                    document_index,
+                    max_seq_length,
+                    short_seq_prob,
+                    masked_lm_prob,
+                    max_predictions_per_seq,
+                    vocab_words,
+                    rng,
+                )
+            )
     rng.shuffle(instances)
     return instances, n_tokens
 
 
-def create_instances_from_document(all_documents: list[list[list[str]]], document_index: int, max_seq_length: int,
-                                   short_seq_prob: float, masked_lm_prob: float, max_predictions_per_seq: int,
-                                   vocab_words: list[str], rng: random.Random) -> list[TrainingInstance]:
+def create_instances_from_document(
+    all_documents: list[list[list[str]]],
+    document_index: int,
+    max_seq_length: int,
+    short_seq_prob: float,
+    masked_lm_prob: float,
+    max_predictions_per_seq: int,
+    vocab_words: list[str],
+    rng: random.Random,
+) -> list[TrainingInstance]:
     """The original's, line for line."""
     document = all_documents[document_index]
     max_num_tokens = max_seq_length - 3  # [CLS], [SEP], [SEP]
@@ -428,18 +453,26 @@ def create_instances_from_document(all_documents: list[list[list[str]]], documen
                 tokens.append("[SEP]")
                 segment_ids.append(1)
                 tokens, masked_lm_positions, masked_lm_labels = create_masked_lm_predictions(
-                    tokens, masked_lm_prob, max_predictions_per_seq, vocab_words, rng)
-                instances.append(TrainingInstance(tokens=tokens, segment_ids=segment_ids, is_random_next=is_random_next,
-                                                  masked_lm_positions=masked_lm_positions,
-                                                  masked_lm_labels=masked_lm_labels))
+                    tokens, masked_lm_prob, max_predictions_per_seq, vocab_words, rng
+                )
+                instances.append(
+                    TrainingInstance(
+                        tokens=tokens,
+                        segment_ids=segment_ids,
+                        is_random_next=is_random_next,
+                        masked_lm_positions=masked_lm_positions,
+                        masked_lm_labels=masked_lm_labels,
+                    )
+                )
             current_chunk = []
             current_length = 0
         i += 1
     return instances
 
 
-def create_masked_lm_predictions(tokens: list[str], masked_lm_prob: float, max_predictions_per_seq: int,
-                                 vocab_words: list[str], rng: random.Random) -> tuple[list[str], list[int], list[str]]:
+def create_masked_lm_predictions(
+    tokens: list[str], masked_lm_prob: float, max_predictions_per_seq: int, vocab_words: list[str], rng: random.Random
+) -> tuple[list[str], list[int], list[str]]:
     """The original's (its do_whole_word_mask=False path): pick the masked positions and replace their tokens."""
     cand_indexes: list[list[int]] = []
     for i, token in enumerate(tokens):
@@ -488,8 +521,9 @@ def create_masked_lm_predictions(tokens: list[str], masked_lm_prob: float, max_p
     return output_tokens, masked_lm_positions, masked_lm_labels
 
 
-def instance_features(instances: list[TrainingInstance], tokenizer, max_seq_length: int,
-                      max_predictions_per_seq: int) -> list[tuple]:
+def instance_features(
+    instances: list[TrainingInstance], tokenizer, max_seq_length: int, max_predictions_per_seq: int
+) -> list[tuple]:
     """The original's write_instance_to_example_files up to the tf.train.Example: ids and padding, as lists.
 
     It stops there: no tf.train.Feature, no serialising, no TFRecord file; so this does slightly less than the original.
@@ -515,8 +549,17 @@ def instance_features(instances: list[TrainingInstance], tokenizer, max_seq_leng
             masked_lm_ids.append(0)
             masked_lm_weights.append(0.0)
         next_sentence_label = 1 if instance.is_random_next else 0
-        features.append((input_ids, input_mask, segment_ids, masked_lm_positions, masked_lm_ids, masked_lm_weights,
-                         [next_sentence_label]))
+        features.append(
+            (
+                input_ids,
+                input_mask,
+                segment_ids,
+                masked_lm_positions,
+                masked_lm_ids,
+                masked_lm_weights,
+                [next_sentence_label],
+            )
+        )
     return features
 
 
@@ -524,8 +567,18 @@ def _original_part(vocab: str, path: str, start: int, end: int, dupe_factor: int
     """One run of the ported script on one part (what one process per input shard does): (tokens, instances)."""
     tokenizer = _bert_tokenizer_fast(vocab)
     rng = random.Random(seed)
-    instances, tokens = create_training_instances(path, start, end, tokenizer, dupe_factor, MAX_SEQ_LENGTH,
-                                                  SHORT_SEQ_PROB, MASKED_LM_PROB, MAX_PREDICTIONS_PER_SEQ, rng)
+    instances, tokens = create_training_instances(
+        path,
+        start,
+        end,
+        tokenizer,
+        dupe_factor,
+        MAX_SEQ_LENGTH,
+        SHORT_SEQ_PROB,
+        MASKED_LM_PROB,
+        MAX_PREDICTIONS_PER_SEQ,
+        rng,
+    )
     features = instance_features(instances, tokenizer, MAX_SEQ_LENGTH, MAX_PREDICTIONS_PER_SEQ)
     return tokens, len(features)  # the lists die with the part, as the original's process exits after writing
 
@@ -555,8 +608,10 @@ def _split_at_documents(path: str, max_bytes: int, parts: int) -> list[tuple[int
 def run_reference(corpus: str, workers: int, max_bytes: int, dupe_factor: int) -> dict:
     t0 = time.perf_counter()
     vocab = _vocab()
-    parts = [(vocab, corpus, s, e, dupe_factor, RANDOM_SEED + k)
-             for k, (s, e) in enumerate(_split_at_documents(corpus, max_bytes, workers))]
+    parts = [
+        (vocab, corpus, s, e, dupe_factor, RANDOM_SEED + k)
+        for k, (s, e) in enumerate(_split_at_documents(corpus, max_bytes, workers))
+    ]
     if workers == 1:
         results = [_original_part(*parts[0])]  # the original: one process
     else:
@@ -566,8 +621,12 @@ def run_reference(corpus: str, workers: int, max_bytes: int, dupe_factor: int) -
         with ctx.Pool(workers) as pool:
             results = pool.starmap(_original_part, parts, chunksize=1)
     seconds = time.perf_counter() - t0
-    return {"tokens": sum(t for t, _ in results), "seconds": seconds, "instances": sum(n for _, n in results),
-            "dupe_factor": dupe_factor}
+    return {
+        "tokens": sum(t for t, _ in results),
+        "seconds": seconds,
+        "instances": sum(n for _, n in results),
+        "dupe_factor": dupe_factor,
+    }
 
 
 def child_main(args: argparse.Namespace) -> None:
@@ -645,18 +704,36 @@ def run_sampled(cmd: list[str], env: dict, what: str) -> dict:
     return result
 
 
-def measure(pipeline: str, corpus: Path, workers: int, threads: str, workdir: Path, max_bytes: int = 0,
-            dupe_factor: int = 1) -> dict:
+def measure(
+    pipeline: str, corpus: Path, workers: int, threads: str, workdir: Path, max_bytes: int = 0, dupe_factor: int = 1
+) -> dict:
     """Run one pipeline in a fresh subprocess, sampling its process tree's RSS every 50 ms."""
     env = dict(os.environ, TOKENIZERS_PARALLELISM="true" if threads == "rayon" else "false")
     out = workdir / "prepared"
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", pipeline, "--corpus", str(corpus),
-           "--workers", str(workers), "--out", str(out), "--max-bytes", str(max_bytes),
-           "--reference-dupe-factor", str(dupe_factor)]
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        pipeline,
+        "--corpus",
+        str(corpus),
+        "--workers",
+        str(workers),
+        "--out",
+        str(out),
+        "--max-bytes",
+        str(max_bytes),
+        "--reference-dupe-factor",
+        str(dupe_factor),
+    ]
     result = run_sampled(cmd, env, f"{pipeline} (workers={workers})")
     shutil.rmtree(out, ignore_errors=True)
-    result.update(pipeline=pipeline, workers=workers, threads=threads,
-                  corpus_mb=(max_bytes if pipeline.startswith("reference") else corpus.stat().st_size) / MB)
+    result.update(
+        pipeline=pipeline,
+        workers=workers,
+        threads=threads,
+        corpus_mb=(max_bytes if pipeline.startswith("reference") else corpus.stat().st_size) / MB,
+    )
     result["tokens_per_s"] = result["tokens"] / result["seconds"]
     result["tokens_per_cpu_s"] = result["tokens"] / (result["main_cpu_s"] + result["workers_cpu_s"])
     return result
@@ -691,20 +768,38 @@ def best_of(config_runs: list[dict]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mb", type=float, nargs="+", default=[50, 200],
-                    help="corpus sizes (MB = 10^6 bytes) for prepare; the largest is the headline (default 50 200)")
-    ap.add_argument("--reference-mb", type=float, default=20,
-                    help="prefix of the largest corpus the two references run on")
-    ap.add_argument("--reference-dupe-factor", type=int, nargs="+", default=[1, 10],
-                    help="dupe_factor(s) of the create_pretraining_data.py port, a row each (the rounds of instance "
-                         "creation and masking over the corpus): 1, the least work it can do, and 10, the original's "
-                         "default (its way to vary the masks across epochs; bertgpu needs none, it masks afresh each "
-                         "epoch). Default: 1 10")
+    ap.add_argument(
+        "--size-mb",
+        type=float,
+        nargs="+",
+        default=[50, 200],
+        help="corpus sizes (MB = 10^6 bytes) for prepare; the largest is the headline (default 50 200)",
+    )
+    ap.add_argument(
+        "--reference-mb", type=float, default=20, help="prefix of the largest corpus the two references run on"
+    )
+    ap.add_argument(
+        "--reference-dupe-factor",
+        type=int,
+        nargs="+",
+        default=[1, 10],
+        help="dupe_factor(s) of the create_pretraining_data.py port, a row each (the rounds of instance "
+        "creation and masking over the corpus): 1, the least work it can do, and 10, the original's "
+        "default (its way to vary the masks across epochs; bertgpu needs none, it masks afresh each "
+        "epoch). Default: 1 10",
+    )
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--no-rayon", action="store_true",
-                    help="skip the extra workers=1 rows with tokenizers' thread pool on (TOKENIZERS_PARALLELISM=true)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="measure every configuration this many times (round robin) and report the fastest run")
+    ap.add_argument(
+        "--no-rayon",
+        action="store_true",
+        help="skip the extra workers=1 rows with tokenizers' thread pool on (TOKENIZERS_PARALLELISM=true)",
+    )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measure every configuration this many times (round robin) and report the fastest run",
+    )
     ap.add_argument("--workdir", type=Path, help="where corpora and shards go (default: a temporary directory)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     # internal: one measurement
@@ -719,8 +814,10 @@ def main() -> None:
 
     from importlib.metadata import version
 
-    print(f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"torch {version('torch')}, transformers {version('transformers')}, tokenizers {version('tokenizers')}")
+    print(
+        f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"torch {version('torch')}, transformers {version('transformers')}, tokenizers {version('tokenizers')}"
+    )
     print(f"# load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     workdir, tmp = work_directory(args.workdir, "prepare-bench-")
     sizes = sorted(args.size_mb)
@@ -747,15 +844,21 @@ def main() -> None:
             if pipeline == "reference":
                 r["pipeline"] = f"reference, dupe {dupe}"
             runs[i].append(r)
-            print(f"  {r['pipeline']:<18} {r['corpus_mb']:6.1f} MB  workers={r['workers']} {r['threads']:<5} "
-                  f"{r['tokens_per_s']:>11,.0f} tokens/s  {r['seconds']:7.1f} s  peak tree RSS {r['peak_tree_mb']:7.0f} MB",
-                  flush=True)
+            print(
+                f"  {r['pipeline']:<18} {r['corpus_mb']:6.1f} MB  workers={r['workers']} {r['threads']:<5} "
+                f"{r['tokens_per_s']:>11,.0f} tokens/s  {r['seconds']:7.1f} s  peak tree RSS {r['peak_tree_mb']:7.0f} MB",
+                flush=True,
+            )
     results = [best_of(config_runs) for config_runs in runs]
     elapsed = time.perf_counter() - started
 
-    print(f"\n# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; measurements took {elapsed:.0f} s")
-    header = ("| pipeline | corpus | workers | tokenizers threads | tokens | s | tokens/s | all runs, tokens/s | CPU s, main / workers | tokens per CPU s "
-              "| peak RSS, tree (MB) | main / largest worker peak (MB) |")
+    print(
+        f"\n# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; measurements took {elapsed:.0f} s"
+    )
+    header = (
+        "| pipeline | corpus | workers | tokenizers threads | tokens | s | tokens/s | all runs, tokens/s | CPU s, main / workers | tokens per CPU s "
+        "| peak RSS, tree (MB) | main / largest worker peak (MB) |"
+    )
     print(header)
     print("|---" * (header.count("|") - 1) + "|")
     for r in results:
@@ -763,8 +866,10 @@ def main() -> None:
         threads = "rayon (default)" if r["threads"] == "rayon" else "1 per worker"
         worker = f"{r['worker_peak_mb']:.0f}" if r["workers"] > 1 else "-"
         all_runs = ", ".join(f"{x / 1000:,.0f}k" for x in r["all_tokens_per_s"])
-        print(f"| {r['pipeline']} | {corpus} | {r['workers']} | {threads} | {r['tokens']:,} | {r['seconds']:.1f} "
-              f"| {r['tokens_per_s']:,.0f} | {all_runs} | {r['main_cpu_s']:.1f} / {r['workers_cpu_s']:.1f} | {r['tokens_per_cpu_s']:,.0f} | {r['peak_tree_mb']:.0f} | {r['main_peak_mb']:.0f} / {worker} |")
+        print(
+            f"| {r['pipeline']} | {corpus} | {r['workers']} | {threads} | {r['tokens']:,} | {r['seconds']:.1f} "
+            f"| {r['tokens_per_s']:,.0f} | {all_runs} | {r['main_cpu_s']:.1f} / {r['workers_cpu_s']:.1f} | {r['tokens_per_cpu_s']:,.0f} | {r['peak_tree_mb']:.0f} | {r['main_peak_mb']:.0f} / {worker} |"
+        )
 
     def find(pipeline: str, workers: int, threads: str = "1thr", corpus: Path | None = None) -> dict | None:
         mb = None if corpus is None else corpus.stat().st_size / MB
@@ -784,21 +889,34 @@ def main() -> None:
             if ours and r:
                 ratio = ours["tokens_per_s"] / r["tokens_per_s"]
                 verdict = f" (target >= 10x: {'met' if ratio >= 10 else 'MISSED'})" if w == 2 else ""
-                print(f"prepare / {name}, workers={w}: {ratio:.1f}x{verdict}; reference (create_pretraining_data.py "
-                      f"port, dupe_factor {r['dupe_factor']}) rate measured on the first {ref_bytes / MB:.0f} MB")
+                print(
+                    f"prepare / {name}, workers={w}: {ratio:.1f}x{verdict}; reference (create_pretraining_data.py "
+                    f"port, dupe_factor {r['dupe_factor']}) rate measured on the first {ref_bytes / MB:.0f} MB"
+                )
         if ours and lean:
-            same = "" if not ref or ref["tokens"] == lean["tokens"] else (
-                f"; token counts differ: reference {ref['tokens']} vs lean {lean['tokens']}")
-            print(f"prepare / reference-lean, workers={w}: {ours['tokens_per_s'] / lean['tokens_per_s']:.1f}x "
-                  f"(the lean variant: one batched call per document, no masking; no target){same}")
+            same = (
+                ""
+                if not ref or ref["tokens"] == lean["tokens"]
+                else (f"; token counts differ: reference {ref['tokens']} vs lean {lean['tokens']}")
+            )
+            print(
+                f"prepare / reference-lean, workers={w}: {ours['tokens_per_s'] / lean['tokens_per_s']:.1f}x "
+                f"(the lean variant: one batched call per document, no masking; no target){same}"
+            )
         if ours and lim:
             ratio = ours["tokens_per_s"] / lim["tokens_per_s"]
-            same = "" if ours["tokens"] == lim["tokens"] else f"; token counts differ: {ours['tokens']} vs {lim['tokens']}"
-            print(f"prepare / limit, workers={w}: {ratio:.1%} (target >= 80%: {'met' if ratio >= 0.8 else 'MISSED'}{same})")
+            same = (
+                "" if ours["tokens"] == lim["tokens"] else f"; token counts differ: {ours['tokens']} vs {lim['tokens']}"
+            )
+            print(
+                f"prepare / limit, workers={w}: {ratio:.1%} (target >= 80%: {'met' if ratio >= 0.8 else 'MISSED'}{same})"
+            )
         for name, r in (*refs.items(), ("reference-lean", lean)):
             if r and lim:
-                print(f"  ceiling for prepare / {name} at workers={w} (limit / {name}): "
-                      f"{lim['tokens_per_s'] / r['tokens_per_s']:.1f}x")
+                print(
+                    f"  ceiling for prepare / {name} at workers={w} (limit / {name}): "
+                    f"{lim['tokens_per_s'] / r['tokens_per_s']:.1f}x"
+                )
     ours, lim = find("prepare", 1, "rayon"), find("limit", 1, "rayon")
     if ours and lim:
         print(f"prepare / limit, workers=1 with rayon threads: {ours['tokens_per_s'] / lim['tokens_per_s']:.1%}")
@@ -806,8 +924,10 @@ def main() -> None:
         for w in args.workers:
             small, large = find("prepare", w, corpus=corpora[sizes[0]]), find("prepare", w, corpus=big)
             growth = large["peak_tree_mb"] / small["peak_tree_mb"]
-            print(f"prepare peak tree RSS, workers={w}: {small['peak_tree_mb']:.0f} MB at {sizes[0]:g} MB -> "
-                  f"{large['peak_tree_mb']:.0f} MB at {sizes[-1]:g} MB ({growth:.2f}x; flat: {'yes' if growth <= 1.1 else 'NO'})")
+            print(
+                f"prepare peak tree RSS, workers={w}: {small['peak_tree_mb']:.0f} MB at {sizes[0]:g} MB -> "
+                f"{large['peak_tree_mb']:.0f} MB at {sizes[-1]:g} MB ({growth:.2f}x; flat: {'yes' if growth <= 1.1 else 'NO'})"
+            )
     load = os.getloadavg()[0]
     if load > 1.5:
         print(f"warning: 1-minute load average {load:.2f} at the end; other work shared the CPUs")

@@ -47,8 +47,9 @@ def write_corpus(workdir: Path, size_mb: float) -> Path:
     from bertgpu import samples
 
     one = samples.write_chinese_corpus(workdir / "peoples-daily.txt")
-    return samples.write_chinese_corpus(workdir / f"corpus-{size_mb:g}mb.txt",
-                                        repeat=math.ceil(size_mb * MB / one.stat().st_size))
+    return samples.write_chinese_corpus(
+        workdir / f"corpus-{size_mb:g}mb.txt", repeat=math.ceil(size_mb * MB / one.stat().st_size)
+    )
 
 
 def child_prepare(corpus: str, vocab: str, workers: int, out: str, zh_wwm: bool) -> None:
@@ -59,10 +60,20 @@ def child_prepare(corpus: str, vocab: str, workers: int, out: str, zh_wwm: bool)
     seconds = time.perf_counter() - t0
     me, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     words = (meta["word_starts"] or {}).get("words")
-    print("RESULT " + json.dumps({"tokens": meta["tokens"], "words": words, "seconds": seconds,
-                                  "main_cpu_s": me.ru_utime + me.ru_stime,
-                                  "workers_cpu_s": reaped.ru_utime + reaped.ru_stime,
-                                  "main_peak_mb": pt._memory_mb(os.getpid())[1]}), flush=True)
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "tokens": meta["tokens"],
+                "words": words,
+                "seconds": seconds,
+                "main_cpu_s": me.ru_utime + me.ru_stime,
+                "workers_cpu_s": reaped.ru_utime + reaped.ru_stime,
+                "main_peak_mb": pt._memory_mb(os.getpid())[1],
+            }
+        ),
+        flush=True,
+    )
 
 
 def child_cold(vocab: str) -> None:
@@ -72,8 +83,10 @@ def child_cold(vocab: str) -> None:
     from bertgpu.data.tokenizer import Tokenizer
 
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    with tempfile.TemporaryDirectory() as tmp, open(samples.write_chinese_corpus(Path(tmp) / "pd.txt"),
-                                                    encoding="utf-8") as f:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        open(samples.write_chinese_corpus(Path(tmp) / "pd.txt"), encoding="utf-8") as f,
+    ):
         lines = [line.strip() for line in f if line.strip()]
     tokenizer = Tokenizer(vocab)
     tokenizer.encode_batch(["预热"])
@@ -95,25 +108,50 @@ def child_cold(vocab: str) -> None:
 def measure(corpus: Path, vocab: Path, workers: int, zh_wwm: bool, workdir: Path) -> dict:
     """One ``prepare`` in a fresh subprocess, its process tree's RSS sampled every 50 ms."""
     out = workdir / "prepared"
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", "prepare", "--corpus", str(corpus), "--vocab",
-           str(vocab), "--workers", str(workers), "--out", str(out)] + ["--zh-wwm"] * zh_wwm
-    result = pt.run_sampled(cmd, dict(os.environ, TOKENIZERS_PARALLELISM="false"),
-                            f"prepare (zh_wwm={zh_wwm}, workers={workers})")
+    cmd = [
+        sys.executable,
+        os.path.abspath(__file__),
+        "--child",
+        "prepare",
+        "--corpus",
+        str(corpus),
+        "--vocab",
+        str(vocab),
+        "--workers",
+        str(workers),
+        "--out",
+        str(out),
+    ] + ["--zh-wwm"] * zh_wwm
+    result = pt.run_sampled(
+        cmd, dict(os.environ, TOKENIZERS_PARALLELISM="false"), f"prepare (zh_wwm={zh_wwm}, workers={workers})"
+    )
     shutil.rmtree(out, ignore_errors=True)
-    result.update(label="prepare --zh-wwm" if zh_wwm else "prepare", workers=workers,
-                  corpus_mb=corpus.stat().st_size / MB,
-                  tokens_per_s=result["tokens"] / result["seconds"])
+    result.update(
+        label="prepare --zh-wwm" if zh_wwm else "prepare",
+        workers=workers,
+        corpus_mb=corpus.stat().st_size / MB,
+        tokens_per_s=result["tokens"] / result["seconds"],
+    )
     return result
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size-mb", type=float, nargs="+", default=[20, 80],
-                    help="corpus sizes (MB = 10^6 bytes); the largest is the headline (default 20 80)")
+    ap.add_argument(
+        "--size-mb",
+        type=float,
+        nargs="+",
+        default=[20, 80],
+        help="corpus sizes (MB = 10^6 bytes); the largest is the headline (default 20 80)",
+    )
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--vocab", type=Path, help="the vocab.txt (default: 21,128 tokens trained on the corpus)")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="measure every configuration this many times (round robin) and report the fastest run")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="measure every configuration this many times (round robin) and report the fastest run",
+    )
     ap.add_argument("--workdir", type=Path, help="where corpora and shards go (default: a temporary directory)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--child", choices=["prepare", "cold"], help=argparse.SUPPRESS)
@@ -132,8 +170,10 @@ def main() -> None:
 
     from bertgpu.data.words import segmenter_name
 
-    print(f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"tokenizers {version('tokenizers')}, {segmenter_name()}")
+    print(
+        f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"tokenizers {version('tokenizers')}, {segmenter_name()}"
+    )
     print(f"# load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     workdir, tmp = pt.work_directory(args.workdir, "prepare-zh-bench-")
     sizes = sorted(args.size_mb)
@@ -151,28 +191,45 @@ def main() -> None:
         for i, (corpus, w, z) in enumerate(plan):
             r = measure(corpus, vocab, w, z, workdir)
             runs[i].append(r)
-            print(f"  {r['label']:<17} {r['corpus_mb']:6.1f} MB  workers={w} {r['tokens_per_s']:>11,.0f} tokens/s  "
-                  f"{r['seconds']:7.1f} s  peak tree RSS {r['peak_tree_mb']:6.0f} MB", flush=True)
-    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "cold", "--vocab", str(vocab)],
-                         capture_output=True, text=True, check=True).stdout
+            print(
+                f"  {r['label']:<17} {r['corpus_mb']:6.1f} MB  workers={w} {r['tokens_per_s']:>11,.0f} tokens/s  "
+                f"{r['seconds']:7.1f} s  peak tree RSS {r['peak_tree_mb']:6.0f} MB",
+                flush=True,
+            )
+    out = subprocess.run(
+        [sys.executable, os.path.abspath(__file__), "--child", "cold", "--vocab", str(vocab)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     cold = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
     elapsed = time.perf_counter() - started
     results = [pt.best_of(config_runs) for config_runs in runs]
 
-    print(f"\n# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; measurements took {elapsed:.0f} s")
-    print("| pipeline | corpus | workers | tokens | words | s | tokens/s | all runs, tokens/s | CPU s, main / workers "
-          "| peak RSS, tree (MB) | main / largest worker peak (MB) |")
+    print(
+        f"\n# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; measurements took {elapsed:.0f} s"
+    )
+    print(
+        "| pipeline | corpus | workers | tokens | words | s | tokens/s | all runs, tokens/s | CPU s, main / workers "
+        "| peak RSS, tree (MB) | main / largest worker peak (MB) |"
+    )
     print("|---" * 11 + "|")
     for r in results:
         worker = f"{r['worker_peak_mb']:.0f}" if r["workers"] > 1 else "-"
-        print(f"| {r['label']} | {r['corpus_mb']:.0f} MB | {r['workers']} | {r['tokens']:,} | "
-              f"{'-' if r['words'] is None else format(r['words'], ',')} | {r['seconds']:.1f} | {r['tokens_per_s']:,.0f} "
-              f"| {', '.join(f'{x / 1000:,.0f}k' for x in r['all_tokens_per_s'])} | {r['main_cpu_s']:.1f} / "
-              f"{r['workers_cpu_s']:.1f} | {r['peak_tree_mb']:.0f} | {r['main_peak_mb']:.0f} / {worker} |")
+        print(
+            f"| {r['label']} | {r['corpus_mb']:.0f} MB | {r['workers']} | {r['tokens']:,} | "
+            f"{'-' if r['words'] is None else format(r['words'], ',')} | {r['seconds']:.1f} | {r['tokens_per_s']:,.0f} "
+            f"| {', '.join(f'{x / 1000:,.0f}k' for x in r['all_tokens_per_s'])} | {r['main_cpu_s']:.1f} / "
+            f"{r['workers_cpu_s']:.1f} | {r['peak_tree_mb']:.0f} | {r['main_peak_mb']:.0f} / {worker} |"
+        )
 
     def find(zh_wwm: bool, workers: int, size: float) -> dict:
-        return next(r for r in results if (r["label"].endswith("--zh-wwm"), r["workers"]) == (zh_wwm, workers)
-                    and abs(r["corpus_mb"] - corpora[size].stat().st_size / MB) < 1e-9)
+        return next(
+            r
+            for r in results
+            if (r["label"].endswith("--zh-wwm"), r["workers"]) == (zh_wwm, workers)
+            and abs(r["corpus_mb"] - corpora[size].stat().st_size / MB) < 1e-9
+        )
 
     print()
     for w in args.workers:
@@ -180,18 +237,24 @@ def main() -> None:
         ratio = wwm["tokens_per_s"] / plain["tokens_per_s"]
         cpu = (plain["main_cpu_s"] + plain["workers_cpu_s"]) / (wwm["main_cpu_s"] + wwm["workers_cpu_s"])
         same = "yes" if plain["tokens"] == wwm["tokens"] else "NO"
-        print(f"workers={w}: prepare --zh-wwm / prepare {ratio:.1%} of the tokens/s (aim: at least 50%: "
-              f"{'met' if ratio >= 0.5 else 'MISSED'}); by CPU seconds {cpu:.1%}; same tokens: {same}")
+        print(
+            f"workers={w}: prepare --zh-wwm / prepare {ratio:.1%} of the tokens/s (aim: at least 50%: "
+            f"{'met' if ratio >= 0.5 else 'MISSED'}); by CPU seconds {cpu:.1%}; same tokens: {same}"
+        )
         if len(sizes) > 1:
             small = find(True, w, sizes[0])
             growth = wwm["peak_tree_mb"] / small["peak_tree_mb"]
-            print(f"  prepare --zh-wwm peak tree RSS, workers={w}: {small['peak_tree_mb']:.0f} MB at {sizes[0]:g} MB -> "
-                  f"{wwm['peak_tree_mb']:.0f} MB at {sizes[-1]:g} MB ({growth:.2f}x; flat: "
-                  f"{'yes' if growth <= 1.1 else 'NO'})")
-    print(f"\nin one process, on the {cold['mb']:.2f} MB of People's Daily once (CPU s): tokenizer "
-          f"{cold['cold_plain_s']:.2f} cold, {cold['warm_plain_s']:.2f} warm; with word starts {cold['cold_wwm_s']:.2f} "
-          f"cold, {cold['warm_wwm_s']:.2f} warm -> word starts cost {cold['cold_wwm_s'] / cold['cold_plain_s'] - 1:.0%} "
-          f"of the tokenizer's time cold, {cold['warm_wwm_s'] / cold['warm_plain_s'] - 1:.0%} warm")
+            print(
+                f"  prepare --zh-wwm peak tree RSS, workers={w}: {small['peak_tree_mb']:.0f} MB at {sizes[0]:g} MB -> "
+                f"{wwm['peak_tree_mb']:.0f} MB at {sizes[-1]:g} MB ({growth:.2f}x; flat: "
+                f"{'yes' if growth <= 1.1 else 'NO'})"
+            )
+    print(
+        f"\nin one process, on the {cold['mb']:.2f} MB of People's Daily once (CPU s): tokenizer "
+        f"{cold['cold_plain_s']:.2f} cold, {cold['warm_plain_s']:.2f} warm; with word starts {cold['cold_wwm_s']:.2f} "
+        f"cold, {cold['warm_wwm_s']:.2f} warm -> word starts cost {cold['cold_wwm_s'] / cold['cold_plain_s'] - 1:.0%} "
+        f"of the tokenizer's time cold, {cold['warm_wwm_s'] / cold['warm_plain_s'] - 1:.0%} warm"
+    )
     load = os.getloadavg()[0]
     if load > 1.5:
         print(f"warning: 1-minute load average {load:.2f} at the end; other work shared the CPUs")

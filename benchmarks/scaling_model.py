@@ -52,8 +52,12 @@ from bertgpu.parallel.compression import Compression, bytes_per_step  # noqa: E4
 LINKS = {"NVLink": (300e9, 2e-6), "InfiniBand 400G": (50e9, 5e-6), "25 GbE": (3.125e9, 20e-6)}
 GPUS = (8, 64)
 BUCKET = 25 * 2**20  # DDP's default bucket_cap_mb
-COMPRESSIONS = {"none (fp32)": Compression("none"), "fp16": Compression("fp16"), "bf16": Compression("bf16"),
-                "powersgd r4": Compression("powersgd", rank=4, warmup=2)}
+COMPRESSIONS = {
+    "none (fp32)": Compression("none"),
+    "fp16": Compression("fp16"),
+    "bf16": Compression("bf16"),
+    "powersgd r4": Compression("powersgd", rank=4, warmup=2),
+}
 NVIDIA = {"one_gpu_seq_s": 580.0, "eight_gpu_seq_s": 4591.0, "batch": 64}
 
 
@@ -83,9 +87,12 @@ def measure(model_name: str, batch_size: int, seq: int, steps: int) -> tuple[flo
 
     def step():
         with torch.autocast(device.type, dtype=precision, enabled=precision is not None):
-            mlm, nsp = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["mlm_positions"])
-        loss = F.cross_entropy(mlm.float().flatten(0, 1), batch["mlm_labels"].flatten(), ignore_index=IGNORE_INDEX) \
-            + F.cross_entropy(nsp.float(), batch["nsp_label"])
+            mlm, nsp = model(
+                batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["mlm_positions"]
+            )
+        loss = F.cross_entropy(
+            mlm.float().flatten(0, 1), batch["mlm_labels"].flatten(), ignore_index=IGNORE_INDEX
+        ) + F.cross_entropy(nsp.float(), batch["nsp_label"])
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -102,8 +109,11 @@ def table(title: str, compute: float, params: list[torch.Tensor]) -> None:
     for name, compression in COMPRESSIONS.items():
         grad_bytes = bytes_per_step(params, compression, fsdp=False, step=10**9, dp=2)
         for n in GPUS:
-            cells = [f"{100 * efficiency(compute, grad_bytes, n, link, True):.1f}% / "
-                     f"{100 * efficiency(compute, grad_bytes, n, link, False):.1f}%" for link in LINKS]
+            cells = [
+                f"{100 * efficiency(compute, grad_bytes, n, link, True):.1f}% / "
+                f"{100 * efficiency(compute, grad_bytes, n, link, False):.1f}%"
+                for link in LINKS
+            ]
             print(f"| {name} | {grad_bytes / 2**20:,.1f} MiB | {n} | " + " | ".join(cells) + " |")
 
 
@@ -118,22 +128,31 @@ def main() -> None:
     seconds, model, where = measure(args.model, args.batch_size, args.seq, args.steps)
     params = [p for p in model.parameters() if p.requires_grad]
     n_params = sum(p.numel() for p in params)
-    print(f"measured: {args.model} ({n_params / 1e6:.1f}M trainable parameters), batch {args.batch_size} x {args.seq}, "
-          f"one training step {seconds:.3f} s on {where}")
-    table(f"Predicted scaling efficiency, {args.model}, compute {seconds:.3f} s per step (measured here)", seconds,
-          params)
+    print(
+        f"measured: {args.model} ({n_params / 1e6:.1f}M trainable parameters), batch {args.batch_size} x {args.seq}, "
+        f"one training step {seconds:.3f} s on {where}"
+    )
+    table(
+        f"Predicted scaling efficiency, {args.model}, compute {seconds:.3f} s per step (measured here)", seconds, params
+    )
 
     large = BertForPreTraining(ModelConfig.preset("large", vocab_size=30522), pad_vocab_multiple=64)
     large_params = list(large.parameters())
     compute = NVIDIA["batch"] / NVIDIA["one_gpu_seq_s"]
-    table(f"Predicted scaling efficiency, BERT-large at NVIDIA's A100 compute ({NVIDIA['one_gpu_seq_s']:.0f} seq/s, "
-          f"64 sequences per GPU: {compute * 1000:.0f} ms per step)", compute, large_params)
+    table(
+        f"Predicted scaling efficiency, BERT-large at NVIDIA's A100 compute ({NVIDIA['one_gpu_seq_s']:.0f} seq/s, "
+        f"64 sequences per GPU: {compute * 1000:.0f} ms per step)",
+        compute,
+        large_params,
+    )
     fp16 = bytes_per_step(large_params, Compression("fp16"), fsdp=False, step=10**9, dp=2)
     predicted = efficiency(compute, fp16, 8, "NVLink", True)
     measured = NVIDIA["eight_gpu_seq_s"] / (8 * NVIDIA["one_gpu_seq_s"])
-    print(f"\nBERT-large, 8 x A100 on NVLink, fp16 gradients, overlapped: predicted {100 * predicted:.1f}% "
-          f"({8 * predicted * NVIDIA['one_gpu_seq_s']:,.0f} seq/s); NVIDIA measured {100 * measured:.1f}% "
-          f"({NVIDIA['eight_gpu_seq_s']:,.0f} seq/s, {NVIDIA['eight_gpu_seq_s'] / NVIDIA['one_gpu_seq_s']:.1f}x)")
+    print(
+        f"\nBERT-large, 8 x A100 on NVLink, fp16 gradients, overlapped: predicted {100 * predicted:.1f}% "
+        f"({8 * predicted * NVIDIA['one_gpu_seq_s']:,.0f} seq/s); NVIDIA measured {100 * measured:.1f}% "
+        f"({NVIDIA['eight_gpu_seq_s']:,.0f} seq/s, {NVIDIA['eight_gpu_seq_s'] / NVIDIA['one_gpu_seq_s']:.1f}x)"
+    )
 
 
 if __name__ == "__main__":

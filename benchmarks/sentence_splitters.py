@@ -125,8 +125,10 @@ def child(text: str, name: str) -> None:
         result = run()
         seconds.append(time.perf_counter() - t0)
     count = sum(map(len, result)) if name != "tokenizer" else 0
-    print("RESULT " + json.dumps({"seconds": seconds, "count": count,
-                                  "mb": sum(len(p.encode()) for p in paragraphs) / 1e6}))
+    print(
+        "RESULT "
+        + json.dumps({"seconds": seconds, "count": count, "mb": sum(len(p.encode()) for p in paragraphs) / 1e6})
+    )
 
 
 def measure(repeat: int) -> None:
@@ -138,19 +140,27 @@ def measure(repeat: int) -> None:
         best: dict[str, dict] = {}
         for _ in range(repeat):  # round robin, so that a busy spell hits every splitter alike
             for name in ("tokenizer", *available):
-                out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", text, name],
-                                     capture_output=True, text=True, check=True).stdout
-                r = json.loads(next(l for l in out.splitlines() if l.startswith("RESULT "))[7:])
+                out = subprocess.run(
+                    [sys.executable, os.path.abspath(__file__), "--child", text, name],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                ).stdout
+                r = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:])
                 if name in best:
                     r["seconds"] = [min(a, b) for a, b in zip(best[name]["seconds"], r["seconds"])]
                 best[name] = r
         tok = best.pop("tokenizer")
         mb = tok["mb"]
-        print(f"| {text} ({mb:.2f} MB) | tokenizer | - | {mb / tok['seconds'][0]:.1f} | {mb / tok['seconds'][1]:.1f} | - | - |")
+        print(
+            f"| {text} ({mb:.2f} MB) | tokenizer | - | {mb / tok['seconds'][0]:.1f} | {mb / tok['seconds'][1]:.1f} | - | - |"
+        )
         for name, r in best.items():
             cold, warm = r["seconds"]
-            print(f"| {text} | {name} | {r['count']:,} | {mb / cold:.1f} | {mb / warm:.1f} | "
-                  f"{cold / tok['seconds'][1]:.0%} | {warm / tok['seconds'][1]:.0%} |")
+            print(
+                f"| {text} | {name} | {r['count']:,} | {mb / cold:.1f} | {mb / warm:.1f} | "
+                f"{cold / tok['seconds'][1]:.0%} | {warm / tok['seconds'][1]:.0%} |"
+            )
     print(f"# load average at end {os.getloadavg()[0]:.2f}")
 
 
@@ -172,8 +182,10 @@ def disputed(n_wiki: int, n_reference: int, seed: int) -> None:
     sample = rng.sample(all_texts.get("wikipedia", []), min(n_wiki, len(all_texts.get("wikipedia", []))))
     sample += rng.sample(reference, n_reference)
     found = {n: [_boundaries(p, split[n](p)) for p in sample] for n in available}
-    print(f"# {len(sample)} paragraphs; sentences per splitter: "
-          + ", ".join(f"{n} {sum(len(b) + 1 for b in found[n])}" for n in available))
+    print(
+        f"# {len(sample)} paragraphs; sentences per splitter: "
+        + ", ".join(f"{n} {sum(len(b) + 1 for b in found[n])}" for n in available)
+    )
     rows = 0
     for k, p in enumerate(sample):
         for b in sorted(set().union(*(found[n][k] for n in available))):
@@ -187,8 +199,13 @@ def disputed(n_wiki: int, n_reference: int, seed: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=1, help="runs per splitter; the fastest pass is reported")
-    ap.add_argument("--disputed", type=int, nargs=2, metavar=("WIKI", "REFERENCE"),
-                    help="print the disputed boundaries of a sample of this many paragraphs of each text")
+    ap.add_argument(
+        "--disputed",
+        type=int,
+        nargs=2,
+        metavar=("WIKI", "REFERENCE"),
+        help="print the disputed boundaries of a sample of this many paragraphs of each text",
+    )
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -53,8 +53,9 @@ def _spin() -> None:
 
 def measure(threads: int, steps: int) -> float:
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
-    out = subprocess.run([sys.executable, "-c", CHILD, str(threads), str(steps)], capture_output=True, text=True,
-                         check=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, str(threads), str(steps)], capture_output=True, text=True, check=True, env=env
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])["examples_per_s"]
 
 
@@ -65,12 +66,14 @@ def main() -> None:
     parser.add_argument("--threads", default="", help="thread counts to try (default: 1 .. the cores, and twice that)")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
-    counts = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, max(1, cores // 2), cores,
-                                                                                      2 * cores})
+    counts = (
+        [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, max(1, cores // 2), cores, 2 * cores})
+    )
     rows = []
     for load in ("quiet", "busy"):
-        spinners = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy if load == "busy"
-                                                                                         else 0)]
+        spinners = [
+            multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy if load == "busy" else 0)
+        ]
         for p in spinners:
             p.start()
         time.sleep(0.5)
@@ -85,8 +88,10 @@ def main() -> None:
     print("| --- | --- | --- | --- |")
     for load, threads, rate in rows:
         one = next(r for lo, t, r in rows if lo == load and t == 1)
-        print(f"| {load}{f' ({args.busy} busy process)' if load == 'busy' else ''} | {threads} | {rate:.1f} | "
-              f"{rate / one:.2f}x |")
+        print(
+            f"| {load}{f' ({args.busy} busy process)' if load == 'busy' else ''} | {threads} | {rate:.1f} | "
+            f"{rate / one:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import math
 import os
 import re
 import shutil
@@ -105,8 +104,12 @@ def sh(*args, **kwargs) -> subprocess.CompletedProcess:
 
 def split_corpus(inputs: list[str], work: Path, heldout_every: int) -> tuple[Path, Path]:
     """Files (sorted) into train.txt and heldout.txt: every heldout_every-th file is held out whole."""
-    files = sorted(f for p in inputs for f in (glob.glob(f"{p}/**/*", recursive=True) if os.path.isdir(p) else [p])
-                   if os.path.isfile(f))
+    files = sorted(
+        f
+        for p in inputs
+        for f in (glob.glob(f"{p}/**/*", recursive=True) if os.path.isdir(p) else [p])
+        if os.path.isfile(f)
+    )
     train, held = work / "train.txt", work / "heldout.txt"
     with open(train, "w", encoding="utf-8") as t, open(held, "w", encoding="utf-8") as h:
         for i, f in enumerate(files):
@@ -135,7 +138,7 @@ def heldout_batches(blocks, tokenizer, maskings: int, seed: int):
     out = []
     for _ in range(maskings):
         for start in range(0, len(blocks), 64):
-            out.append(collator([{"input_ids": b} for b in blocks[start:start + 64]]))
+            out.append(collator([{"input_ids": b} for b in blocks[start : start + 64]]))
     return out
 
 
@@ -157,9 +160,19 @@ def heldout_loss(model_dir: Path, batches) -> float:
 def run_transformers(work: Path, args, shape: dict, blocks_path: Path, tokenizer_dir: Path) -> Path:
     out = work / "transformers"
     shutil.rmtree(out, ignore_errors=True)
-    common = {"blocks": str(blocks_path), "vocab": str(tokenizer_dir / "vocab.txt"), "tokenizer_dir": str(tokenizer_dir),
-              "shape": shape, "batch": args.batch, "lr": args.lr, "warmup": args.warmup, "seed": 0,
-              "every": args.every, "budget": args.budget, "out": str(out)}
+    common = {
+        "blocks": str(blocks_path),
+        "vocab": str(tokenizer_dir / "vocab.txt"),
+        "tokenizer_dir": str(tokenizer_dir),
+        "shape": shape,
+        "batch": args.batch,
+        "lr": args.lr,
+        "warmup": args.warmup,
+        "seed": 0,
+        "every": args.every,
+        "budget": args.budget,
+        "out": str(out),
+    }
     calib = sh(sys.executable, "-c", HF_CHILD, json.dumps({**common, "steps": 20, "calibrate": True}))
     per_step = json.loads(calib.stdout.strip().splitlines()[-1])["seconds_per_step"]
     steps = int(args.budget / per_step)
@@ -173,21 +186,62 @@ def run_bertgpu(work: Path, args, data: Path, variant: str) -> Path:
     recipe, _, extra = variant.partition(":")
     out = work / ("bertgpu-" + "".join(c if c.isalnum() else "-" for c in variant).strip("-"))
     shutil.rmtree(out, ignore_errors=True)
-    flags = ["pretrain", "--data", data, "--model", args.model, "--no-nsp", "--recipe", recipe, *extra.split(),
-             "--nproc", "2",
-             "--batch-size", args.batch // 2, "--max-seq-length", args.seq, "--lr", args.lr, "--warmup", args.warmup,
-             "--device", "cpu", "--log-every", "10", "--seed", "0", "--overwrite"]
+    flags = [
+        "pretrain",
+        "--data",
+        data,
+        "--model",
+        args.model,
+        "--no-nsp",
+        "--recipe",
+        recipe,
+        *extra.split(),
+        "--nproc",
+        "2",
+        "--batch-size",
+        args.batch // 2,
+        "--max-seq-length",
+        args.seq,
+        "--lr",
+        args.lr,
+        "--warmup",
+        args.warmup,
+        "--device",
+        "cpu",
+        "--log-every",
+        "10",
+        "--seed",
+        "0",
+        "--overwrite",
+    ]
     calib = sh(*BERTGPU, *flags, "--out", work / "calibrate", "--steps", 40, "--save-every", 1000)
     last = [json.loads(line) for line in (work / "calibrate" / "log.jsonl").read_text().splitlines()][-1]
     steps = int(args.budget * last["steps_per_s"])
-    print(f"bertgpu --recipe {recipe} {extra}: {1000 / last['steps_per_s']:.0f} ms/step -> a schedule of {steps} steps",
-          flush=True)
+    print(
+        f"bertgpu --recipe {recipe} {extra}: {1000 / last['steps_per_s']:.0f} ms/step -> a schedule of {steps} steps",
+        flush=True,
+    )
     del calib
     save_every = max(1, int(args.every * last["steps_per_s"]))
     start = time.perf_counter()
-    proc = subprocess.Popen([*BERTGPU, *map(str, flags), "--out", str(out), "--steps", str(steps), "--save-every",
-                             str(save_every), "--keep", "100000"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            *BERTGPU,
+            *map(str, flags),
+            "--out",
+            str(out),
+            "--steps",
+            str(steps),
+            "--save-every",
+            str(save_every),
+            "--keep",
+            "100000",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         proc.wait(timeout=args.budget)
     except subprocess.TimeoutExpired:
@@ -232,8 +286,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--warmup", type=float, default=0.06)
-    parser.add_argument("--variants", default="transformers,bert,fast",
-                        help="comma-separated: transformers, or a bertgpu recipe with more flags after a colon")
+    parser.add_argument(
+        "--variants",
+        default="transformers,bert,fast",
+        help="comma-separated: transformers, or a bertgpu recipe with more flags after a colon",
+    )
     parser.add_argument("--heldout-every", type=int, default=20)
     parser.add_argument("--plot", default=str(ROOT / "benchmarks" / "time_to_quality.png"))
     args = parser.parse_args()
@@ -259,8 +316,9 @@ def main() -> None:
     tokenizer_dir = work / "tokenizer"
     tokenizer_dir.mkdir(exist_ok=True)
     (tokenizer_dir / "vocab.txt").write_bytes(vocab.read_bytes())
-    (tokenizer_dir / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer",
-                                                                     "do_lower_case": True}))
+    (tokenizer_dir / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True})
+    )
     tokenizer = BertTokenizerFast.from_pretrained(tokenizer_dir)
     assert tokenizer("the [MASK] statement")["input_ids"][1] == tokenizer.vocab["the"], "tokenizer not loaded"
     blocks = pack(train, tokenizer, args.seq)
@@ -268,11 +326,18 @@ def main() -> None:
     held_blocks = pack(held, tokenizer, args.seq)[:512]
     batches = heldout_batches(held_blocks, tokenizer, maskings=2, seed=1234)
     layers, hidden, heads = PRESETS[args.model]
-    shape = {"hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
-             "intermediate_size": 4 * hidden, "max_position_embeddings": 512}
-    print(f"corpus: {len(blocks):,} training blocks of {args.seq}, {len(held_blocks)} held-out blocks; "
-          f"model {args.model}, vocab {args.vocab_size}, batch {args.batch}, lr {args.lr:g}, budget {args.budget:g}s",
-          flush=True)
+    shape = {
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "intermediate_size": 4 * hidden,
+        "max_position_embeddings": 512,
+    }
+    print(
+        f"corpus: {len(blocks):,} training blocks of {args.seq}, {len(held_blocks)} held-out blocks; "
+        f"model {args.model}, vocab {args.vocab_size}, batch {args.batch}, lr {args.lr:g}, budget {args.budget:g}s",
+        flush=True,
+    )
 
     runs = {}
     for variant in args.variants.split(","):
@@ -288,15 +353,17 @@ def main() -> None:
 
 def report(curves: dict[str, list[tuple[float, float]]], args) -> None:
     peer = curves.get("transformers")
-    print(f"\n| run | held-out MLM loss at the end | time to transformers' final loss | ratio |")
+    print("\n| run | held-out MLM loss at the end | time to transformers' final loss | ratio |")
     print("| --- | --- | --- | --- |")
     target = peer[-1][1] if peer else None
     peer_time = time_to_reach(peer, target) if peer else None
     for name, points in curves.items():
         reach = time_to_reach(points, target) if target is not None else None
         ratio = f"{peer_time / reach:.2f}x" if reach and peer_time else "not reached"
-        print(f"| {name} | {points[-1][1]:.3f} (at {points[-1][0]:.0f} s) | "
-              f"{f'{reach:.0f} s' if reach else 'not reached'} | {ratio} |")
+        print(
+            f"| {name} | {points[-1][1]:.3f} (at {points[-1][0]:.0f} s) | "
+            f"{f'{reach:.0f} s' if reach else 'not reached'} | {ratio} |"
+        )
     try:
         import matplotlib
 

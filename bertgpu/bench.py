@@ -37,12 +37,18 @@ from .training import allow_tf32, autocast, peak_flops, resolve_precision
 PAD_VOCAB_MULTIPLE = 64  # vocab rows a multiple of 64: tensor-core-friendly decoder matmul
 
 
-def real_batch(vocab: Path, batch_size: int, seq_len: int, max_predictions: int, workdir: Path) -> dict[str, torch.Tensor]:
+def real_batch(
+    vocab: Path, batch_size: int, seq_len: int, max_predictions: int, workdir: Path
+) -> dict[str, torch.Tensor]:
     corpus = samples.write_english_corpus(workdir / "corpus.txt")
     prepare([str(corpus)], str(vocab), str(workdir / "data"), workers=1, progress=False)
     data = ShardedCorpus(workdir / "data")
-    ds = PretrainingDataset(data, DataConfig(data=str(workdir / "data"), max_seq_length=seq_len,
-                                             max_predictions=max_predictions), 0, load_vocab(data.vocab_path))
+    ds = PretrainingDataset(
+        data,
+        DataConfig(data=str(workdir / "data"), max_seq_length=seq_len, max_predictions=max_predictions),
+        0,
+        load_vocab(data.vocab_path),
+    )
     items = [ds[i] for i in range(batch_size)]
     return {k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in items[0]}
 
@@ -85,7 +91,9 @@ def run(cfg: BenchConfig) -> dict[str, float]:
     batch = {k: v.to(device) for k, v in batch.items()}
     labels = full_labels(batch)
 
-    mcfg = ModelConfig.preset(cfg.model, vocab_size=vocab_size, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    mcfg = ModelConfig.preset(
+        cfg.model, vocab_size=vocab_size, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
     torch.manual_seed(0)
     ours = BertForPreTraining(mcfg, pad_vocab_multiple=PAD_VOCAB_MULTIPLE).to(device)
     theirs = transformers.BertForPreTraining(transformers.BertConfig(**mcfg.to_hf_dict(), attn_implementation="sdpa"))
@@ -101,10 +109,12 @@ def run(cfg: BenchConfig) -> dict[str, float]:
 
     def step_ours():
         with autocast(precision, device):
-            mlm, nsp = forward(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                               batch["mlm_positions"])
-        loss = F.cross_entropy(mlm.float().flatten(0, 1), batch["mlm_labels"].flatten(), ignore_index=IGNORE_INDEX) \
-            + F.cross_entropy(nsp.float(), batch["nsp_label"])
+            mlm, nsp = forward(
+                batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["mlm_positions"]
+            )
+        loss = F.cross_entropy(
+            mlm.float().flatten(0, 1), batch["mlm_labels"].flatten(), ignore_index=IGNORE_INDEX
+        ) + F.cross_entropy(nsp.float(), batch["nsp_label"])
         scaler_ours.scale(loss).backward()
         scaler_ours.step(opt_ours)
         scaler_ours.update()
@@ -112,8 +122,13 @@ def run(cfg: BenchConfig) -> dict[str, float]:
 
     def step_theirs():
         with autocast(precision, device):
-            out = theirs(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                         attention_mask=batch["attention_mask"], labels=labels, next_sentence_label=batch["nsp_label"])
+            out = theirs(
+                input_ids=batch["input_ids"],
+                token_type_ids=batch["token_type_ids"],
+                attention_mask=batch["attention_mask"],
+                labels=labels,
+                next_sentence_label=batch["nsp_label"],
+            )
         scaler_theirs.scale(out.loss).backward()
         scaler_theirs.step(opt_theirs)
         scaler_theirs.update()
@@ -121,17 +136,25 @@ def run(cfg: BenchConfig) -> dict[str, float]:
 
     ours.train()
     theirs.train()
-    seconds = {name: statistics.median(time_steps(step, cfg.steps, cfg.warmup, device))
-               for name, step in (("bertgpu", step_ours), ("transformers", step_theirs))}
+    seconds = {
+        name: statistics.median(time_steps(step, cfg.steps, cfg.warmup, device))
+        for name, step in (("bertgpu", step_ours), ("transformers", step_theirs))
+    }
 
     flops = training_flops_per_sequence(mcfg, cfg.seq_len, cfg.max_predictions)
     peak = peak_flops(device, precision)
-    dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
-        f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    dev_name = (
+        torch.cuda.get_device_name(device)
+        if device.type == "cuda"
+        else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    )
     print(f"device: {dev_name} | torch {torch.__version__} | transformers {transformers.__version__}")
-    print(f"model: {cfg.model} ({sum(p.numel() for p in theirs.parameters()) / 1e6:.1f}M params, vocab {vocab_size:,}), batch "
-          f"{cfg.batch_size} x {cfg.seq_len}, {precision}{', torch.compile' if cfg.compile else ''}, "
-          f"median of {cfg.steps} steps after {cfg.warmup} warm-up")
+    print(
+        f"model: {cfg.model} ({sum(p.numel() for p in theirs.parameters()) / 1e6:.1f}M params, "
+        f"vocab {vocab_size:,}), batch {cfg.batch_size} x {cfg.seq_len}, {precision}"
+        f"{', torch.compile' if cfg.compile else ''}, "
+        f"median of {cfg.steps} steps after {cfg.warmup} warm-up"
+    )
     print(f"{'':14}{'step ms':>10}{'seq/s':>10}{'tokens/s':>12}{'MFU':>8}")
     result = {}
     for name, t in seconds.items():

@@ -28,8 +28,9 @@ import re
 import secrets
 import shutil
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from safetensors import SafetensorError
@@ -52,8 +53,12 @@ SPECIAL_TOKENS = {
 _IGNORED_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
 # Tensors with one row per vocabulary word. A model built with pad_vocab_multiple has more rows
 # than config.vocab_size; files always hold exactly vocab_size, as transformers expects.
-_VOCAB_ROWS = ("embeddings.word_embeddings.weight", "predictions.bias", "predictions.decoder.weight",
-               "predictions.decoder.bias")
+_VOCAB_ROWS = (
+    "embeddings.word_embeddings.weight",
+    "predictions.bias",
+    "predictions.decoder.weight",
+    "predictions.decoder.bias",
+)
 
 
 def _is_vocab_rows(name: str) -> bool:
@@ -142,7 +147,7 @@ def commit(tmp: Path, final: Path) -> None:
     """Make the complete directory ``tmp`` into ``final``: every file fsynced, then renamed, the
     previous ``final`` (if any) moved aside first and removed last."""
     parent = final.parent
-    for root, dirs, files in os.walk(tmp):
+    for root, _dirs, files in os.walk(tmp):
         for name in files:
             _fsync(Path(root, name))
         _fsync(Path(root))
@@ -188,8 +193,9 @@ def save_pretrained(
     """
     out = Path(out_dir)
     with atomic_directory(out) as tmp:
-        write_pretrained(model, config, tmp, vocab_path=vocab_path, do_lower_case=do_lower_case,
-                         architecture=architecture)
+        write_pretrained(
+            model, config, tmp, vocab_path=vocab_path, do_lower_case=do_lower_case, architecture=architecture
+        )
     return out
 
 
@@ -319,8 +325,15 @@ def save_checkpoint(
     previous = latest_checkpoint(run_dir)
 
     def write(tmp: Path, weights: dict[str, torch.Tensor]) -> None:
-        write_pretrained(model, model_config, tmp, vocab_path=vocab_path, do_lower_case=do_lower_case,
-                         architecture=architecture, state=weights)
+        write_pretrained(
+            model,
+            model_config,
+            tmp,
+            vocab_path=vocab_path,
+            do_lower_case=do_lower_case,
+            architecture=architecture,
+            state=weights,
+        )
         torch.save({"step": step, **state}, tmp / STATE_NAME)
         _write_json(tmp / RUN_CONFIG_NAME, {"step": step, "config": dataclasses.asdict(run_config)})
         if card:
@@ -349,8 +362,15 @@ def save_model_dir(
     process calls this; rank 0 writes), with more JSON files beside the weights."""
 
     def write(tmp: Path, weights: dict[str, torch.Tensor]) -> None:
-        write_pretrained(model, model_config, tmp, vocab_path=vocab_path, do_lower_case=do_lower_case,
-                         architecture=architecture, state=weights)
+        write_pretrained(
+            model,
+            model_config,
+            tmp,
+            vocab_path=vocab_path,
+            do_lower_case=do_lower_case,
+            architecture=architecture,
+            state=weights,
+        )
         for name, obj in (json_files or {}).items():
             (tmp / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         if card:
@@ -366,8 +386,14 @@ def _is_main() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
 
-def _save_collectively(final: Path, model: nn.Module, write: Any, optimizer: torch.optim.Optimizer | None,
-                       kept: str, rank_tensors: dict[str, torch.Tensor] | None = None) -> None:
+def _save_collectively(
+    final: Path,
+    model: nn.Module,
+    write: Any,
+    optimizer: torch.optim.Optimizer | None,
+    kept: str,
+    rank_tensors: dict[str, torch.Tensor] | None = None,
+) -> None:
     """Gather the weights, write them (rank 0, through ``write(tmp, weights)``) and the optimizer's
     shards (every rank) into a temporary directory, and rename it to ``final`` once every rank has
     succeeded. A failure anywhere becomes the same UserError on every rank, with nothing left behind."""
@@ -387,8 +413,9 @@ def _save_collectively(final: Path, model: nn.Module, write: Any, optimizer: tor
     try:
         if tensors is not None:
             with _single_process_is_meant():
-                dcp.save(tensors, storage_writer=dcp.FileSystemWriter(tmp / OPTIMIZER_DIR),
-                         no_dist=not dist.is_initialized())
+                dcp.save(
+                    tensors, storage_writer=dcp.FileSystemWriter(tmp / OPTIMIZER_DIR), no_dist=not dist.is_initialized()
+                )
         if is_main:
             write(tmp, weights)
     except (OSError, SafetensorError, RuntimeError, dcp.api.CheckpointException) as e:
@@ -441,13 +468,18 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, pat
     """
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_optimizer_state_dict,
-                                                         set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_optimizer_state_dict,
+        set_optimizer_state_dict,
+    )
 
     folder = Path(path) / OPTIMIZER_DIR
     if not (folder / ".metadata").is_file():
-        raise UserError(f"{folder} is missing: {path} is not a resumable bertgpu checkpoint (written by this "
-                        f"version); start from its weights with --model {path} instead")
+        raise UserError(
+            f"{folder} is missing: {path} is not a resumable bertgpu checkpoint (written by this "
+            f"version); start from its weights with --model {path} instead"
+        )
     reader = _safe_reader(folder)
     saved = reader.read_metadata().state_dict_metadata
     template = get_optimizer_state_dict(model, optimizer)  # creates the state tensors to load into
@@ -459,19 +491,25 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, pat
         for key, flat in keys.items():
             value = template["state"][name][key]
             if flat not in saved:
-                raise UserError(f"{folder}: no saved optimizer state {key} for parameter {name}: the checkpoint is "
-                                "of another model or optimizer")
+                raise UserError(
+                    f"{folder}: no saved optimizer state {key} for parameter {name}: the checkpoint is "
+                    "of another model or optimizer"
+                )
             if list(saved[flat].size) != list(value.shape):
-                raise UserError(f"{folder}: the saved optimizer state ({key} of {name}) has shape "
-                                f"{list(saved[flat].size)}, the model's parameter {list(value.shape)}: resume with "
-                                "the model settings the run was started with (such as the vocab padding)")
+                raise UserError(
+                    f"{folder}: the saved optimizer state ({key} of {name}) has shape "
+                    f"{list(saved[flat].size)}, the model's parameter {list(value.shape)}: resume with "
+                    "the model settings the run was started with (such as the vocab padding)"
+                )
     try:
         with _single_process_is_meant():
             dcp.load({"state": template["state"]}, storage_reader=reader, no_dist=not dist.is_initialized())
     except (OSError, RuntimeError, ValueError, dcp.api.CheckpointException) as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
-        raise UserError(f"{folder}: cannot load the optimizer state, the files are damaged ({reason}); "
-                        f"delete {path} to resume from the checkpoint before it") from None
+        raise UserError(
+            f"{folder}: cannot load the optimizer state, the files are damaged ({reason}); "
+            f"delete {path} to resume from the checkpoint before it"
+        ) from None
     # strict=False: parameters that had no state when saved (no gradient yet) have none now either.
     set_optimizer_state_dict(model, optimizer, template, options=StateDictOptions(strict=False))
 
@@ -481,9 +519,16 @@ class _MetadataUnpickler(pickle.Unpickler):
     metadata is made of may be named, so a crafted file raises instead of running code."""
 
     ALLOWED = {
-        "torch.distributed.checkpoint.metadata": {"Metadata", "TensorStorageMetadata", "ChunkStorageMetadata",
-                                                  "TensorProperties", "_MEM_FORMAT_ENCODING", "MetadataIndex",
-                                                  "StorageMeta", "BytesStorageMetadata"},
+        "torch.distributed.checkpoint.metadata": {
+            "Metadata",
+            "TensorStorageMetadata",
+            "ChunkStorageMetadata",
+            "TensorProperties",
+            "_MEM_FORMAT_ENCODING",
+            "MetadataIndex",
+            "StorageMeta",
+            "BytesStorageMetadata",
+        },
         "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
         "torch.serialization": {"_get_layout"},
         "torch": {"Size"},
@@ -507,13 +552,19 @@ def load_rank_tensors(path: str | os.PathLike, rank: int) -> dict[str, torch.Ten
     folder = Path(path) / OPTIMIZER_DIR
     reader = _safe_reader(folder)
     prefix = f"rank.{rank}."
-    saved = {key[len(prefix):]: meta for key, meta in reader.read_metadata().state_dict_metadata.items()
-             if key.startswith(prefix)}
+    saved = {
+        key[len(prefix) :]: meta
+        for key, meta in reader.read_metadata().state_dict_metadata.items()
+        if key.startswith(prefix)
+    }
     template = {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype) for key, meta in saved.items()}
     try:
         with _single_process_is_meant():
-            dcp.load({"rank": {str(rank): template}} if template else {}, storage_reader=reader,
-                     no_dist=not dist.is_initialized())
+            dcp.load(
+                {"rank": {str(rank): template}} if template else {},
+                storage_reader=reader,
+                no_dist=not dist.is_initialized(),
+            )
     except (OSError, RuntimeError, ValueError, dcp.api.CheckpointException) as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
         raise UserError(f"{folder}: cannot load process {rank}'s state, the files are damaged ({reason})") from None
@@ -535,8 +586,9 @@ def _safe_reader(folder: Path) -> Any:
                 with open(file, "rb") as f:
                     metadata = _MetadataUnpickler(f).load()
             except Exception as e:  # noqa: BLE001 - damaged or crafted: either way one line naming the file
-                raise UserError(f"{file}: cannot read the checkpoint metadata, the file is damaged or not ours "
-                                f"({e})") from None
+                raise UserError(
+                    f"{file}: cannot read the checkpoint metadata, the file is damaged or not ours ({e})"
+                ) from None
             if not all(isinstance(m, TensorStorageMetadata) for m in metadata.state_dict_metadata.values()):
                 raise UserError(f"{file}: the checkpoint holds entries that are not tensors; it is not ours")
             if getattr(metadata, "storage_meta", None) is None:
@@ -557,8 +609,10 @@ def load_training_state(path: str | os.PathLike) -> dict[str, Any]:
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # a truncated zip, a crafted pickle: the message names the file either way
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise UserError(f"{file}: cannot load the training state, the file is damaged or not ours ({reason}); "
-                        f"delete {path} to resume from the checkpoint before it") from None
+        raise UserError(
+            f"{file}: cannot load the training state, the file is damaged or not ours ({reason}); "
+            f"delete {path} to resume from the checkpoint before it"
+        ) from None
 
 
 def _write_json(path: Path, obj: dict[str, Any]) -> None:

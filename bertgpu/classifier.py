@@ -18,7 +18,6 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Union
 
 import numpy as np
 import torch
@@ -31,7 +30,7 @@ from .errors import UserError
 from .model import BertForSequenceClassification
 
 # One text, a (text, pair text) tuple, or a batch of either.
-Inputs = Union[str, Sequence[Union[str, tuple[str, str]]]]
+Inputs = str | Sequence[str | tuple[str, str]]
 
 
 def model_lowercase(model_dir: str | os.PathLike) -> bool:
@@ -63,8 +62,10 @@ def classifier_dir(path: str | os.PathLike) -> Path:
         if (path / "best" / "config.json").is_file():
             return path / "best"
         if (path / "checkpoints").is_dir():
-            raise UserError(f"{path} is a `bertgpu finetune` run without a classifier yet: best/ appears after its "
-                            f"first epoch's evaluation (resume it with --resume)")
+            raise UserError(
+                f"{path} is a `bertgpu finetune` run without a classifier yet: best/ appears after its "
+                f"first epoch's evaluation (resume it with --resume)"
+            )
     return path
 
 
@@ -80,8 +81,9 @@ def finetuned_max_length(model_dir: str | os.PathLike) -> int | None:
 class Classifier:
     """A sequence classifier with its tokenizer: text in, label name and probability out."""
 
-    def __init__(self, model: BertForSequenceClassification, tokenizer: Tokenizer, max_seq_length: int,
-                 device: torch.device):
+    def __init__(
+        self, model: BertForSequenceClassification, tokenizer: Tokenizer, max_seq_length: int, device: torch.device
+    ):
         self.model = model.eval().to(device)
         self.tokenizer = tokenizer
         self.max_seq_length = max_seq_length
@@ -89,25 +91,32 @@ class Classifier:
         self.labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
 
     @classmethod
-    def load(cls, path: str | os.PathLike, device: str | torch.device | None = None,
-             max_seq_length: int | None = None) -> "Classifier":
+    def load(
+        cls, path: str | os.PathLike, device: str | torch.device | None = None, max_seq_length: int | None = None
+    ) -> Classifier:
         """Load a classifier directory (or a `bertgpu finetune` output directory: its ``best/``).
         ``max_seq_length`` defaults to the length it was fine-tuned with, else the model's positions (512 for BERT)."""
         path = classifier_dir(path)
         config = ModelConfig.load(path)
         if not config.id2label:
-            raise UserError(f"{path} is not a classifier: its config.json has no id2label "
-                            f"(fine-tune it first: bertgpu finetune --model {path} ...)")
+            raise UserError(
+                f"{path} is not a classifier: its config.json has no id2label "
+                f"(fine-tune it first: bertgpu finetune --model {path} ...)"
+            )
         tokenizer = Tokenizer(model_vocab(path), lowercase=model_lowercase(path))
         model = BertForSequenceClassification(config)
         missing, _ = checkpoint.load_weights(model, path)
         if any(name.startswith("classifier.") for name in missing):
-            raise UserError(f"{path / checkpoint.WEIGHTS_NAME} has no classifier weights "
-                            f"(fine-tune it first: bertgpu finetune --model {path} ...)")
+            raise UserError(
+                f"{path / checkpoint.WEIGHTS_NAME} has no classifier weights "
+                f"(fine-tune it first: bertgpu finetune --model {path} ...)"
+            )
         length = max_seq_length or finetuned_max_length(path) or config.max_position_embeddings
         if length > config.max_position_embeddings:
-            raise UserError(f"--max-seq-length {length} is beyond the model's {config.max_position_embeddings} "
-                            f"positions (max_position_embeddings in {path / 'config.json'})")
+            raise UserError(
+                f"--max-seq-length {length} is beyond the model's {config.max_position_embeddings} "
+                f"positions (max_position_embeddings in {path / 'config.json'})"
+            )
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         return cls(model, tokenizer, length, device)
 
@@ -119,7 +128,7 @@ class Classifier:
         probs = np.zeros((len(items), len(self.labels)), dtype=np.float32)
         order = sorted(range(len(items)), key=lambda i: len(encoded[i]["input_ids"]))  # batches of similar length
         for start in range(0, len(order), batch_size):
-            rows = order[start:start + batch_size]
+            rows = order[start : start + batch_size]
             batch = collate([encoded[i] for i in rows], self.tokenizer.pad_id)
             batch = {k: v.to(self.device) for k, v in batch.items()}
             logits = self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])

@@ -13,11 +13,21 @@ import sys
 import types
 import typing
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import __version__
-from .config import (BenchConfig, EvaluateConfig, FillMaskConfig, FinetuneConfig, InspectConfig, PredictConfig, PrepareConfig,
-                     PretrainConfig, VocabConfig)
+from .config import (
+    BenchConfig,
+    EvaluateConfig,
+    FillMaskConfig,
+    FinetuneConfig,
+    InspectConfig,
+    PredictConfig,
+    PrepareConfig,
+    PretrainConfig,
+    VocabConfig,
+)
 from .errors import UserError
 
 
@@ -29,8 +39,12 @@ def _unwrap_optional(t: Any) -> tuple[Any, bool]:
     return t, False
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, cls: type, positional: typing.Collection[str] = (),
-                         skip: typing.Collection[str] = ()) -> None:
+def add_config_arguments(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    positional: typing.Collection[str] = (),
+    skip: typing.Collection[str] = (),
+) -> None:
     """One flag per dataclass field (nested dataclasses flattened), from the field's metadata.
 
     A nested dataclass field may list, in its own metadata, fields of it to give as positional
@@ -122,8 +136,9 @@ def read_config_file(path: str, command: str, cls: type) -> dict[str, Any]:
             elif name in names:
                 flat[name] = value
             else:
-                raise UserError(f"--config {path}: {key!r} is not a field of `bertgpu {command}` "
-                                f"(see bertgpu {command} --help)")
+                raise UserError(
+                    f"--config {path}: {key!r} is not a field of `bertgpu {command}` (see bertgpu {command} --help)"
+                )
 
     add(data, cls)
     return flat
@@ -155,12 +170,15 @@ def build_config(cls: type, ns: argparse.Namespace) -> Any:
 def _vocab(cfg: VocabConfig) -> None:
     from .data.tokenizer import coverage, train_vocab
 
-    path = train_vocab(cfg.corpus, cfg.size, cfg.out, cased=cfg.cased, text_field=cfg.text_field,
-                       overwrite=cfg.overwrite)
+    path = train_vocab(
+        cfg.corpus, cfg.size, cfg.out, cased=cfg.cased, text_field=cfg.text_field, overwrite=cfg.overwrite
+    )
     unknown, total = coverage(path, cfg.corpus, cfg.cased, cfg.text_field)
     entries = sum(1 for _ in open(path, encoding="utf-8"))
-    print(f"vocab: {path} ({entries:,} entries); it spells {1 - unknown / max(total, 1):.2%} of the corpus's "
-          f"tokens ({unknown:,} [UNK] of {total:,} in its first lines)")
+    print(
+        f"vocab: {path} ({entries:,} entries); it spells {1 - unknown / max(total, 1):.2%} of the corpus's "
+        f"tokens ({unknown:,} [UNK] of {total:,} in its first lines)"
+    )
 
 
 def _prepare(cfg: PrepareConfig) -> None:
@@ -168,9 +186,19 @@ def _prepare(cfg: PrepareConfig) -> None:
     from .data.tokenizer import vocab_is_cased
 
     cased = vocab_is_cased(cfg.vocab) if cfg.cased is None else cfg.cased
-    prepare(cfg.corpus, cfg.vocab, cfg.out, workers=cfg.workers, lowercase=not cased, overwrite=cfg.overwrite,
-            strict=cfg.strict, text_field=cfg.text_field, split_sentences=cfg.split_sentences, zh_wwm=cfg.zh_wwm,
-            max_unk_share=cfg.max_unk_share)
+    prepare(
+        cfg.corpus,
+        cfg.vocab,
+        cfg.out,
+        workers=cfg.workers,
+        lowercase=not cased,
+        overwrite=cfg.overwrite,
+        strict=cfg.strict,
+        text_field=cfg.text_field,
+        split_sentences=cfg.split_sentences,
+        zh_wwm=cfg.zh_wwm,
+        max_unk_share=cfg.max_unk_share,
+    )
 
 
 def _pretrain(cfg: PretrainConfig) -> None:
@@ -224,25 +252,38 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
     "pretrain": (PretrainConfig, _pretrain, "pretrain BERT (masked LM + next-sentence prediction)"),
     "inspect": (InspectConfig, _inspect, "print pretraining instances of prepared data as pretrain builds them"),
     "finetune": (FinetuneConfig, _finetune, "fine-tune a BERT into a text classifier"),
-    "evaluate": (EvaluateConfig, _evaluate, "loss, accuracy and F1 of a classifier on labelled data, or masked-LM "
-                 "metrics of a pretrained BERT on prepared data"),
+    "evaluate": (
+        EvaluateConfig,
+        _evaluate,
+        "loss, accuracy and F1 of a classifier on labelled data, or masked-LM "
+        "metrics of a pretrained BERT on prepared data",
+    ),
     "predict": (PredictConfig, _predict, "classify a text, a text pair, or every row of a file"),
-    "fill-mask": (FillMaskConfig, _fill_mask, "the most likely tokens for each [MASK] of a text (a quick check of a "
-                  "pretrained model)"),
+    "fill-mask": (
+        FillMaskConfig,
+        _fill_mask,
+        "the most likely tokens for each [MASK] of a text (a quick check of a pretrained model)",
+    ),
     "bench": (BenchConfig, _bench, "time pretraining steps of bertgpu and of transformers, same model and batch"),
 }
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bertgpu", description="BERT from raw text to a classifier, "
-                                     "on one CPU, one GPU, all GPUs of a machine, or many machines.")
+    parser = argparse.ArgumentParser(
+        prog="bertgpu",
+        description="BERT from raw text to a classifier, on one CPU, one GPU, all GPUs of a machine, or many machines.",
+    )
     parser.add_argument("--version", action="version", version=f"bertgpu {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (cls, _, help_text) in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=(cls.__doc__ or "").strip())
-        p.add_argument("--config", metavar="FILE", help="a JSON or YAML file of this command's fields (the flags' "
-                       "names, flat or in sections), or a checkpoint's bertgpu.json to re-run its run; flags "
-                       "given override it")
+        p.add_argument(
+            "--config",
+            metavar="FILE",
+            help="a JSON or YAML file of this command's fields (the flags' "
+            "names, flat or in sections), or a checkpoint's bertgpu.json to re-run its run; flags "
+            "given override it",
+        )
         add_config_arguments(p, cls)
     return parser
 

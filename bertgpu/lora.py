@@ -62,8 +62,10 @@ def require(cfg: AdapterConfig) -> None:
         try:  # imported, not only looked up: an install that cannot load its library is no install
             _bnb()
         except Exception as e:  # noqa: BLE001 - ImportError, or a broken native library: one line either way
-            raise UserError(f"--quantize {cfg.quantize} needs the bitsandbytes package: pip install 'bertgpu[quant]' "
-                            f"(or pip install bitsandbytes); importing it failed: {e}") from None
+            raise UserError(
+                f"--quantize {cfg.quantize} needs the bitsandbytes package: pip install 'bertgpu[quant]' "
+                f"(or pip install bitsandbytes); importing it failed: {e}"
+            ) from None
 
 
 def _bnb():
@@ -83,12 +85,16 @@ def check(cfg: AdapterConfig, model_config: ModelConfig) -> list[str]:
     linear = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != HEAD]
     for target in cfg.targets:
         if target == HEAD or target.endswith("." + HEAD):
-            raise UserError(f"--lora-targets {target}: the classifier head is trained whole with LoRA; targets are the "
-                            "encoder's linear layers (query, key, value, attention.output.dense, intermediate.dense, "
-                            "output.dense, dense)")
+            raise UserError(
+                f"--lora-targets {target}: the classifier head is trained whole with LoRA; targets are the "
+                "encoder's linear layers (query, key, value, attention.output.dense, intermediate.dense, "
+                "output.dense, dense)"
+            )
         if not any(_matches(name, target) for name in linear):
-            raise UserError(f"--lora-targets {target}: no linear layer of the model is called that; choose from query, "
-                            "key, value, attention.output.dense, intermediate.dense, output.dense, dense")
+            raise UserError(
+                f"--lora-targets {target}: no linear layer of the model is called that; choose from query, "
+                "key, value, attention.output.dense, intermediate.dense, output.dense, dense"
+            )
     return cfg.targets
 
 
@@ -103,13 +109,24 @@ def peft_config(cfg: AdapterConfig, base_model: str | os.PathLike | None = None)
     config names it in ``modules_to_save``, where PEFT expects it."""
     import peft
 
-    return peft.LoraConfig(task_type="SEQ_CLS", r=cfg.lora_rank, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                           target_modules=cfg.targets, bias="none",
-                           base_model_name_or_path=str(Path(base_model).resolve()) if base_model else None)
+    return peft.LoraConfig(
+        task_type="SEQ_CLS",
+        r=cfg.lora_rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=cfg.dropout,
+        target_modules=cfg.targets,
+        bias="none",
+        base_model_name_or_path=str(Path(base_model).resolve()) if base_model else None,
+    )
 
 
-def apply(model: nn.Module, cfg: AdapterConfig, device: torch.device, precision: str,
-          base_model: str | os.PathLike | None = None) -> nn.Module:
+def apply(
+    model: nn.Module,
+    cfg: AdapterConfig,
+    device: torch.device,
+    precision: str,
+    base_model: str | os.PathLike | None = None,
+) -> nn.Module:
     """Quantise (``cfg.quantize``), add the LoRA adapters and freeze all else, in place. ``model``
     is a BertForSequenceClassification whose weights are loaded, the same on every process; the
     adapters' initialisation draws from the global RNG (seed it first for the same adapters everywhere)."""
@@ -171,11 +188,22 @@ def quantize(model: nn.Module, kind: str, device: torch.device, precision: str) 
         weight = module.weight.detach()
         with torch.device("meta"):  # no throw-away initialisation of the new layer's own weight
             if kind == "int8":
-                layer = bnb.nn.Linear8bitLt(module.in_features, module.out_features, bias=module.bias is not None,
-                                            has_fp16_weights=False, threshold=6.0)
+                layer = bnb.nn.Linear8bitLt(
+                    module.in_features,
+                    module.out_features,
+                    bias=module.bias is not None,
+                    has_fp16_weights=False,
+                    threshold=6.0,
+                )
             else:
-                layer = bnb.nn.Linear4bit(module.in_features, module.out_features, bias=module.bias is not None,
-                                          compute_dtype=compute, compress_statistics=True, quant_type="nf4")
+                layer = bnb.nn.Linear4bit(
+                    module.in_features,
+                    module.out_features,
+                    bias=module.bias is not None,
+                    compute_dtype=compute,
+                    compress_statistics=True,
+                    quant_type="nf4",
+                )
                 # On CPUs with AVX512-BF16, bitsandbytes would repack the weight for a bf16 kernel at the first
                 # forward pass without gradients: evaluation would then compute in bf16 what training computes in
                 # the compute dtype. One path, the same on every CPU: dequantise and multiply.
@@ -183,8 +211,9 @@ def quantize(model: nn.Module, kind: str, device: torch.device, precision: str) 
         if kind == "int8":
             layer.weight = bnb.nn.Int8Params(weight.to("cpu").clone(), requires_grad=False, has_fp16_weights=False)
         else:
-            layer.weight = bnb.nn.Params4bit(weight.to("cpu").clone(), requires_grad=False, compress_statistics=True,
-                                             quant_type="nf4")
+            layer.weight = bnb.nn.Params4bit(
+                weight.to("cpu").clone(), requires_grad=False, compress_statistics=True, quant_type="nf4"
+            )
         if module.bias is not None:
             layer.bias = nn.Parameter(module.bias.detach().clone(), requires_grad=False)
         model.get_submodule(parent_name).register_module(child, layer.to(device))  # .to quantises
@@ -213,8 +242,11 @@ def local_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     weight dequantised to fp32 (bitsandbytes' quantisation-state entries left out). For a model held
     whole by this process: a quantised model is never sharded."""
     bnb = _bnb() if is_quantized(model) else None
-    quantized = {name for name, m in model.named_modules()
-                 if bnb is not None and isinstance(m, (bnb.nn.Linear8bitLt, bnb.nn.Linear4bit))}
+    quantized = {
+        name
+        for name, m in model.named_modules()
+        if bnb is not None and isinstance(m, (bnb.nn.Linear8bitLt, bnb.nn.Linear4bit))
+    }
     state = {}
     for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
         owner = name.rpartition(".")[0]
@@ -230,8 +262,11 @@ def local_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def _lora_layers(model: nn.Module) -> dict[str, float]:
     """Module name -> scaling (alpha / r) of every layer with a LoRA adapter."""
-    return {name: float(m.scaling[ADAPTER_NAME]) for name, m in model.named_modules()
-            if isinstance(getattr(m, "scaling", None), dict) and ADAPTER_NAME in m.scaling}
+    return {
+        name: float(m.scaling[ADAPTER_NAME])
+        for name, m in model.named_modules()
+        if isinstance(getattr(m, "scaling", None), dict) and ADAPTER_NAME in m.scaling
+    }
 
 
 def merged_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -290,12 +325,15 @@ def load_adapter(model: nn.Module, directory: Path) -> None:
         saved = json.loads((directory / ADAPTER_CONFIG_NAME).read_text(encoding="utf-8"))
         loaded = load_file(file)
     except (OSError, ValueError, SafetensorError) as e:
-        raise UserError(f"{directory}: cannot read the LoRA adapter ({e}); a LoRA run's checkpoint holds it in "
-                        f"{ADAPTER_DIR}/") from None
+        raise UserError(
+            f"{directory}: cannot read the LoRA adapter ({e}); a LoRA run's checkpoint holds it in {ADAPTER_DIR}/"
+        ) from None
     config = model.peft_config[ADAPTER_NAME]
     if (saved.get("r"), sorted(saved.get("target_modules") or [])) != (config.r, sorted(config.target_modules)):
-        raise UserError(f"{directory}: the adapter has rank {saved.get('r')} on {saved.get('target_modules')}, the run "
-                        f"asks for rank {config.r} on {sorted(config.target_modules)}; resume with the same LoRA flags")
+        raise UserError(
+            f"{directory}: the adapter has rank {saved.get('r')} on {saved.get('target_modules')}, the run "
+            f"asks for rank {config.r} on {sorted(config.target_modules)}; resume with the same LoRA flags"
+        )
     own = {name: p for name, p in model.named_parameters() if p.requires_grad}
     expected = adapter_tensors({name: p for name, p in own.items()})
     names = {PEFT_PREFIX + name.replace(f".{ADAPTER_NAME}.", "."): name for name in own}

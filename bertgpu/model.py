@@ -13,8 +13,8 @@ One BERT layer (post-LayerNorm, as in the paper)::
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
-from typing import Callable
 
 import torch
 import torch.nn.functional as F

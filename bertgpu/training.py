@@ -9,8 +9,8 @@ import os
 import signal
 import sys
 import time
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -32,15 +32,18 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.devi
             continue
         decay = not (p.ndim < 2 or "LayerNorm" in name)
         groups.setdefault((decay, type(p).__name__, id(getattr(p, "device_mesh", None))), []).append(p)
-    param_groups = [{"params": params, "weight_decay": cfg.weight_decay if decay else 0.0}
-                    for (decay, *_), params in sorted(groups.items(), key=lambda kv: not kv[0][0])]
+    param_groups = [
+        {"params": params, "weight_decay": cfg.weight_decay if decay else 0.0}
+        for (decay, *_), params in sorted(groups.items(), key=lambda kv: not kv[0][0])
+    ]
     betas = (cfg.adam_beta1, cfg.adam_beta2)
     if cfg.optimizer == "lamb":
         return Lamb(param_groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps)
     if cfg.optimizer == "rmsprop":
         return torch.optim.RMSprop(param_groups, lr=cfg.lr, alpha=cfg.rmsprop_alpha, eps=cfg.adam_eps, foreach=True)
-    return torch.optim.AdamW(param_groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps,
-                             fused=device.type in ("cuda", "cpu"))
+    return torch.optim.AdamW(
+        param_groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps, fused=device.type in ("cuda", "cpu")
+    )
 
 
 class Lamb(torch.optim.Optimizer):
@@ -55,8 +58,14 @@ class Lamb(torch.optim.Optimizer):
     faster choice unless large batches need LAMB.
     """
 
-    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6,
-                 weight_decay: float = 0.01):
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.01,
+    ):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     @torch.no_grad()
@@ -88,7 +97,7 @@ class Lamb(torch.optim.Optimizer):
                     m.lerp_(grad, (1 - beta1) * keep)
                     v.mul_(1 - (1 - beta2) * keep).add_(grad * grad * ((1 - beta2) * keep))
                 t = step.clamp(min=1)
-                update = (m / (1 - beta1 ** t)) / ((v / (1 - beta2 ** t)).sqrt() + eps)
+                update = (m / (1 - beta1**t)) / ((v / (1 - beta2**t)).sqrt() + eps)
                 if wd != 0:
                     update.add_(p, alpha=wd)
                     w_norm, u_norm = p.norm(), update.norm()
@@ -111,7 +120,9 @@ def skip_if(optimizer: torch.optim.Optimizer, bad: torch.Tensor | None) -> None:
     optimizer.found_inf = bad
 
 
-def build_schedule(optimizer: torch.optim.Optimizer, cfg: OptimConfig, step: int = 0) -> torch.optim.lr_scheduler.LambdaLR:
+def build_schedule(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, step: int = 0
+) -> torch.optim.lr_scheduler.LambdaLR:
     """Linear warmup to the peak, then linear decay to zero at the last step; at ``step`` already
     (a resumed run: the learning rate is a function of the step alone, so it needs no saved state)."""
     warmup, total = cfg.warmup_steps, cfg.steps
@@ -126,8 +137,14 @@ def build_schedule(optimizer: torch.optim.Optimizer, cfg: OptimConfig, step: int
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch=step - 1)
 
 
-def optimizer_step(net, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                   schedule: torch.optim.lr_scheduler.LRScheduler, clip: float, precision: str) -> torch.Tensor:
+def optimizer_step(
+    net,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    schedule: torch.optim.lr_scheduler.LRScheduler,
+    clip: float,
+    precision: str,
+) -> torch.Tensor:
     """Unscale, clip the global gradient norm (``clip`` 0: no clipping), step, and move the schedule on.
 
     ``net`` is the ``ParallelModel`` (its ``clip_grad_norm_`` sees through gradient shards). A
@@ -220,8 +237,12 @@ def gather_rng_states(device: torch.device, layout: tuple[int, ...]) -> dict:
     ``layout`` (the degrees of parallelism) says which rank holds which stream."""
     from .parallel.launch import all_gather_object
 
-    return {"layout": list(layout), "states": all_gather_object({
-        "cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None})}
+    return {
+        "layout": list(layout),
+        "states": all_gather_object(
+            {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+        ),
+    }
 
 
 def restore_rng_state(saved: dict, rank: int, layout: tuple[int, ...], device: torch.device, seed: int) -> None:
@@ -251,9 +272,14 @@ class Sums:
 
     def of(self, **values) -> torch.Tensor:
         # Numbers become tensors through torch.full: torch.tensor(x, device="cuda") synchronises the stream.
-        return torch.stack([value.double() if torch.is_tensor(value)
-                            else torch.full((), value, dtype=torch.float64, device=self.device)
-                            for value in (values[name] for name in self.names)])
+        return torch.stack(
+            [
+                value.double()
+                if torch.is_tensor(value)
+                else torch.full((), value, dtype=torch.float64, device=self.device)
+                for value in (values[name] for name in self.names)
+            ]
+        )
 
     def add(self, values: torch.Tensor) -> None:
         self.total += values
@@ -330,7 +356,7 @@ class LaggedFlags:
             self.pending.append((step, host, event))
         else:
             self.pending.append((step, flags, None))
-        due, self.pending = self.pending[:len(self.pending) - self.lag], self.pending[len(self.pending) - self.lag:]
+        due, self.pending = self.pending[: len(self.pending) - self.lag], self.pending[len(self.pending) - self.lag :]
         return [self._read(entry) for entry in due]
 
     def flush(self) -> list[tuple[int, list[float]]]:
@@ -375,7 +401,9 @@ class Throughput:
 
     def rates(self, steps: int, sequences: int, tokens: int) -> dict[str, float]:
         dt = max(time.perf_counter() - self.t0, 1e-9)
-        steps, sequences, tokens = (max(0, now - before) for now, before in zip((steps, sequences, tokens), self.carried))
+        steps, sequences, tokens = (
+            max(0, now - before) for now, before in zip((steps, sequences, tokens), self.carried)
+        )
         out = {"steps_per_s": steps / dt, "seq_per_s": sequences / dt, "tokens_per_s": tokens / dt}
         if self.peak:
             out["mfu"] = self.flops_per_sequence * sequences / dt / (self.peak * self.world)
@@ -398,8 +426,11 @@ class RunLog:
 
         path = run_dir / "log.jsonl"
         if path.exists():
-            kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-                    if line.strip() and json.loads(line)["step"] <= start_step]
+            kept = [
+                line
+                for line in path.read_text(encoding="utf-8").splitlines()
+                if line.strip() and json.loads(line)["step"] <= start_step
+            ]
             tmp = path.with_suffix(".tmp")
             tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
             os.replace(tmp, path)

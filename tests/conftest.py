@@ -93,15 +93,22 @@ def run_balanced_with_a_slow_rank(*args) -> tuple[subprocess.CompletedProcess, s
     """`bertgpu ARGS` (with --balance auto) on 2 processes under torchrun, process 1 made slower from
     outside the product (tests/slow_rank.py: 10 ms per sequence before each forward pass, as a slower
     GPU would take): the finished process, its ``balance:`` line and the per-rank sizes it chose."""
-    proc = subprocess.run([TORCHRUN, "--standalone", "--nproc_per_node", "2", str(ROOT / "tests" / "slow_rank.py"),
-                           *map(str, args)], capture_output=True, text=True, cwd=ROOT, timeout=600,
-                          env={**os.environ, "SLOW_RANK": "1", "SLOW_SECONDS": "0.01", "HF_HUB_OFFLINE": "1"})
+    proc = subprocess.run(
+        [TORCHRUN, "--standalone", "--nproc_per_node", "2", str(ROOT / "tests" / "slow_rank.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        env={**os.environ, "SLOW_RANK": "1", "SLOW_SECONDS": "0.01", "HF_HUB_OFFLINE": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("balance:"))
     return proc, line, [int(x) for x in line.split("-> ")[1].split()[0].split(",")]
 
 
-def run_cli(*args: str, check: bool = True, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, check: bool = True, env: dict | None = None, timeout: float = 600
+) -> subprocess.CompletedProcess:
     """Run `python -m bertgpu ARGS` as a user would; return the finished process (text output)."""
     full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
     proc = subprocess.run(
@@ -114,7 +121,8 @@ def run_cli(*args: str, check: bool = True, env: dict | None = None, timeout: fl
     )
     if check and proc.returncode != 0:
         raise AssertionError(
-            f"bertgpu {' '.join(map(str, args))} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+            f"bertgpu {' '.join(map(str, args))} exited {proc.returncode}\n"
+            f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
         )
     return proc
 

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from conftest import ROOT
 
 
@@ -27,10 +26,29 @@ def losses(run_dir: Path) -> dict[int, float]:
 
 def start(args: list, *, torchrun: bool = False) -> subprocess.Popen:
     """Start a run in a session of its own, so that killing the group kills launcher and workers."""
-    cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node", "2",
-           "--max-restarts", "1", "-m", "bertgpu"] if torchrun else [sys.executable, "-m", "bertgpu"]
-    return subprocess.Popen([*cmd, *map(str, args)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    cmd = (
+        [
+            str(Path(sys.executable).with_name("torchrun")),
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "--max-restarts",
+            "1",
+            "-m",
+            "bertgpu",
+        ]
+        if torchrun
+        else [sys.executable, "-m", "bertgpu"]
+    )
+    return subprocess.Popen(
+        [*cmd, *map(str, args)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
 
 
 def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -66,7 +84,13 @@ def parent_chain_has(pid: int, ancestor: int) -> bool:
 
 def kill_torchrun_worker(proc: subprocess.Popen, local_rank: int = 1) -> None:
     """SIGKILL one worker (by LOCAL_RANK) of the torchrun started as ``proc``."""
-    workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and env_of(int(p)).get("TORCHELASTIC_RUN_ID")
-               and env_of(int(p)).get("LOCAL_RANK") == str(local_rank) and parent_chain_has(int(p), proc.pid)]
+    workers = [
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit()
+        and env_of(int(p)).get("TORCHELASTIC_RUN_ID")
+        and env_of(int(p)).get("LOCAL_RANK") == str(local_rank)
+        and parent_chain_has(int(p), proc.pid)
+    ]
     assert workers, f"no worker of local rank {local_rank} found"
     os.kill(min(workers), signal.SIGKILL)

@@ -17,6 +17,7 @@ def slowed(forward):
     def slow_forward(self, input_ids, *args, **kwargs):
         time.sleep(float(os.environ["SLOW_SECONDS"]) * input_ids.shape[0])
         return forward(self, input_ids, *args, **kwargs)
+
     return slow_forward
 
 

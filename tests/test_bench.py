@@ -8,13 +8,26 @@ from conftest import run_cli
 
 
 def test_bench_cli_on_cpu_prints_both_sides_and_ends_with_the_speedup(uncased_vocab):
-    proc = run_cli("bench", "--model", "tiny", "--device", "cpu", "--batch-size", "4", "--steps", "2", "--warmup", "1",
-                   "--vocab", uncased_vocab)
+    proc = run_cli(
+        "bench",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--batch-size",
+        "4",
+        "--steps",
+        "2",
+        "--warmup",
+        "1",
+        "--vocab",
+        uncased_vocab,
+    )
     lines = proc.stdout.strip().splitlines()
     assert "vocab 30,522" in proc.stdout and "fp32" in proc.stdout
     rows = {line.split()[0]: line.split()[1:] for line in lines if line.startswith(("bertgpu ", "transformers "))}
     assert set(rows) == {"bertgpu", "transformers"}
-    for name, (ms, seq_s, tokens_s, mfu) in rows.items():
+    for _name, (ms, seq_s, tokens_s, mfu) in rows.items():
         assert float(ms) > 0 and float(seq_s) > 0 and mfu == "n/a"  # no MFU without a GPU's known peak
         assert abs(float(tokens_s.replace(",", "")) - 128 * float(seq_s)) <= 128 * 0.05 + 1  # seq 128
     speedup = re.fullmatch(r"speedup: (\d+\.\d\d)", lines[-1])

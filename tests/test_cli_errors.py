@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import run_cli, write_tiny_bert
 
 
@@ -57,16 +56,29 @@ def test_data_from_another_vocab_than_the_model(tmp_path, english_corpus, minilm
     run_cli("vocab", english_corpus, "--size", "2000", "--out", vocab)
     run_cli("prepare", english_corpus, "--vocab", vocab, "--out", tmp_path / "data")
     run = tmp_path / "run"
-    proc = run_cli("pretrain", "--data", tmp_path / "data", "--model", minilm_dir, "--out", run, "--steps", "1",
-                   check=False)
+    proc = run_cli(
+        "pretrain", "--data", tmp_path / "data", "--model", minilm_dir, "--out", run, "--steps", "1", check=False
+    )
     assert_one_line_error(proc, "another vocab")
     assert not run.exists()
 
 
 def test_max_seq_length_beyond_the_model_positions(tmp_path, english_data):
     run = tmp_path / "run"
-    proc = run_cli("pretrain", "--data", english_data, "--model", "tiny", "--out", run, "--max-seq-length", "1024",
-                   "--nproc", "2", check=False)
+    proc = run_cli(
+        "pretrain",
+        "--data",
+        english_data,
+        "--model",
+        "tiny",
+        "--out",
+        run,
+        "--max-seq-length",
+        "1024",
+        "--nproc",
+        "2",
+        check=False,
+    )
     assert_one_line_error(proc, "--max-seq-length 1024", "512")
     assert not run.exists()
 
@@ -80,13 +92,17 @@ def test_bad_flags(tmp_path, english_data):
     assert_one_line_error(proc, "nodata", "bertgpu prepare")
 
 
-@pytest.mark.parametrize("command, flags, needles", [
-    ("pretrain", ["--tp", "2", "--nproc", "3"], ["--tp 2 does not divide the 3 process"]),
-    ("pretrain", ["--tp", "4", "--nproc", "4"], ["--tp 4 does not divide", "2 attention heads"]),
-    ("pretrain", ["--tp", "2", "--nproc", "1"], ["--tp 2 needs at least 2 processes, the run has 1"]),
-    ("pretrain", ["--tp", "0"], ["--tp must be at least 1"]),
-    ("finetune", ["--tp", "3", "--nproc", "2"], ["--tp 3 needs at least 3 processes"]),
-], ids=["tp-not-dividing-processes", "tp-not-dividing-heads", "tp-without-processes", "tp-zero", "finetune-tp"])
+@pytest.mark.parametrize(
+    "command, flags, needles",
+    [
+        ("pretrain", ["--tp", "2", "--nproc", "3"], ["--tp 2 does not divide the 3 process"]),
+        ("pretrain", ["--tp", "4", "--nproc", "4"], ["--tp 4 does not divide", "2 attention heads"]),
+        ("pretrain", ["--tp", "2", "--nproc", "1"], ["--tp 2 needs at least 2 processes, the run has 1"]),
+        ("pretrain", ["--tp", "0"], ["--tp must be at least 1"]),
+        ("finetune", ["--tp", "3", "--nproc", "2"], ["--tp 3 needs at least 3 processes"]),
+    ],
+    ids=["tp-not-dividing-processes", "tp-not-dividing-heads", "tp-without-processes", "tp-zero", "finetune-tp"],
+)
 def test_bad_layouts(tmp_path, english_data, minilm_dir, capsys, command, flags, needles):
     """Checked before any process starts: nothing is written."""
     if command == "pretrain":
@@ -112,22 +128,50 @@ def in_process_error(capsys, *args) -> str:
     return err
 
 
-@pytest.mark.parametrize("flags, needle", [
-    (["--batch-size", "4,4,4", "--nproc", "2"], "--batch-size 4,4,4 gives 3 sizes for 2 data-parallel rank(s)"),
-    (["--batch-size", "4,0", "--nproc", "2"], "--batch-size must be at least 1"),
-    (["--batch-size", "four"], "--batch-size four: give a number"),
-    (["--balance", "auto", "--nproc", "1"], "--balance auto needs at least 2 data-parallel processes"),
-    (["--balance", "auto", "--nproc", "2", "--strategy", "fsdp"], "--balance auto works with --strategy ddp"),
-    (["--grad-compression", "powersgd", "--nproc", "2", "--strategy", "fsdp"], "powersgd works with --strategy ddp"),
-    (["--grad-compression", "powersgd", "--nproc", "2", "--tp", "2"], "powersgd works with --strategy ddp"),
-    (["--powersgd-rank", "0"], "--powersgd-rank must be at least 1"),
-    (["--lr-scaling", "linear", "--reference-batch", "0"], "--reference-batch must be at least 1"),
-    (["--optimizer", "rmsprop", "--rmsprop-alpha", "1"], "--rmsprop-alpha must be in [0, 1)"),
-], ids=["sizes-for-ranks", "size-zero", "size-not-a-number", "balance-one-process", "balance-fsdp",
-        "powersgd-fsdp", "powersgd-tp", "powersgd-rank", "reference-batch", "rmsprop-alpha"])
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--batch-size", "4,4,4", "--nproc", "2"], "--batch-size 4,4,4 gives 3 sizes for 2 data-parallel rank(s)"),
+        (["--batch-size", "4,0", "--nproc", "2"], "--batch-size must be at least 1"),
+        (["--batch-size", "four"], "--batch-size four: give a number"),
+        (["--balance", "auto", "--nproc", "1"], "--balance auto needs at least 2 data-parallel processes"),
+        (["--balance", "auto", "--nproc", "2", "--strategy", "fsdp"], "--balance auto works with --strategy ddp"),
+        (
+            ["--grad-compression", "powersgd", "--nproc", "2", "--strategy", "fsdp"],
+            "powersgd works with --strategy ddp",
+        ),
+        (["--grad-compression", "powersgd", "--nproc", "2", "--tp", "2"], "powersgd works with --strategy ddp"),
+        (["--powersgd-rank", "0"], "--powersgd-rank must be at least 1"),
+        (["--lr-scaling", "linear", "--reference-batch", "0"], "--reference-batch must be at least 1"),
+        (["--optimizer", "rmsprop", "--rmsprop-alpha", "1"], "--rmsprop-alpha must be in [0, 1)"),
+    ],
+    ids=[
+        "sizes-for-ranks",
+        "size-zero",
+        "size-not-a-number",
+        "balance-one-process",
+        "balance-fsdp",
+        "powersgd-fsdp",
+        "powersgd-tp",
+        "powersgd-rank",
+        "reference-batch",
+        "rmsprop-alpha",
+    ],
+)
 def test_bad_communication_flags(tmp_path, english_data, capsys, flags, needle):
-    err = in_process_error(capsys, "pretrain", "--data", english_data, "--model", "tiny", "--out", tmp_path / "run",
-                           "--device", "cpu", *flags)
+    err = in_process_error(
+        capsys,
+        "pretrain",
+        "--data",
+        english_data,
+        "--model",
+        "tiny",
+        "--out",
+        tmp_path / "run",
+        "--device",
+        "cpu",
+        *flags,
+    )
     assert needle in err
     assert not (tmp_path / "run").exists()
 
@@ -162,17 +206,35 @@ def test_non_empty_run_directory_needs_overwrite(tmp_path, english_data):
 # ---------------------------------------------------------------------------------------------
 # The bad-input catalogue of the resume issue: each a clear line, a non-zero exit, nothing half-written.
 
+
 def test_only_one_sentence_documents_suggests_no_nsp(tmp_path, uncased_vocab):
     corpus = tmp_path / "lines.txt"
     corpus.write_text("".join(f"Sentence number {i} stands alone.\n\n" for i in range(200)))
     run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "data")
-    proc = run_cli("pretrain", "--data", tmp_path / "data", "--model", "tiny", "--out", tmp_path / "run",
-                   check=False)
+    proc = run_cli("pretrain", "--data", tmp_path / "data", "--model", "tiny", "--out", tmp_path / "run", check=False)
     assert_one_line_error(proc, "single sentence", "--no-nsp")
     assert not (tmp_path / "run").exists()
     # MLM alone on 2 processes: DDP must not wait for gradients of the NSP head, which gets none.
-    run_cli("pretrain", "--data", tmp_path / "data", "--model", "tiny", "--out", tmp_path / "run", "--no-nsp",
-            "--steps", "2", "--batch-size", "4", "--loader-workers", "0", "--nproc", "2", "--device", "cpu")
+    run_cli(
+        "pretrain",
+        "--data",
+        tmp_path / "data",
+        "--model",
+        "tiny",
+        "--out",
+        tmp_path / "run",
+        "--no-nsp",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--loader-workers",
+        "0",
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+    )
 
 
 def test_binary_file(tmp_path, uncased_vocab):
@@ -185,8 +247,9 @@ def test_binary_file(tmp_path, uncased_vocab):
 
 def test_non_utf8_is_replaced_and_warned_or_an_error_with_strict(tmp_path, uncased_vocab):
     corpus = tmp_path / "latin1.txt"
-    corpus.write_bytes("A plain first line.\nCaf\xe9 au lait.\n\nAnother document here.\nWith two lines.\n"
-                       .encode("latin-1"))
+    corpus.write_bytes(
+        "A plain first line.\nCaf\xe9 au lait.\n\nAnother document here.\nWith two lines.\n".encode("latin-1")
+    )
     proc = run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "data")
     warning = [line for line in proc.stderr.splitlines() if line.startswith("bertgpu: warning:")]
     assert len(warning) == 1 and f"{corpus}:2" in warning[0], proc.stderr
@@ -217,8 +280,18 @@ def test_duplicate_vocab_entries(tmp_path, english_corpus, uncased_vocab):
 
 def test_model_and_data_disagree_on_vocab_size(tmp_path, english_data):
     config = tmp_path / "config.json"
-    config.write_text(json.dumps({"model_type": "bert", "vocab_size": 1000, "hidden_size": 64,
-                                  "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 128}))
+    config.write_text(
+        json.dumps(
+            {
+                "model_type": "bert",
+                "vocab_size": 1000,
+                "hidden_size": 64,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "intermediate_size": 128,
+            }
+        )
+    )
     proc = run_cli("pretrain", "--data", english_data, "--model", config, "--out", tmp_path / "run", check=False)
     assert_one_line_error(proc, "1000", "30522")
 
@@ -226,12 +299,24 @@ def test_model_and_data_disagree_on_vocab_size(tmp_path, english_data):
 def test_no_gpu_or_too_few_gpus(tmp_path, english_data, monkeypatch):
     import torch
 
-    from bertgpu.parallel import launch
     from bertgpu.errors import UserError
+    from bertgpu.parallel import launch
 
     if not torch.cuda.is_available():
-        proc = run_cli("pretrain", "--data", english_data, "--model", "tiny", "--out", tmp_path / "run",
-                       "--device", "cuda", "--nproc", "2", check=False)
+        proc = run_cli(
+            "pretrain",
+            "--data",
+            english_data,
+            "--model",
+            "tiny",
+            "--out",
+            tmp_path / "run",
+            "--device",
+            "cuda",
+            "--nproc",
+            "2",
+            check=False,
+        )
         assert_one_line_error(proc, "no CUDA GPU")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(UserError, match="--nproc 4 is more than the 2 GPU"):
@@ -253,16 +338,36 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, e
     import subprocess
     import sys
 
+    import transformers
     from conftest import ROOT
 
-    import transformers
-
     run = tmp_path / "run"
-    args = ["pretrain", "--data", english_data, "--model", "tiny", "--out", run, "--batch-size", "4",
-            "--save-every", "2", "--device", "cpu", "--loader-workers", "0"]
+    args = [
+        "pretrain",
+        "--data",
+        english_data,
+        "--model",
+        "tiny",
+        "--out",
+        run,
+        "--batch-size",
+        "4",
+        "--save-every",
+        "2",
+        "--device",
+        "cpu",
+        "--loader-workers",
+        "0",
+    ]
     run_cli(*args, "--steps", "2")
-    proc = subprocess.run([sys.executable, "-m", "bertgpu", *map(str, args), "--steps", "4", "--resume"],
-                          capture_output=True, text=True, cwd=ROOT, preexec_fn=_limit_file_size, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "bertgpu", *map(str, args), "--steps", "4", "--resume"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        preexec_fn=_limit_file_size,
+        timeout=600,
+    )
     assert_one_line_error(proc, "could not write checkpoint", "step-0000004", "step-0000002 is intact")
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000002"]
     transformers.BertForPreTraining.from_pretrained(run / "checkpoints" / "step-0000002")
@@ -271,21 +376,45 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, e
 @pytest.mark.parametrize("damaged", ["model.safetensors", "training_state.pt"])
 def test_truncated_checkpoint_file(tmp_path, english_data, damaged):
     run = tmp_path / "run"
-    args = ["pretrain", "--data", english_data, "--model", "tiny", "--out", run, "--batch-size", "4",
-            "--device", "cpu", "--loader-workers", "0"]
+    args = [
+        "pretrain",
+        "--data",
+        english_data,
+        "--model",
+        "tiny",
+        "--out",
+        run,
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--loader-workers",
+        "0",
+    ]
     run_cli(*args, "--steps", "2")
     path = run / "checkpoints" / "step-0000002" / damaged
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     proc = run_cli(*args, "--steps", "4", "--resume", check=False)
     assert_one_line_error(proc, str(path))
-    proc = run_cli("pretrain", "--data", english_data, "--model", path.parent, "--out", tmp_path / "other",
-                   "--steps", "2", check=False)
+    proc = run_cli(
+        "pretrain",
+        "--data",
+        english_data,
+        "--model",
+        path.parent,
+        "--out",
+        tmp_path / "other",
+        "--steps",
+        "2",
+        check=False,
+    )
     if damaged == "model.safetensors":
         assert_one_line_error(proc, str(path))
 
 
 # ---------------------------------------------------------------------------------------------
 # Fine-tuning on one small GPU: LoRA, quantisation and accumulation flags.
+
 
 @pytest.fixture(scope="module")
 def tiny_classifier_setup(tmp_path_factory, uncased_vocab):
@@ -296,23 +425,51 @@ def tiny_classifier_setup(tmp_path_factory, uncased_vocab):
     return root / "tiny", root / "reviews.csv"
 
 
-@pytest.mark.parametrize("flags, needles", [
-    (["--lora-rank", "0"], ["--lora-rank must be at least 1, got 0"]),
-    (["--quantize", "nf4"], ["--quantize needs --lora-rank"]),
-    (["--lora-alpha", "16"], ["--lora-alpha needs --lora-rank"]),
-    (["--lora-rank", "4", "--lora-dropout", "1"], ["--lora-dropout must be in [0, 1)"]),
-    (["--grad-accum", "0"], ["--grad-accum must be at least 1, got 0"]),
-    (["--lora-rank", "4", "--lora-targets", "query,attention"], ["--lora-targets attention", "no linear layer"]),
-    (["--lora-rank", "4", "--lora-targets", "classifier"], ["classifier head is trained whole"]),
-    (["--lora-rank", "4", "--tp", "2", "--nproc", "2"], ["--tp 2 cannot split LoRA's adapted layers", "fsdp"]),
-    (["--lora-rank", "4", "--quantize", "int8", "--strategy", "fsdp", "--nproc", "2"],
-     ["--quantize int8 cannot be sharded with --strategy fsdp"]),
-], ids=["rank-0", "quantize-without-lora", "alpha-without-lora", "dropout-1", "grad-accum-0", "unknown-target",
-        "head-as-target", "lora-with-tp", "quantize-with-fsdp"])
+@pytest.mark.parametrize(
+    "flags, needles",
+    [
+        (["--lora-rank", "0"], ["--lora-rank must be at least 1, got 0"]),
+        (["--quantize", "nf4"], ["--quantize needs --lora-rank"]),
+        (["--lora-alpha", "16"], ["--lora-alpha needs --lora-rank"]),
+        (["--lora-rank", "4", "--lora-dropout", "1"], ["--lora-dropout must be in [0, 1)"]),
+        (["--grad-accum", "0"], ["--grad-accum must be at least 1, got 0"]),
+        (["--lora-rank", "4", "--lora-targets", "query,attention"], ["--lora-targets attention", "no linear layer"]),
+        (["--lora-rank", "4", "--lora-targets", "classifier"], ["classifier head is trained whole"]),
+        (["--lora-rank", "4", "--tp", "2", "--nproc", "2"], ["--tp 2 cannot split LoRA's adapted layers", "fsdp"]),
+        (
+            ["--lora-rank", "4", "--quantize", "int8", "--strategy", "fsdp", "--nproc", "2"],
+            ["--quantize int8 cannot be sharded with --strategy fsdp"],
+        ),
+    ],
+    ids=[
+        "rank-0",
+        "quantize-without-lora",
+        "alpha-without-lora",
+        "dropout-1",
+        "grad-accum-0",
+        "unknown-target",
+        "head-as-target",
+        "lora-with-tp",
+        "quantize-with-fsdp",
+    ],
+)
 def test_bad_lora_and_accumulation_flags(tmp_path, tiny_classifier_setup, flags, needles):
     model, reviews = tiny_classifier_setup
-    proc = run_cli("finetune", "--model", model, "--train", reviews, "--text-column", "review", "--out",
-                   tmp_path / "run", "--device", "cpu", *flags, check=False)
+    proc = run_cli(
+        "finetune",
+        "--model",
+        model,
+        "--train",
+        reviews,
+        "--text-column",
+        "review",
+        "--out",
+        tmp_path / "run",
+        "--device",
+        "cpu",
+        *flags,
+        check=False,
+    )
     assert_one_line_error(proc, *needles)
     assert not (tmp_path / "run").exists()
 
@@ -323,9 +480,25 @@ def test_quantize_without_bitsandbytes_says_what_to_install(tmp_path, tiny_class
     shadow = tmp_path / "shadow" / "bitsandbytes"
     shadow.mkdir(parents=True)
     (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'bitsandbytes'\")\n")
-    proc = run_cli("finetune", "--model", model, "--train", reviews, "--text-column", "review", "--out",
-                   tmp_path / "run", "--device", "cpu", "--lora-rank", "4", "--quantize", "nf4", check=False,
-                   env={"PYTHONPATH": str(shadow.parent)})
+    proc = run_cli(
+        "finetune",
+        "--model",
+        model,
+        "--train",
+        reviews,
+        "--text-column",
+        "review",
+        "--out",
+        tmp_path / "run",
+        "--device",
+        "cpu",
+        "--lora-rank",
+        "4",
+        "--quantize",
+        "nf4",
+        check=False,
+        env={"PYTHONPATH": str(shadow.parent)},
+    )
     assert_one_line_error(proc, "--quantize nf4 needs the bitsandbytes package", "pip install 'bertgpu[quant]'")
     assert not (tmp_path / "run").exists()
 
@@ -340,6 +513,7 @@ def test_a_finetune_run_without_best_yet(tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Chinese whole-word masking and `bertgpu inspect` (issue 12).
 
+
 def test_zh_wwm_without_the_segmenter(tmp_path, uncased_vocab):
     """rjieba is an extra ([zh]): without it, --zh-wwm says what to install, before reading anything."""
     hide = tmp_path / "hide"
@@ -348,8 +522,17 @@ def test_zh_wwm_without_the_segmenter(tmp_path, uncased_vocab):
     corpus = tmp_path / "zh.txt"
     corpus.write_text("今天天气不错。\n我们去公园吧。\n")
     out = tmp_path / "data"
-    proc = run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", out, "--zh-wwm", check=False,
-                   env={"PYTHONPATH": str(hide)})
+    proc = run_cli(
+        "prepare",
+        corpus,
+        "--vocab",
+        uncased_vocab,
+        "--out",
+        out,
+        "--zh-wwm",
+        check=False,
+        env={"PYTHONPATH": str(hide)},
+    )
     assert_one_line_error(proc, "--zh-wwm", "pip install 'bertgpu[zh]'")
     assert not out.exists()
 

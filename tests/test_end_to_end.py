@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import torch
-
 from conftest import ROOT, run_cli
 
 
@@ -24,9 +23,31 @@ def test_vocab_prepare_pretrain_with_two_processes(tmp_path, english_corpus):
     run_cli("vocab", english_corpus, "--size", "3000", "--out", vocab)
     assert vocab.read_text().splitlines()[101:104] == ["[CLS]", "[SEP]", "[MASK]"]
     run_cli("prepare", english_corpus, "--vocab", vocab, "--out", data, "--workers", "2")
-    proc = run_cli("pretrain", "--data", data, "--model", "tiny", "--out", run, "--nproc", "2", "--device", "cpu",
-                   "--steps", "80", "--batch-size", "16", "--lr", "2e-3", "--warmup", "10", "--log-every", "10",
-                   "--save-every", "40")
+    proc = run_cli(
+        "pretrain",
+        "--data",
+        data,
+        "--model",
+        "tiny",
+        "--out",
+        run,
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--steps",
+        "80",
+        "--batch-size",
+        "16",
+        "--lr",
+        "2e-3",
+        "--warmup",
+        "10",
+        "--log-every",
+        "10",
+        "--save-every",
+        "40",
+    )
     assert "2 processes = dp 2, ddp" in proc.stdout and "global batch 32" in proc.stdout
 
     log = read_log(run)
@@ -41,8 +62,9 @@ def test_vocab_prepare_pretrain_with_two_processes(tmp_path, english_corpus):
     ckpt = run / "checkpoints" / "step-0000080"
     hf = transformers.BertForPreTraining.from_pretrained(ckpt).eval()
     tok = transformers.BertTokenizer.from_pretrained(ckpt)
-    enc = tok("The if statement is used for conditional execution.", "It selects exactly one suite.",
-              return_tensors="pt")
+    enc = tok(
+        "The if statement is used for conditional execution.", "It selects exactly one suite.", return_tensors="pt"
+    )
     assert enc["input_ids"][0, 0].item() == 101
     from bertgpu.checkpoint import load_pretrained
     from bertgpu.model import BertForPreTraining
@@ -59,10 +81,37 @@ def test_same_command_under_torchrun(tmp_path, english_data):
     run = tmp_path / "run"
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc_per_node", "2", "-m", "bertgpu", "pretrain",
-         "--data", str(english_data), "--model", "tiny", "--out", str(run), "--device", "cpu",
-         "--steps", "6", "--batch-size", "4", "--log-every", "3", "--loader-workers", "0"],
-        capture_output=True, text=True, cwd=ROOT, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        [
+            str(torchrun),
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "bertgpu",
+            "pretrain",
+            "--data",
+            str(english_data),
+            "--model",
+            "tiny",
+            "--out",
+            str(run),
+            "--device",
+            "cpu",
+            "--steps",
+            "6",
+            "--batch-size",
+            "4",
+            "--log-every",
+            "3",
+            "--loader-workers",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "2 processes = dp 2, ddp" in proc.stdout and "global batch 8" in proc.stdout
     # rank 0 alone prints: one start line and one closing summary

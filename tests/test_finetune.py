@@ -17,31 +17,49 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_cli, sentiment_reviews, write_tiny_bert
 from safetensors.torch import load_file
 
 from bertgpu.classifier import Classifier
 from bertgpu.config import FinetuneConfig
 from bertgpu.tasks.finetune import check, run_finetune
-from conftest import run_cli, sentiment_reviews, write_tiny_bert
 
 TRAIN_PER_CLASS = 400
 TEST_PER_CLASS = 200
-FINETUNE = ["--epochs", "2", "--batch-size", "16", "--max-seq-length", "48", "--lr", "1e-4", "--warmup", "0.1",
-            "--eval-split", "0.1", "--log-every", "10", "--device", "cpu", "--seed", "0"]
+FINETUNE = [
+    "--epochs",
+    "2",
+    "--batch-size",
+    "16",
+    "--max-seq-length",
+    "48",
+    "--lr",
+    "1e-4",
+    "--warmup",
+    "0.1",
+    "--eval-split",
+    "0.1",
+    "--log-every",
+    "10",
+    "--device",
+    "cpu",
+    "--seed",
+    "0",
+]
 
 
 @pytest.fixture(scope="module")
 def sentiment(tmp_path_factory) -> tuple[Path, Path]:
-    return sentiment_reviews(tmp_path_factory.mktemp("sentiment"), test_per_class=TEST_PER_CLASS,
-                             train_per_class=TRAIN_PER_CLASS, seed=0)
+    return sentiment_reviews(
+        tmp_path_factory.mktemp("sentiment"), test_per_class=TEST_PER_CLASS, train_per_class=TRAIN_PER_CLASS, seed=0
+    )
 
 
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory, minilm_dir, sentiment) -> Path:
     """MiniLM fine-tuned through the CLI with 2 processes; return its output directory."""
     out = tmp_path_factory.mktemp("finetune") / "run"
-    proc = run_cli("finetune", "--model", minilm_dir, "--train", sentiment[0], "--out", out, "--nproc", "2",
-                   *FINETUNE)
+    proc = run_cli("finetune", "--model", minilm_dir, "--train", sentiment[0], "--out", out, "--nproc", "2", *FINETUNE)
     assert "2 processes = dp 2, ddp" in proc.stdout and "global batch 32 = 16 x 2" in proc.stdout, proc.stdout
     return out
 
@@ -57,8 +75,21 @@ def held_out_metrics(finetuned, sentiment, tmp_path_factory) -> tuple[dict, dict
     results = []
     for nproc in (1, 2):
         path = out / f"nproc{nproc}.json"
-        proc = run_cli("evaluate", "--model", finetuned / "best", "--data", sentiment[1], "--nproc", nproc,
-                       "--batch-size", "24", "--device", "cpu", "--output", path)
+        proc = run_cli(
+            "evaluate",
+            "--model",
+            finetuned / "best",
+            "--data",
+            sentiment[1],
+            "--nproc",
+            nproc,
+            "--batch-size",
+            "24",
+            "--device",
+            "cpu",
+            "--output",
+            path,
+        )
         assert f"{2 * TEST_PER_CLASS} examples" in proc.stdout and str(path) in proc.stdout
         results.append(read_json(path))
     return results[0], results[1]
@@ -76,8 +107,10 @@ def test_finetune_minilm_with_two_processes(finetuned, held_out_metrics):
     assert metrics["best_epoch"] == best["epoch"]
     # The final output is the best epoch's checkpoint.
     best_dir = finetuned / "best"
-    assert load_file(best_dir / "model.safetensors").keys() == load_file(
-        finetuned / metrics["best_checkpoint"] / "model.safetensors").keys()
+    assert (
+        load_file(best_dir / "model.safetensors").keys()
+        == load_file(finetuned / metrics["best_checkpoint"] / "model.safetensors").keys()
+    )
     assert read_json(best_dir / "metrics.json")["epoch"] == best["epoch"]
     config = read_json(best_dir / "config.json")
     assert config["id2label"] == {"0": "negative", "1": "positive"}
@@ -109,8 +142,12 @@ def test_checkpoint_loads_in_transformers_with_the_same_logits(finetuned):
     hf = transformers.BertForSequenceClassification.from_pretrained(best).eval()
     assert hf.config.id2label == {0: "negative", 1: "positive"}
     tokenizer = transformers.BertTokenizer.from_pretrained(best)
-    enc = tokenizer(["我觉得不错!", "The battery died after two days.", "质量很差"], ["还行", "Never again.", "不推荐"],
-                    padding=True, return_tensors="pt")
+    enc = tokenizer(
+        ["我觉得不错!", "The battery died after two days.", "质量很差"],
+        ["还行", "Never again.", "不推荐"],
+        padding=True,
+        return_tensors="pt",
+    )
     ours = Classifier.load(best, device="cpu")
     with torch.no_grad():
         reference = hf(**enc).logits
@@ -156,8 +193,18 @@ def test_best_checkpoint_and_save_total_limit(tmp_path, uncased_vocab, sentiment
     Starts from one of our pretraining checkpoints (a random tiny BERT: its MLM/NSP heads are ignored)."""
     model_dir = write_tiny_bert(tmp_path / "pretrained", uncased_vocab)
     out = tmp_path / "run"
-    cfg = FinetuneConfig(model=str(model_dir), train=str(sentiment[1]), out=str(out), epochs=4, batch_size=32,
-                         max_seq_length=32, lr=1e-3, save_total_limit=2, device="cpu", log_every=100)
+    cfg = FinetuneConfig(
+        model=str(model_dir),
+        train=str(sentiment[1]),
+        out=str(out),
+        epochs=4,
+        batch_size=32,
+        max_seq_length=32,
+        lr=1e-3,
+        save_total_limit=2,
+        device="cpu",
+        log_every=100,
+    )
     run_finetune(cfg)
     metrics = read_json(out / "metrics.json")
     accuracies = [e["eval_accuracy"] for e in metrics["epochs"]]
@@ -165,9 +212,12 @@ def test_best_checkpoint_and_save_total_limit(tmp_path, uncased_vocab, sentiment
     assert metrics["best_epoch"] == best and metrics["eval_examples"] == 40  # --eval-split 0.1 by default
     newest_other = max(e for e in range(1, 5) if e != best)
     assert sorted(p.name for p in (out / "checkpoints").glob("epoch-*")) == sorted(
-        {f"epoch-{best:03d}", f"epoch-{newest_other:03d}"})
+        {f"epoch-{best:03d}", f"epoch-{newest_other:03d}"}
+    )
     # Besides them, only the newest resumable checkpoint, taken after the last epoch.
-    assert [p.name for p in (out / "checkpoints").glob("step-*")] == [f"step-{4 * 12:07d}"]  # 4 epochs of ceil(360 / 32) steps
+    assert [p.name for p in (out / "checkpoints").glob("step-*")] == [
+        f"step-{4 * 12:07d}"
+    ]  # 4 epochs of ceil(360 / 32) steps
     weights = load_file(out / "best" / "model.safetensors")
     reference = load_file(out / "checkpoints" / f"epoch-{best:03d}" / "model.safetensors")
     assert all(torch.equal(weights[k], reference[k]) for k in reference)
@@ -193,13 +243,27 @@ def test_evaluate_matches_unnamed_labels_to_integer_labels(finetuned, sentiment,
     config["label2id"] = {"LABEL_0": 0, "LABEL_1": 1}
     (model / "config.json").write_text(json.dumps(config), encoding="utf-8")
     numbered = tmp_path / "test.csv"
-    with open(sentiment[1], encoding="utf-8", newline="") as f_in, open(numbered, "w", encoding="utf-8", newline="") as f:
+    with (
+        open(sentiment[1], encoding="utf-8", newline="") as f_in,
+        open(numbered, "w", encoding="utf-8", newline="") as f,
+    ):
         rows = list(csv.DictReader(f_in))
         writer = csv.DictWriter(f, fieldnames=["text", "label"])
         writer.writeheader()
         writer.writerows({"text": r["text"], "label": {"negative": "0", "positive": "1"}[r["label"]]} for r in rows)
-    run_cli("evaluate", "--model", model, "--data", numbered, "--batch-size", "24", "--device", "cpu",
-            "--output", tmp_path / "m.json")
+    run_cli(
+        "evaluate",
+        "--model",
+        model,
+        "--data",
+        numbered,
+        "--batch-size",
+        "24",
+        "--device",
+        "cpu",
+        "--output",
+        tmp_path / "m.json",
+    )
     metrics = read_json(tmp_path / "m.json")
     for key in ("examples", "accuracy", "f1", "confusion"):
         assert metrics[key] == held_out_metrics[0][key], key

@@ -15,14 +15,31 @@ import signal
 from pathlib import Path
 
 import pytest
-from safetensors.torch import load_file
-
 from conftest import run_cli, sentiment_reviews, write_tiny_bert
 from procs import assert_bitwise_equal, kill_torchrun_worker, start, wait_for_step
+from safetensors.torch import load_file
 
 # 360 training reviews / global batch 16 = 23 steps per epoch, 46 in all; resumable every 5 steps.
-ARGS = ["--epochs", "2", "--batch-size", "8", "--max-seq-length", "32", "--lr", "1e-3", "--log-every", "1",
-        "--save-every", "5", "--device", "cpu", "--precision", "fp32", "--seed", "3"]
+ARGS = [
+    "--epochs",
+    "2",
+    "--batch-size",
+    "8",
+    "--max-seq-length",
+    "32",
+    "--lr",
+    "1e-3",
+    "--log-every",
+    "1",
+    "--save-every",
+    "5",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--seed",
+    "3",
+]
 STEPS = 46
 
 
@@ -51,13 +68,18 @@ def training_losses(out: Path) -> dict[int, float]:
 
 def assert_same_run(reference: Path, out: Path) -> None:
     """Same final state, same best classifier, same evaluation records."""
-    assert_bitwise_equal(load_file(reference / "checkpoints" / f"step-{STEPS:07d}" / "model.safetensors"),
-                         load_file(out / "checkpoints" / f"step-{STEPS:07d}" / "model.safetensors"))
-    assert_bitwise_equal(load_file(reference / "best" / "model.safetensors"), load_file(out / "best" / "model.safetensors"))
+    assert_bitwise_equal(
+        load_file(reference / "checkpoints" / f"step-{STEPS:07d}" / "model.safetensors"),
+        load_file(out / "checkpoints" / f"step-{STEPS:07d}" / "model.safetensors"),
+    )
+    assert_bitwise_equal(
+        load_file(reference / "best" / "model.safetensors"), load_file(out / "best" / "model.safetensors")
+    )
     ref, got = (json.loads((d / "metrics.json").read_text()) for d in (reference, out))
     assert got == ref
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == \
-        sorted(p.name for p in (reference / "checkpoints").iterdir())
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == sorted(
+        p.name for p in (reference / "checkpoints").iterdir()
+    )
 
 
 def test_sigkill_at_a_random_step_then_resume_is_bitwise_identical(tmp_path, setup, uninterrupted):

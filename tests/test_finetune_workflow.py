@@ -15,15 +15,33 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import run_cli, sentiment_reviews, write_tiny_bert
 from safetensors.torch import load_file
 
 from bertgpu.classifier import Classifier
-from conftest import run_cli, sentiment_reviews, write_tiny_bert
 
 LABELS = {"positive": "好评", "negative": "差评"}
 EMPTY_EVERY = 15  # every 15th review of the file is left empty, as ChnSentiCorp's CSV has some
-COMMON = ["--text-column", "review", "--metric", "f1", "--epochs", "1", "--max-seq-length", "32", "--lr", "1e-4",
-          "--log-every", "1", "--device", "cpu", "--precision", "fp32", "--seed", "3"]
+COMMON = [
+    "--text-column",
+    "review",
+    "--metric",
+    "f1",
+    "--epochs",
+    "1",
+    "--max-seq-length",
+    "32",
+    "--lr",
+    "1e-4",
+    "--log-every",
+    "1",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--seed",
+    "3",
+]
 
 
 def write_chnsenticorp(rows: list[dict], path: Path) -> int:
@@ -50,14 +68,26 @@ def data(tmp_path_factory, uncased_vocab) -> dict:
         files[name] = root / f"{name}.csv"
         files[f"{name}_empty"] = write_chnsenticorp(rows, files[name])
         files[f"{name}_rows"] = len(rows)
-    files["model"] = write_tiny_bert(root / "tiny", uncased_vocab, hidden_dropout_prob=0.0,
-                                     attention_probs_dropout_prob=0.0)
+    files["model"] = write_tiny_bert(
+        root / "tiny", uncased_vocab, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+    )
     return files
 
 
 def finetune(data: dict, out: Path, *layout: str):
-    return run_cli("finetune", "--model", data["model"], "--train", data["train"], "--eval", data["dev"], "--out", out,
-                   *layout, *COMMON)
+    return run_cli(
+        "finetune",
+        "--model",
+        data["model"],
+        "--train",
+        data["train"],
+        "--eval",
+        data["dev"],
+        "--out",
+        out,
+        *layout,
+        *COMMON,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -78,19 +108,42 @@ def test_chnsenticorp_workflow_end_to_end(two_processes, data, tmp_path):
 
     # evaluate, given the run's directory: its best/, the metrics the run computed on the same file.
     result = tmp_path / "eval.json"
-    proc = run_cli("evaluate", "--model", out, "--data", data["dev"], "--text-column", "review", "--device", "cpu",
-                   "--output", result)
+    proc = run_cli(
+        "evaluate",
+        "--model",
+        out,
+        "--data",
+        data["dev"],
+        "--text-column",
+        "review",
+        "--device",
+        "cpu",
+        "--output",
+        result,
+    )
     assert f"skipped {data['dev_empty']} row(s)" in proc.stderr
     got = json.loads(result.read_text(encoding="utf-8"))
     assert got["model"] == str(out / "best") and got["labels"] == metrics["labels"]
-    assert (got["examples"], got["accuracy"], got["f1"]) == tuple(metrics["best"][f"eval_{k}"] for k in
-                                                                  ("examples", "accuracy", "f1"))
+    assert (got["examples"], got["accuracy"], got["f1"]) == tuple(
+        metrics["best"][f"eval_{k}"] for k in ("examples", "accuracy", "f1")
+    )
     assert got["loss"] == pytest.approx(metrics["best"]["eval_loss"], abs=1e-5)
 
     # predict, given the run's directory: the Chinese label names, a row per input row, empty ones left blank.
     predictions = tmp_path / "predictions.csv"
-    run_cli("predict", "--model", out, "--input", data["dev"], "--text-column", "review", "--output", predictions,
-            "--device", "cpu")
+    run_cli(
+        "predict",
+        "--model",
+        out,
+        "--input",
+        data["dev"],
+        "--text-column",
+        "review",
+        "--output",
+        predictions,
+        "--device",
+        "cpu",
+    )
     with open(predictions, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == data["dev_rows"] and list(rows[0]) == ["label", "review", "prediction", "probability"]
@@ -111,7 +164,7 @@ def test_transformers_pipeline_gives_our_labels_and_probabilities(two_processes)
     pipe = transformers.pipeline("text-classification", model=str(best), device="cpu")
     ours = Classifier.load(best, device="cpu")
     probabilities = ours.predict_proba(texts)
-    for text, top, every, p in zip(texts, pipe(texts), pipe(texts, top_k=None), probabilities):
+    for _text, top, every, p in zip(texts, pipe(texts), pipe(texts, top_k=None), probabilities):
         assert top["label"] == ours.labels[int(p.argmax())] and top["score"] == pytest.approx(p.max(), abs=1e-5)
         assert {x["label"]: x["score"] for x in every} == pytest.approx(dict(zip(ours.labels, p.tolist())), abs=1e-5)
 
@@ -127,6 +180,8 @@ def test_grad_accum_on_two_processes_trains_the_global_batches_of_one(two_proces
     ref, got = (load_file(d / "best" / "model.safetensors") for d in (reference, two_processes[0]))
     worst = max((ref[k] - got[k]).abs().max().item() for k in ref)
     assert worst <= 1e-5, f"max abs parameter difference {worst:.3g}"
-    losses = [[r["loss"] for r in map(json.loads, (d / "log.jsonl").read_text().splitlines()) if "loss" in r]
-              for d in (reference, two_processes[0])]
+    losses = [
+        [r["loss"] for r in map(json.loads, (d / "log.jsonl").read_text().splitlines()) if "loss" in r]
+        for d in (reference, two_processes[0])
+    ]
     assert len(losses[0]) == len(losses[1]) and losses[1] == pytest.approx(losses[0], abs=1e-5)

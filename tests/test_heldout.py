@@ -9,12 +9,25 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from conftest import run_cli
 from test_cli_errors import assert_one_line_error
 
-TINY = ["--model", "tiny", "--batch-size", "4", "--max-seq-length", "64", "--device", "cpu", "--dropout", "0",
-        "--precision", "fp32", "--loader-workers", "0"]
+TINY = [
+    "--model",
+    "tiny",
+    "--batch-size",
+    "4",
+    "--max-seq-length",
+    "64",
+    "--device",
+    "cpu",
+    "--dropout",
+    "0",
+    "--precision",
+    "fp32",
+    "--loader-workers",
+    "0",
+]
 
 
 def test_held_out_documents_never_reach_training(small_english_data):
@@ -40,15 +53,16 @@ def test_held_out_documents_never_reach_training(small_english_data):
         return tokens(start, end)
 
     corpus.tokens = recording
-    dataset = PretrainingDataset(train, DataConfig(data=str(small_english_data), max_seq_length=64), 3,
-                                 load_vocab(corpus.vocab_path))
+    dataset = PretrainingDataset(
+        train, DataConfig(data=str(small_english_data), max_seq_length=64), 3, load_vocab(corpus.vocab_path)
+    )
     for epoch in (0, 1):
         dataset.set_epoch(epoch)
         for i in range(len(dataset)):
             dataset[i]
     heldout_sentences = np.zeros(corpus.num_sentences, dtype=bool)
     for d in held:
-        heldout_sentences[corpus.doc_offsets[d]:corpus.doc_offsets[d + 1]] = True
+        heldout_sentences[corpus.doc_offsets[d] : corpus.doc_offsets[d + 1]] = True
     assert len(read) > 2 * len(dataset)
     assert not any(heldout_sentences[start:end].any() for start, end in read)
     # and the evaluation subset reads held-out text only, token for token the corpus's
@@ -58,14 +72,26 @@ def test_held_out_documents_never_reach_training(small_english_data):
 
 def test_resume_holds_out_the_same_documents(tmp_path, small_english_data):
     run = tmp_path / "run"
-    common = ["pretrain", "--data", small_english_data, "--out", run, *TINY, "--save-every", "2",
-              "--eval-instances", "8"]
+    common = [
+        "pretrain",
+        "--data",
+        small_english_data,
+        "--out",
+        run,
+        *TINY,
+        "--save-every",
+        "2",
+        "--eval-instances",
+        "8",
+    ]
     first = run_cli(*common, "--steps", "2", "--eval-fraction", "0.2")
     held = torch.load(run / "checkpoints" / "step-0000002" / "training_state.pt", weights_only=True)[
-        "heldout_documents"]
+        "heldout_documents"
+    ]
     resumed = run_cli(*common, "--steps", "4", "--eval-fraction", "0.4", "--resume")  # the recorded ones win
     again = torch.load(run / "checkpoints" / "step-0000004" / "training_state.pt", weights_only=True)[
-        "heldout_documents"]
+        "heldout_documents"
+    ]
     assert torch.equal(held, again)
     where = first.stdout.split("evaluated on ")[1].split(";")[0]
     assert where in resumed.stdout and f"{len(held)} held-out documents" in where
@@ -86,8 +112,9 @@ def _transformers_losses(model, eval_set, nsp: bool) -> dict[str, float]:
     with torch.no_grad():
         for k in range(len(eval_set)):
             x = {key: torch.as_tensor(v)[None] for key, v in eval_set.instance(k).items()}
-            out = model(input_ids=x["input_ids"], token_type_ids=x["token_type_ids"],
-                        attention_mask=x["attention_mask"])
+            out = model(
+                input_ids=x["input_ids"], token_type_ids=x["token_type_ids"], attention_mask=x["attention_mask"]
+            )
             logits = out.prediction_logits if nsp else out.logits
             picked = logits[0, x["mlm_positions"][0]]
             labels = x["mlm_labels"][0]
@@ -104,8 +131,7 @@ def _transformers_losses(model, eval_set, nsp: bool) -> dict[str, float]:
 
 
 @pytest.mark.parametrize("kind", ["ours", "transformers-masked-lm"])
-def test_evaluate_on_prepared_data_gives_what_transformers_computes(kind, checkpoint_dir, small_english_data,
-                                                                   tmp_path):
+def test_evaluate_on_prepared_data_gives_what_transformers_computes(kind, checkpoint_dir, small_english_data, tmp_path):
     """Ours (BertForPreTraining, NSP too) and a transformers BertForMaskedLM directory (no NSP head):
     the metrics of `bertgpu evaluate --data DIR` on 2 processes equal transformers' forward passes on
     the same masked instances, to 1e-5 (float32 logits, float64 sums)."""
@@ -126,12 +152,27 @@ def test_evaluate_on_prepared_data_gives_what_transformers_computes(kind, checkp
         model.save_pretrained(model_dir)
         for name in ("vocab.txt", "tokenizer_config.json"):
             (model_dir / name).write_bytes((checkpoint_dir / name).read_bytes())
-    proc = run_cli("evaluate", "--model", model_dir, "--data", small_english_data, "--eval-instances", "9",
-                   "--max-seq-length", "64", "--nproc", "2", "--device", "cpu", "--json")
+    proc = run_cli(
+        "evaluate",
+        "--model",
+        model_dir,
+        "--data",
+        small_english_data,
+        "--eval-instances",
+        "9",
+        "--max-seq-length",
+        "64",
+        "--nproc",
+        "2",
+        "--device",
+        "cpu",
+        "--json",
+    )
     ours = json.loads(proc.stdout.strip().splitlines()[-1])
     assert ours["instances"] == 9 and ("eval_nsp_loss" in ours) == nsp
-    eval_set = EvalSet(ShardedCorpus(small_english_data), DataConfig(data=str(small_english_data), max_seq_length=64),
-                       42, 9, "test")
+    eval_set = EvalSet(
+        ShardedCorpus(small_english_data), DataConfig(data=str(small_english_data), max_seq_length=64), 42, 9, "test"
+    )
     theirs = _transformers_losses(model, eval_set, nsp)
     for key, value in theirs.items():
         assert ours[key] == pytest.approx(value, abs=1e-5), key

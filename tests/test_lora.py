@@ -14,19 +14,37 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import run_cli, sentiment_reviews, write_tiny_bert
+from procs import assert_bitwise_equal, start, wait_for_step
 from safetensors.torch import load_file
 
 from bertgpu.config import AdapterConfig, ModelConfig
 from bertgpu.model import BertForSequenceClassification
-from conftest import run_cli, sentiment_reviews, write_tiny_bert
-from procs import assert_bitwise_equal, start, wait_for_step
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
 # 120 real reviews, 10% held out: 108 training examples, 7 steps of global batch 16 per epoch, 14 in all.
-ARGS = ["--epochs", "2", "--max-seq-length", "32", "--lr", "2e-3", "--log-every", "1", "--save-every", "4",
-        "--device", "cpu", "--precision", "fp32", "--seed", "3", "--lora-rank", "4"]
+ARGS = [
+    "--epochs",
+    "2",
+    "--max-seq-length",
+    "32",
+    "--lr",
+    "2e-3",
+    "--log-every",
+    "1",
+    "--save-every",
+    "4",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--seed",
+    "3",
+    "--lora-rank",
+    "4",
+]
 DDP = ["--nproc", "2", "--batch-size", "4", "--grad-accum", "2"]
 STEPS = 14
 TEXTS = ["我觉得不错!", "质量很差, 不推荐", "The battery died after two days."]
@@ -66,10 +84,15 @@ def start_line(stdout: str) -> str:
 def test_start_line_counts_trainable_parameters(lora_run):
     # Per layer, rank 4 adapters on query and value (128 -> 128): 2 x (4 x 128 + 128 x 4); the head 128 x 2 + 2.
     trainable = 2 * 2 * (4 * 128 + 128 * 4) + 128 * 2 + 2
-    total = sum(p.numel() for p in BertForSequenceClassification(ModelConfig.preset("tiny", vocab_size=30522))
-                .parameters()) + trainable - 258
+    total = (
+        sum(p.numel() for p in BertForSequenceClassification(ModelConfig.preset("tiny", vocab_size=30522)).parameters())
+        + trainable
+        - 258
+    )
     line = start_line(lora_run[1])
-    assert f"LoRA r 4 alpha 8 dropout 0.1 on query, value: {trainable:,} of {total:,} parameters trainable" in line, line
+    assert f"LoRA r 4 alpha 8 dropout 0.1 on query, value: {trainable:,} of {total:,} parameters trainable" in line, (
+        line
+    )
     assert "2 processes = dp 2, ddp" in line and "global batch 16 = 4 x 2 x 2" in line, line
 
 
@@ -81,28 +104,47 @@ def test_best_is_the_merged_classifier_and_the_adapter_loads_in_peft(lora_run, s
     files = sorted(p.name for p in (best / "adapter").iterdir())
     assert files == ["adapter_config.json", "adapter_model.safetensors"]
     config = json.loads((best / "adapter" / "adapter_config.json").read_text())
-    assert (config["peft_type"], config["task_type"], config["r"], config["lora_alpha"], config["lora_dropout"]) == \
-        ("LORA", "SEQ_CLS", 4, 8, 0.1)
+    assert (config["peft_type"], config["task_type"], config["r"], config["lora_alpha"], config["lora_dropout"]) == (
+        "LORA",
+        "SEQ_CLS",
+        4,
+        8,
+        0.1,
+    )
     assert sorted(config["target_modules"]) == ["query", "value"] and config["modules_to_save"] == ["classifier"]
     assert config["base_model_name_or_path"] == str(setup[0].resolve())
     keys = load_file(best / "adapter" / "adapter_model.safetensors").keys()
     assert "base_model.model.bert.encoder.layer.1.attention.self.value.lora_B.weight" in keys
-    assert {"base_model.model.classifier.weight", "base_model.model.classifier.bias"} <= keys and len(keys) == 10  # 2 layers x 2 targets x (A, B), head
+    assert {"base_model.model.classifier.weight", "base_model.model.classifier.bias"} <= keys and len(
+        keys
+    ) == 10  # 2 layers x 2 targets x (A, B), head
 
     tokenizer = transformers.BertTokenizer.from_pretrained(best)
     merged = transformers.BertForSequenceClassification.from_pretrained(best).eval()
     assert merged.config.id2label == {0: "negative", 1: "positive"}
     base = transformers.BertForSequenceClassification.from_pretrained(
-        setup[0], config=transformers.BertConfig.from_pretrained(best))
+        setup[0], config=transformers.BertConfig.from_pretrained(best)
+    )
     adapted = peft.PeftModel.from_pretrained(base, best / "adapter").eval()
     torch.testing.assert_close(logits_of(adapted, tokenizer), logits_of(merged, tokenizer), atol=1e-5, rtol=0)
 
     weights, original = load_file(best / "model.safetensors"), load_file(setup[0] / "model.safetensors")
-    for name in ("bert.encoder.layer.0.attention.self.key.weight", "bert.encoder.layer.1.output.dense.weight",
-                 "bert.embeddings.word_embeddings.weight", "bert.pooler.dense.weight"):
+    for name in (
+        "bert.encoder.layer.0.attention.self.key.weight",
+        "bert.encoder.layer.1.output.dense.weight",
+        "bert.embeddings.word_embeddings.weight",
+        "bert.pooler.dense.weight",
+    ):
         assert torch.equal(weights[name], original[name]), name
-    moved = (weights["bert.encoder.layer.0.attention.self.query.weight"] -
-             original["bert.encoder.layer.0.attention.self.query.weight"]).abs().max().item()
+    moved = (
+        (
+            weights["bert.encoder.layer.0.attention.self.query.weight"]
+            - original["bert.encoder.layer.0.attention.self.query.weight"]
+        )
+        .abs()
+        .max()
+        .item()
+    )
     assert moved > 1e-5
 
 
@@ -194,8 +236,11 @@ def test_nf4_run_writes_a_full_precision_best_that_evaluates_as_the_run_did(tmp_
     """The merged best/ of a 4-bit run is an fp32 classifier with exactly a classifier's tensors, and
     `evaluate` on it (given the run's directory) gives the metrics the run measured on the quantised model."""
     out = tmp_path / "nf4"
-    proc = run_cli(*command(setup, out, "--nproc", "1", "--batch-size", "16", "--epochs", "1", "--quantize", "nf4",
-                            "--eval", setup[1]))
+    proc = run_cli(
+        *command(
+            setup, out, "--nproc", "1", "--batch-size", "16", "--epochs", "1", "--quantize", "nf4", "--eval", setup[1]
+        )
+    )
     assert "on query, value, nf4 base" in start_line(proc.stdout) and "Failed to load" not in proc.stderr
     weights = load_file(out / "best" / "model.safetensors")
     assert {t.dtype for t in weights.values()} == {torch.float32}

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from conftest import at_real_tokens
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
@@ -22,7 +23,6 @@ from bertgpu.model import (
     BertModel,
     training_flops_per_sequence,
 )
-from conftest import at_real_tokens
 
 ATOL = 1e-5
 SENTENCES = [
@@ -108,7 +108,9 @@ def test_pretraining_logits_match_transformers():
         ref = theirs(**batch)
     assert mlm.shape == (3, 16, config.vocab_size) and nsp.shape == (3, 2)
     mask = batch["attention_mask"]
-    torch.testing.assert_close(at_real_tokens(mlm, mask), at_real_tokens(ref.prediction_logits, mask), atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        at_real_tokens(mlm, mask), at_real_tokens(ref.prediction_logits, mask), atol=ATOL, rtol=0
+    )
     torch.testing.assert_close(nsp, ref.seq_relationship_logits, atol=ATOL, rtol=0)
 
     # The fast path: the MLM head only at the masked positions equals the full logits gathered there
@@ -139,8 +141,12 @@ def test_activations_match_transformers(hidden_act):
     batch = padded_batch(config.vocab_size, seed=1)
     mask = batch["attention_mask"]
     with torch.no_grad():
-        torch.testing.assert_close(at_real_tokens(ours(**batch)[0], mask),
-                                   at_real_tokens(theirs(**batch).prediction_logits, mask), atol=ATOL, rtol=0)
+        torch.testing.assert_close(
+            at_real_tokens(ours(**batch)[0], mask),
+            at_real_tokens(theirs(**batch).prediction_logits, mask),
+            atol=ATOL,
+            rtol=0,
+        )
 
 
 def test_pretraining_gradients_match_transformers():
@@ -209,8 +215,9 @@ def test_minilm_hidden_states_match_transformers(minilm_dir):
     # Real tokens only: at padding positions the two differ by up to 6e-5 on AVX512 CPUs (2.7e-6 on
     # real tokens), a difference in how kernels treat rows no output ever reads.
     mask = batch["attention_mask"]
-    torch.testing.assert_close(at_real_tokens(hidden, mask), at_real_tokens(ref.last_hidden_state, mask),
-                               atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        at_real_tokens(hidden, mask), at_real_tokens(ref.last_hidden_state, mask), atol=ATOL, rtol=0
+    )
     torch.testing.assert_close(pooled, ref.pooler_output, atol=ATOL, rtol=0)
 
 
@@ -250,7 +257,11 @@ def test_pretraining_round_trip_through_transformers(tmp_path, minilm_dir):
     out = save_pretrained(ours, config, tmp_path / "ckpt", vocab_path=minilm_dir / "vocab.txt", do_lower_case=True)
 
     assert sorted(p.name for p in out.iterdir()) == [
-        "config.json", "model.safetensors", "special_tokens_map.json", "tokenizer_config.json", "vocab.txt"
+        "config.json",
+        "model.safetensors",
+        "special_tokens_map.json",
+        "tokenizer_config.json",
+        "vocab.txt",
     ]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp dir left behind
     with safe_open(out / "model.safetensors", "pt") as f:
@@ -271,7 +282,9 @@ def test_pretraining_round_trip_through_transformers(tmp_path, minilm_dir):
         ref = theirs(**batch)
         again_mlm, again_nsp = load_pretrained(out, BertForPreTraining).eval()(**batch)
     mask = batch["attention_mask"]
-    torch.testing.assert_close(at_real_tokens(mlm, mask), at_real_tokens(ref.prediction_logits, mask), atol=ATOL, rtol=0)
+    torch.testing.assert_close(
+        at_real_tokens(mlm, mask), at_real_tokens(ref.prediction_logits, mask), atol=ATOL, rtol=0
+    )
     torch.testing.assert_close(nsp, ref.seq_relationship_logits, atol=ATOL, rtol=0)
     torch.testing.assert_close(at_real_tokens(again_mlm, mask), at_real_tokens(mlm, mask), atol=0, rtol=0)
     torch.testing.assert_close(again_nsp, nsp, atol=0, rtol=0)
@@ -410,8 +423,9 @@ def test_fast_path_loss_equals_the_plain_path_on_a_real_batch(small_english_data
     with torch.no_grad():
         fast, nsp = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["mlm_positions"])
         full, nsp_full = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-    fast_loss = torch.nn.functional.cross_entropy(fast.flatten(0, 1), batch["mlm_labels"].flatten(),
-                                                  ignore_index=IGNORE_INDEX)
+    fast_loss = torch.nn.functional.cross_entropy(
+        fast.flatten(0, 1), batch["mlm_labels"].flatten(), ignore_index=IGNORE_INDEX
+    )
     labels = torch.full_like(batch["input_ids"], IGNORE_INDEX)
     valid = batch["mlm_labels"] != IGNORE_INDEX
     rows = torch.arange(16)[:, None].expand_as(valid)

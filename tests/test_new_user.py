@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import ROOT, run_cli, write_tiny_bert
 from test_cli_errors import assert_one_line_error
 
@@ -26,8 +25,9 @@ def test_a_vocab_made_for_other_text_is_refused_then_warned_about(tmp_path, smal
     assert float(line.split("% of the")[0].split()[-1]) > 90
     assert not out.exists() and not list(tmp_path.glob(".data*"))
 
-    proc = run_cli("prepare", chinese_corpus, "--vocab", english_vocab, "--out", out, "--workers", "1",
-                   "--max-unk-share", "1")
+    proc = run_cli(
+        "prepare", chinese_corpus, "--vocab", english_vocab, "--out", out, "--workers", "1", "--max-unk-share", "1"
+    )
     meta = json.loads((out / "meta.json").read_text())
     assert meta["unk_tokens"] / meta["tokens"] > 0.9
     assert f"{meta['unk_tokens'] / meta['tokens']:.2%} of the tokens are [UNK]" in proc.stdout
@@ -61,14 +61,17 @@ def test_vocab_refuses_to_overwrite_without_overwrite(tmp_path, english_corpus):
 
 
 def test_threads_follow_omp_num_threads_and_the_cores_this_process_may_use():
-    code = ("import os, sys, torch; from bertgpu.parallel import launch; "
-            "os.sched_setaffinity(0, {0}) if sys.argv[1] == 'one-core' else None; "
-            "launch.init('cpu'); print(torch.get_num_threads())")
+    code = (
+        "import os, sys, torch; from bertgpu.parallel import launch; "
+        "os.sched_setaffinity(0, {0}) if sys.argv[1] == 'one-core' else None; "
+        "launch.init('cpu'); print(torch.get_num_threads())"
+    )
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
 
     def threads(mode: str, **extra: str) -> int:
-        out = subprocess.run([sys.executable, "-c", code, mode], env={**env, **extra}, capture_output=True, text=True,
-                             check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", code, mode], env={**env, **extra}, capture_output=True, text=True, check=True
+        )
         return int(out.stdout.strip())
 
     cores = len(os.sched_getaffinity(0))
@@ -76,8 +79,9 @@ def test_threads_follow_omp_num_threads_and_the_cores_this_process_may_use():
     assert threads("all", LOCAL_WORLD_SIZE="2", WORLD_SIZE="1") == max(1, cores // 2)
     assert threads("one-core") == 1  # affinity, not os.cpu_count()
     assert threads("all", OMP_NUM_THREADS="3") == 3  # the user's setting wins
-    proc = subprocess.run([sys.executable, "-c", code, "all"], env={**env, "OMP_NUM_THREADS": "many"},
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "all"], env={**env, "OMP_NUM_THREADS": "many"}, capture_output=True, text=True
+    )
     assert proc.returncode != 0 and "OMP_NUM_THREADS='many' is not a number of threads" in proc.stderr
 
 
@@ -89,8 +93,23 @@ def test_label_counts_and_label_typos(tmp_path, uncased_vocab):
     train = tmp_path / "train.csv"
     train.write_text("\n".join(rows) + "\n")
     model = write_tiny_bert(tmp_path / "tiny", uncased_vocab)
-    proc = run_cli("finetune", "--model", model, "--train", train, "--out", tmp_path / "clf", "--epochs", "1",
-                   "--device", "cpu", "--batch-size", "8", "--log-every", "1")
+    proc = run_cli(
+        "finetune",
+        "--model",
+        model,
+        "--train",
+        train,
+        "--out",
+        tmp_path / "clf",
+        "--epochs",
+        "1",
+        "--device",
+        "cpu",
+        "--batch-size",
+        "8",
+        "--log-every",
+        "1",
+    )
     assert f"{train}: 4 labels: Bash_manual 1, bash manual 12, bash-manual 1, gnu standard 12" in proc.stdout
     warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
     assert any("'Bash_manual', 'bash-manual' have fewer than 5 examples" in w for w in warnings), proc.stderr
@@ -116,8 +135,14 @@ def classifier(tmp_path_factory, uncased_vocab):
     config = ModelConfig.preset("tiny", vocab_size=30522, id2label={0: "neg", 1: "pos"})
     torch.manual_seed(0)
     model = root / "clf"
-    save_pretrained(BertForSequenceClassification(config), config, model, vocab_path=uncased_vocab, do_lower_case=True,
-                    architecture="BertForSequenceClassification")
+    save_pretrained(
+        BertForSequenceClassification(config),
+        config,
+        model,
+        vocab_path=uncased_vocab,
+        do_lower_case=True,
+        architecture="BertForSequenceClassification",
+    )
     data = root / "labelled.csv"
     data.write_text("label,text\npos,good\nneg,bad\n")
     return model, data
@@ -143,8 +168,9 @@ def test_outputs_never_overwrite_their_inputs(tmp_path, classifier):
 
 def test_eval_split_zero_is_an_error(tmp_path, classifier):
     model, data = classifier
-    proc = run_cli("finetune", "--model", model, "--train", data, "--out", tmp_path / "o", "--eval-split", "0",
-                   check=False)
+    proc = run_cli(
+        "finetune", "--model", model, "--train", data, "--out", tmp_path / "o", "--eval-split", "0", check=False
+    )
     assert_one_line_error(proc, "--eval-split must be a fraction between 0 and 1", "--eval FILE")
 
 
@@ -183,10 +209,22 @@ def test_resume_says_what_it_does(tmp_path, small_english_data, classifier):
     _, data = classifier
     rows = ["label,text"] + [f"{'pos' if i % 2 else 'neg'},text number {i}" for i in range(20)]
     (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
-    proc = run_cli("finetune", "--model", run, "--train", tmp_path / "train.csv", "--out", tmp_path / "clf",
-                   "--epochs", "1", "--device", "cpu")
-    assert f"--model {run} is a run directory: starting from its newest checkpoint, {run}/checkpoints/step-" \
-        in proc.stdout
+    proc = run_cli(
+        "finetune",
+        "--model",
+        run,
+        "--train",
+        tmp_path / "train.csv",
+        "--out",
+        tmp_path / "clf",
+        "--epochs",
+        "1",
+        "--device",
+        "cpu",
+    )
+    assert (
+        f"--model {run} is a run directory: starting from its newest checkpoint, {run}/checkpoints/step-" in proc.stdout
+    )
 
 
 NO_GUARD = """
@@ -209,17 +247,18 @@ def test_a_script_without_the_main_guard_gets_one_line_per_worker(tmp_path, smal
 def pretrained(tmp_path_factory, small_english_data):
     """A short pretraining run: (its directory, the finished command)."""
     run = tmp_path_factory.mktemp("pretrained") / "run"
-    proc = run_cli("pretrain", "--data", small_english_data, "--out", run, "--steps", "4", *TINY_RUN,
-                   "--log-every", "2")
+    proc = run_cli(
+        "pretrain", "--data", small_english_data, "--out", run, "--steps", "4", *TINY_RUN, "--log-every", "2"
+    )
     return run, proc
 
 
 def test_summary_eta_and_model_card_of_pretraining(pretrained):
     run, proc = pretrained
     assert " | eta " in proc.stdout
-    summary = proc.stdout[proc.stdout.index("bertgpu pretrain: done, steps 0 -> 4 in"):]
+    summary = proc.stdout[proc.stdout.index("bertgpu pretrain: done, steps 0 -> 4 in") :]
     last = json.loads((run / "log.jsonl").read_text().splitlines()[-1])
-    assert f"mlm_loss " in summary and f"-> {last['mlm_loss']:.4f}" in summary and "checkpoint: " in summary
+    assert "mlm_loss " in summary and f"-> {last['mlm_loss']:.4f}" in summary and "checkpoint: " in summary
     card = (run / "checkpoints" / "step-0000004" / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers") and "| steps | 4 of 4 |" in card
     assert f"| mlm_loss | {last['mlm_loss']:.4g} |" in card
@@ -257,15 +296,22 @@ def test_fill_mask_gives_what_transformers_computes(pretrained, minilm_dir):
 
 def test_config_file_with_flags_overriding_it_and_rerunning_a_saved_run(tmp_path, small_english_data):
     config = tmp_path / "pretrain.yaml"
-    config.write_text(f"model: tiny\nout: {tmp_path / 'a'}\nbatch-size: 3\ndevice: cpu\noptim:\n  steps: 5\n"
-                      f"  lr: 0.0005\ndata:\n  data: {small_english_data}\n  max_seq_length: 64\n")
+    config.write_text(
+        f"model: tiny\nout: {tmp_path / 'a'}\nbatch-size: 3\ndevice: cpu\noptim:\n  steps: 5\n"
+        f"  lr: 0.0005\ndata:\n  data: {small_english_data}\n  max_seq_length: 64\n"
+    )
     run_cli("pretrain", "--config", config, "--steps", "2")  # the flag wins over the file's 5
     saved = json.loads((tmp_path / "a" / "checkpoints" / "step-0000002" / "bertgpu.json").read_text())
     assert saved["config"]["optim"]["steps"] == 2 and saved["config"]["optim"]["lr"] == 0.0005
     assert saved["config"]["batch_size"] == 3 and saved["config"]["data"]["max_seq_length"] == 64
     # The saved bertgpu.json runs the same run again (here into another directory)
-    run_cli("pretrain", "--config", tmp_path / "a" / "checkpoints" / "step-0000002" / "bertgpu.json",
-            "--out", tmp_path / "b")
+    run_cli(
+        "pretrain",
+        "--config",
+        tmp_path / "a" / "checkpoints" / "step-0000002" / "bertgpu.json",
+        "--out",
+        tmp_path / "b",
+    )
     again = json.loads((tmp_path / "b" / "checkpoints" / "step-0000002" / "bertgpu.json").read_text())
     assert {**again["config"], "out": None} == {**saved["config"], "out": None}
     bad = tmp_path / "bad.json"

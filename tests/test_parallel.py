@@ -21,23 +21,47 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from conftest import at_real_tokens, run_balanced_with_a_slow_rank, run_cli, sentiment_reviews, write_tiny_bert
 from safetensors.torch import load_file
 
-from conftest import at_real_tokens, run_balanced_with_a_slow_rank, run_cli, sentiment_reviews, write_tiny_bert
-
-COMMON = ["--model", "tiny", "--precision", "fp32", "--dropout", "0", "--seed", "7", "--steps", "3",
-          "--lr", "1e-4", "--warmup", "1", "--log-every", "1", "--save-every", "2", "--device", "cpu",
-          "--loader-workers", "0"]
+COMMON = [
+    "--model",
+    "tiny",
+    "--precision",
+    "fp32",
+    "--dropout",
+    "0",
+    "--seed",
+    "7",
+    "--steps",
+    "3",
+    "--lr",
+    "1e-4",
+    "--warmup",
+    "1",
+    "--log-every",
+    "1",
+    "--save-every",
+    "2",
+    "--device",
+    "cpu",
+    "--loader-workers",
+    "0",
+]
 LAYOUTS = {
     "2procs-x-4": (["--nproc", "2", "--batch-size", "4"], "2 processes = dp 2, ddp"),
     "1proc-x-4-x-accum2": (["--nproc", "1", "--batch-size", "4", "--grad-accum", "2"], "1 process"),
     "unequal-6-and-2": (["--nproc", "2", "--batch-size", "6,2"], "2 processes = dp 2, ddp"),
     "fsdp-2procs-x-4": (["--nproc", "2", "--batch-size", "4", "--strategy", "fsdp"], "2 processes = dp 2, fsdp"),
     "tp2-x-8": (["--nproc", "2", "--batch-size", "8", "--tp", "2"], "2 processes = tp 2"),
-    "dp2-x-tp2-fsdp-x-4": (["--nproc", "4", "--batch-size", "4", "--tp", "2", "--strategy", "fsdp"],
-                           "4 processes = dp 2 x tp 2, fsdp"),
-    "dp2-x-tp2-ddp-x-4-ac": (["--nproc", "4", "--batch-size", "4", "--tp", "2", "--activation-checkpointing"],
-                             "4 processes = dp 2 x tp 2, ddp"),
+    "dp2-x-tp2-fsdp-x-4": (
+        ["--nproc", "4", "--batch-size", "4", "--tp", "2", "--strategy", "fsdp"],
+        "4 processes = dp 2 x tp 2, fsdp",
+    ),
+    "dp2-x-tp2-ddp-x-4-ac": (
+        ["--nproc", "4", "--batch-size", "4", "--tp", "2", "--activation-checkpointing"],
+        "4 processes = dp 2 x tp 2, ddp",
+    ),
 }
 TOLERANCE = 1e-6
 
@@ -71,8 +95,19 @@ def worst_difference(a: dict, b: dict) -> float:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, small_english_data):
     out = tmp_path_factory.mktemp("runs") / "one-by-8"
-    run_cli("pretrain", "--data", small_english_data, "--out", out, "--nproc", "1", "--batch-size", "8", *COMMON,
-            *evaluated_on(small_english_data))
+    run_cli(
+        "pretrain",
+        "--data",
+        small_english_data,
+        "--out",
+        out,
+        "--nproc",
+        "1",
+        "--batch-size",
+        "8",
+        *COMMON,
+        *evaluated_on(small_english_data),
+    )
     first = losses(out)
     assert len(first) == 3 and first[0] != first[-1]  # training changed the weights: the comparisons mean something
     return out
@@ -87,8 +122,16 @@ def layouts(tmp_path_factory, small_english_data):
         if name not in done:
             flags, described = LAYOUTS[name]
             out = tmp_path_factory.mktemp("runs") / name
-            proc = run_cli("pretrain", "--data", small_english_data, "--out", out, *flags, *COMMON,
-                           *evaluated_on(small_english_data))
+            proc = run_cli(
+                "pretrain",
+                "--data",
+                small_english_data,
+                "--out",
+                out,
+                *flags,
+                *COMMON,
+                *evaluated_on(small_english_data),
+            )
             assert described in proc.stdout and "global batch 8" in proc.stdout, proc.stdout
             done[name] = out
         return done[name]
@@ -145,24 +188,32 @@ def test_sharded_checkpoints_export_what_transformers_loads_with_the_same_logits
     theirs, info = transformers.BertForPreTraining.from_pretrained(ckpt, output_loading_info=True)
     assert not info["missing_keys"] and not info["mismatched_keys"], info
     tokenizer = transformers.BertTokenizer.from_pretrained(ckpt)
-    enc = tokenizer(["The if statement is used for conditional execution.", "Short."],
-                    ["It selects exactly one suite.", "A longer second segment than the first."],
-                    padding=True, return_tensors="pt")
+    enc = tokenizer(
+        ["The if statement is used for conditional execution.", "Short."],
+        ["It selects exactly one suite.", "A longer second segment than the first."],
+        padding=True,
+        return_tensors="pt",
+    )
     ours = load_pretrained(ckpt, BertForPreTraining).eval()
     with torch.no_grad():
         mlm, nsp = ours(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"])
         ref = theirs.eval()(**enc)
     mask = enc["attention_mask"]
-    torch.testing.assert_close(at_real_tokens(mlm, mask), at_real_tokens(ref.prediction_logits, mask),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        at_real_tokens(mlm, mask), at_real_tokens(ref.prediction_logits, mask), atol=1e-5, rtol=0
+    )
     torch.testing.assert_close(nsp, ref.seq_relationship_logits, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("source, target", [("fsdp-2procs-x-4", ["--nproc", "2", "--batch-size", "8", "--tp", "2"]),
-                                            ("tp2-x-8", ["--nproc", "1", "--batch-size", "8"])],
-                         ids=["fsdp-resumed-as-tp2", "tp2-resumed-as-one-process"])
-def test_resume_on_another_layout_continues_the_run(source, target, layouts, reference, small_english_data,
-                                                    tmp_path):
+@pytest.mark.parametrize(
+    "source, target",
+    [
+        ("fsdp-2procs-x-4", ["--nproc", "2", "--batch-size", "8", "--tp", "2"]),
+        ("tp2-x-8", ["--nproc", "1", "--batch-size", "8"]),
+    ],
+    ids=["fsdp-resumed-as-tp2", "tp2-resumed-as-one-process"],
+)
+def test_resume_on_another_layout_continues_the_run(source, target, layouts, reference, small_english_data, tmp_path):
     """A checkpoint written by one layout (sharded optimizer state, one file per process) resumes
     on another with the same global batch and ends where the uninterrupted run does."""
     out = tmp_path / "run"
@@ -180,8 +231,9 @@ def test_resume_with_another_global_batch_continues_from_the_same_instance(layou
     out = tmp_path / "run"
     shutil.copytree(layouts("2procs-x-4"), out)
     shutil.rmtree(out / "checkpoints" / "step-0000003")
-    proc = run_cli("pretrain", "--data", small_english_data, "--out", out, "--resume", "--nproc", "1",
-                   "--batch-size", "4", *COMMON)
+    proc = run_cli(
+        "pretrain", "--data", small_english_data, "--out", out, "--resume", "--nproc", "1", "--batch-size", "4", *COMMON
+    )
     assert "the global batch changed from 8 to 4: continuing at instance 16 of epoch 0" in proc.stdout, proc.stdout
     last = json.loads((out / "log.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 3 and last["global_batch"] == 4
@@ -219,8 +271,22 @@ def test_activation_checkpointing_gives_the_same_gradients():
 # --- fine-tuning on the same layouts ----------------------------------------------------------------
 
 # 120 real reviews, 10% held out: 108 training examples, 7 steps of global batch 16 (the last one 12).
-FINETUNE = ["--epochs", "1", "--max-seq-length", "32", "--lr", "1e-3", "--log-every", "1", "--device", "cpu",
-            "--precision", "fp32", "--seed", "3"]
+FINETUNE = [
+    "--epochs",
+    "1",
+    "--max-seq-length",
+    "32",
+    "--lr",
+    "1e-3",
+    "--log-every",
+    "1",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--seed",
+    "3",
+]
 FINETUNE_LAYOUTS = {
     "1proc-x-16": ["--nproc", "1", "--batch-size", "16"],
     "fsdp-2procs-x-8": ["--nproc", "2", "--batch-size", "8", "--strategy", "fsdp"],
@@ -257,10 +323,15 @@ def test_finetune_layouts_end_on_the_weights_of_one_process(name, finetuned):
 
     ours = Classifier.load(finetuned[name] / "best", device="cpu")
     enc = transformers.BertTokenizer.from_pretrained(finetuned[name] / "best")(
-        ["我觉得不错!", "质量很差"], padding=True, return_tensors="pt")
+        ["我觉得不错!", "质量很差"], padding=True, return_tensors="pt"
+    )
     with torch.no_grad():
-        torch.testing.assert_close(ours.model(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"]),
-                                   hf(**enc).logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            ours.model(enc["input_ids"], enc["token_type_ids"], enc["attention_mask"]),
+            hf(**enc).logits,
+            atol=1e-5,
+            rtol=0,
+        )
 
 
 def test_finetune_with_unequal_batch_sizes_ends_on_the_weights_of_one_process(finetuned, tmp_path):
@@ -280,8 +351,9 @@ def test_finetune_with_unequal_batch_sizes_ends_on_the_weights_of_one_process(fi
     assert "global batch 8 = (6 + 2) x 1" in proc.stdout, proc.stdout
     # --balance auto, process 1 slowed from outside the product (tests/slow_rank.py, as in
     # test_communication): 4,4 becomes a larger share for process 0 after step 5, the same batches.
-    _, line, new = run_balanced_with_a_slow_rank("finetune", "--out", tmp_path / "balanced", "--batch-size", "4",
-                                                 "--balance", "auto", *args)
+    _, line, new = run_balanced_with_a_slow_rank(
+        "finetune", "--out", tmp_path / "balanced", "--batch-size", "4", "--balance", "auto", *args
+    )
     assert sum(new) == 8 and new[0] > new[1] and line.endswith("ms per example)"), line
     outs["balanced"] = tmp_path / "balanced"
     ref, got, got_balanced = (load_file(outs[n] / "best" / "model.safetensors") for n in outs)
@@ -308,8 +380,10 @@ def _tensor_parallel_dropout_worker(out: str) -> None:
     from bertgpu.training import build_optimizer
 
     config = ModelConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3)
-    run = TrainingRun(PretrainConfig(model="tiny", out=out, nproc=2, device="cpu", precision="fp32",
-                                     parallel=ParallelConfig(tp=2)), config)
+    run = TrainingRun(
+        PretrainConfig(model="tiny", out=out, nproc=2, device="cpu", precision="fp32", parallel=ParallelConfig(tp=2)),
+        config,
+    )
     torch.manual_seed(0)
     model = BertForPreTraining(config)
     net = run.parallelize(model, total_steps=2)  # seeds dropout as every training run does
@@ -324,8 +398,11 @@ def _tensor_parallel_dropout_worker(out: str) -> None:
     both = [torch.zeros_like(replicated) for _ in range(2)]
     dist.all_gather(both, replicated)
     if dist.get_rank() == 0:
-        (Path(out) / "result.json").write_text(json.dumps({
-            "max_difference": (both[0] - both[1]).abs().max().item(), "changed": (replicated != 0).any().item()}))
+        (Path(out) / "result.json").write_text(
+            json.dumps(
+                {"max_difference": (both[0] - both[1]).abs().max().item(), "changed": (replicated != 0).any().item()}
+            )
+        )
     run.close()
 
 

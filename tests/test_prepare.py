@@ -63,7 +63,10 @@ def test_shards_hold_the_tokenized_corpus(english_shards, english_corpus, uncase
     assert corpus.sentence_lengths.tolist() == [len(s) for s in sentences]
     assert corpus.sentence_lengths.dtype == np.int32 and corpus.doc_offsets.dtype == np.int64
     assert (corpus.num_documents, corpus.num_sentences, corpus.num_tokens) == (
-        len(per_document), len(sentences), sum(map(len, sentences)))
+        len(per_document),
+        len(sentences),
+        sum(map(len, sentences)),
+    )
     first = corpus.tokens(0, 1)
     assert first.dtype == np.int64
     assert tokenizer.encode_batch([tokenizer.decode(first)])[0] == first.tolist()
@@ -102,10 +105,17 @@ def test_documents_split_at_blank_lines_and_files(uncased_vocab, tmp_path):
     prepare(inputs, str(uncased_vocab), str(tmp_path / "out"), progress=False)
     corpus = ShardedCorpus(tmp_path / "out")
     tokenizer = Tokenizer(uncased_vocab)
-    docs = [[tokenizer.decode(corpus.tokens(i, i + 1)) for i in range(s, e)]
-            for s, e in zip(corpus.doc_offsets[:-1], corpus.doc_offsets[1:])]
-    assert docs == [["first sentence.", "second one."], ["third, alone."], ["fourth", "fifth"],
-                    ["sixth in a new file."], ["seventh"]]
+    docs = [
+        [tokenizer.decode(corpus.tokens(i, i + 1)) for i in range(s, e)]
+        for s, e in zip(corpus.doc_offsets[:-1], corpus.doc_offsets[1:])
+    ]
+    assert docs == [
+        ["first sentence.", "second one."],
+        ["third, alone."],
+        ["fourth", "fifth"],
+        ["sixth in a new file."],
+        ["seventh"],
+    ]
 
 
 def test_document_without_blank_lines_is_cut(english_corpus, uncased_vocab, tmp_path, monkeypatch):
@@ -124,9 +134,11 @@ def test_document_without_blank_lines_is_cut(english_corpus, uncased_vocab, tmp_
     for doc in docs[:-2]:  # every piece but the last of the long document reached the bound, and no more
         assert sum(map(len, doc)) >= 5_000 > sum(map(len, doc[:-1]))
     assert len(docs) > 10 and reader.cut_documents == 1
-    assert reader.warnings == [f"1 document(s) ran past 5,000 characters without a blank line and were cut into "
-                               f"documents of that size (first cut at {flat}:{len(docs[0])}); the format puts a "
-                               "blank line between documents"]
+    assert reader.warnings == [
+        f"1 document(s) ran past 5,000 characters without a blank line and were cut into "
+        f"documents of that size (first cut at {flat}:{len(docs[0])}); the format puts a "
+        "blank line between documents"
+    ]
     monkeypatch.setattr(shards, "CHUNK_CHARS", 20_000)
     with pytest.warns(UserWarning, match="were cut into documents"):
         meta = prepare([str(flat)], str(uncased_vocab), str(tmp_path / "out"), workers=2, progress=False)

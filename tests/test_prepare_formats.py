@@ -16,6 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import zstandard
+from conftest import run_cli
+from test_cli_errors import assert_one_line_error
 
 from bertgpu import samples
 from bertgpu.data import corpus as corpus_module
@@ -25,8 +27,6 @@ from bertgpu.data.sentences import split_paragraph
 from bertgpu.data.shards import ShardedCorpus, prepare
 from bertgpu.data.tokenizer import Tokenizer
 from bertgpu.errors import UserError
-from conftest import run_cli
-from test_cli_errors import assert_one_line_error
 
 
 def _shard_files(directory: Path) -> dict[str, bytes]:
@@ -35,8 +35,10 @@ def _shard_files(directory: Path) -> dict[str, bytes]:
 
 
 def _write_jsonl(path: Path, texts: list[str], compression: str | None = None) -> Path:
-    data = "".join(json.dumps({"id": i, "text": t, "source": "python-reference"}, ensure_ascii=False) + "\n"
-                   for i, t in enumerate(texts)).encode("utf-8")
+    data = "".join(
+        json.dumps({"id": i, "text": t, "source": "python-reference"}, ensure_ascii=False) + "\n"
+        for i, t in enumerate(texts)
+    ).encode("utf-8")
     if compression == "gzip":
         data = gzip.compress(data)
     elif compression == "zstd":
@@ -46,16 +48,20 @@ def _write_jsonl(path: Path, texts: list[str], compression: str | None = None) -
 
 
 def _write_parquet(path: Path, texts: list[str | None]) -> Path:
-    table = pa.table({"id": list(range(len(texts))), "text": texts, "url": [f"https://example.org/{i}" for i in
-                                                                             range(len(texts))]})
+    table = pa.table(
+        {"id": list(range(len(texts))), "text": texts, "url": [f"https://example.org/{i}" for i in range(len(texts))]}
+    )
     pq.write_table(table, path, row_group_size=8)  # several row groups, but for the smallest files
     return path
 
 
 def _sentence_documents(path: Path) -> list[list[str]]:
     """The documents of a file in the original format, parsed independently of CorpusReader."""
-    return [[line.strip() for line in block.split("\n") if line.strip()]
-            for block in path.read_text(encoding="utf-8").split("\n\n") if block.strip()]
+    return [
+        [line.strip() for line in block.split("\n") if line.strip()]
+        for block in path.read_text(encoding="utf-8").split("\n\n")
+        if block.strip()
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -66,18 +72,27 @@ def plain_shards(english_corpus, uncased_vocab, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name, mode", [("corpus.jsonl", "lines"), ("corpus.jsonl.gz", "none"),
-                                        ("corpus.ndjson.zst", "lines"), ("corpus.parquet", "none")])
-def test_records_give_the_shards_of_the_original_format(name, mode, english_corpus, plain_shards, uncased_vocab,
-                                                        tmp_path):
+@pytest.mark.parametrize(
+    "name, mode",
+    [
+        ("corpus.jsonl", "lines"),
+        ("corpus.jsonl.gz", "none"),
+        ("corpus.ndjson.zst", "lines"),
+        ("corpus.parquet", "none"),
+    ],
+)
+def test_records_give_the_shards_of_the_original_format(
+    name, mode, english_corpus, plain_shards, uncased_vocab, tmp_path
+):
     """A document per record, its sentences one per line in the text field: the same shards as the plain file."""
     texts = ["\n".join(doc) for doc in _sentence_documents(english_corpus)]
     path = tmp_path / name
     fmt, compression = input_format(path)
     _write_parquet(path, texts) if fmt == "parquet" else _write_jsonl(path, texts, compression)
     assert fmt != "parquet" or pq.ParquetFile(path).metadata.num_row_groups > 5
-    meta = prepare([str(path)], str(uncased_vocab), str(tmp_path / "out"), shard_tokens=8192, progress=False,
-                   split_sentences=mode)
+    meta = prepare(
+        [str(path)], str(uncased_vocab), str(tmp_path / "out"), shard_tokens=8192, progress=False, split_sentences=mode
+    )
     assert _shard_files(tmp_path / "out") == _shard_files(plain_shards)
     assert meta["input_formats"] == [fmt + (f"+{compression}" if compression else "")]
     assert meta["split_sentences"] == {fmt: mode} and meta["sentence_splitter"] is None
@@ -121,8 +136,11 @@ def test_records_split_by_default_like_plain_text_with_auto(paragraph_corpus, au
     _, docs = paragraph_corpus
     separators = ["\n\n", "\n", "\r\n", "\n \n\n"]
     texts = [separators[i % len(separators)].join(doc) for i, doc in enumerate(docs)]
-    inputs = [_write_jsonl(tmp_path / "a.jsonl", texts), _write_jsonl(tmp_path / "b.jsonl.gz", texts, "gzip"),
-              _write_parquet(tmp_path / "c.parquet", texts)]
+    inputs = [
+        _write_jsonl(tmp_path / "a.jsonl", texts),
+        _write_jsonl(tmp_path / "b.jsonl.gz", texts, "gzip"),
+        _write_parquet(tmp_path / "c.parquet", texts),
+    ]
     for path in inputs:
         out = tmp_path / f"out-{path.name}"
         meta = prepare([str(path)], str(uncased_vocab), str(out), progress=False)
@@ -156,8 +174,12 @@ def _sentences_text(docs: list[list[str]]) -> str:
 
 
 def test_auto_on_a_real_english_paragraph():
-    paragraph = next(p for doc in samples.english_paragraphs() for p in doc
-                     if p.startswith("Chapter Objects, values and types states that objects have a value"))
+    paragraph = next(
+        p
+        for doc in samples.english_paragraphs()
+        for p in doc
+        if p.startswith("Chapter Objects, values and types states that objects have a value")
+    )
     got = split_paragraph(paragraph)
     assert " ".join(got) == " ".join(paragraph.split())
     # Not split at "e.g." nor after the colon; the bracket before the full stop stays in its sentence.
@@ -184,14 +206,30 @@ def test_auto_on_a_real_chinese_paragraph():
 
 def test_auto_edge_cases():
     # A list marker split off by the splitter is joined to its item again.
-    assert split_paragraph("1. Install the package. 2. Run the tests.") == ["1. Install the package.",
-                                                                            "2. Run the tests."]
+    assert split_paragraph("1. Install the package. 2. Run the tests.") == [
+        "1. Install the package.",
+        "2. Run the tests.",
+    ]
     assert split_paragraph("Dr. Smith paid $3.50 at 5 p.m. on Jan. 5. The U.S. Senate met. Did it? Yes!") == [
-        "Dr. Smith paid $3.50 at 5 p.m. on Jan. 5.", "The U.S. Senate met.", "Did it?", "Yes!"]
+        "Dr. Smith paid $3.50 at 5 p.m. on Jan. 5.",
+        "The U.S. Senate met.",
+        "Did it?",
+        "Yes!",
+    ]
     assert split_paragraph("他说：“好。”然后走了。你好吗?我很好! Mixed with English, e.g. this. Yes.") == [
-        "他说：“好。”", "然后走了。", "你好吗?", "我很好!", "Mixed with English, e.g. this.", "Yes."]
+        "他说：“好。”",
+        "然后走了。",
+        "你好吗?",
+        "我很好!",
+        "Mixed with English, e.g. this.",
+        "Yes.",
+    ]
     # A full-width decimal point is no full stop; a closing bracket after 。 stays with its sentence.
-    assert split_paragraph("收入达１１０．８亿美元。『欢迎。』好！") == ["收入达１１０．８亿美元。", "『欢迎。』", "好！"]
+    assert split_paragraph("收入达１１０．８亿美元。『欢迎。』好！") == [
+        "收入达１１０．８亿美元。",
+        "『欢迎。』",
+        "好！",
+    ]
     assert split_paragraph("  no full stop here  ") == ["no full stop here"]
     assert split_paragraph("") == []
 
@@ -199,8 +237,17 @@ def test_auto_edge_cases():
 def test_bad_records_are_counted_reported_and_fatal_with_strict(english_corpus, uncased_vocab, tmp_path):
     good = ["\n".join(doc) for doc in _sentence_documents(english_corpus)[:20]]
     lines = [json.dumps({"text": t}) for t in good[:10]]
-    lines += ['{"title": "no text", "id": 7}', "[1, 2, 3]", '{"text": "broken', '{"text": ["a", "list"]}',
-              '{"text": null}', '{"text": ""}', "", '{"text": 42}', '"just a string"']
+    lines += [
+        '{"title": "no text", "id": 7}',
+        "[1, 2, 3]",
+        '{"text": "broken',
+        '{"text": ["a", "list"]}',
+        '{"text": null}',
+        '{"text": ""}',
+        "",
+        '{"text": 42}',
+        '"just a string"',
+    ]
     lines += [json.dumps({"text": t}) for t in good[10:]]
     path = tmp_path / "web.jsonl"
     path.write_bytes("\n".join(lines).encode("utf-8") + b'\n{"text": "caf\xe9 latin-1 bytes."}\n')
@@ -215,11 +262,14 @@ def test_bad_records_are_counted_reported_and_fatal_with_strict(english_corpus, 
         "'text' field)",
         f"skipped 2 record(s) without a 'text' field, or with a null one (first: {path}:11: no 'text' field "
         "(fields: 'title', 'id'))",
-        f"skipped 2 record(s) whose 'text' is not a string (first: {path}:14: 'text' is a JSON array, not a "
-        "string)",
+        f"skipped 2 record(s) whose 'text' is not a string (first: {path}:14: 'text' is a JSON array, not a string)",
     ]
-    assert meta["skipped_records"] == {"invalid_json": 1, "not_an_object": 2, "no_text_field": 2,
-                                       "text_not_a_string": 2}
+    assert meta["skipped_records"] == {
+        "invalid_json": 1,
+        "not_an_object": 2,
+        "no_text_field": 2,
+        "text_not_a_string": 2,
+    }
     assert meta["records"] == 29 and meta["documents"] == 21 and meta["bad_lines"] == 1
     with pytest.raises(UserError, match=rf"{path}:11: no 'text' field \(fields: 'title', 'id'\) \(without --strict"):
         prepare([str(path)], str(uncased_vocab), str(tmp_path / "strict"), progress=False, strict=True)
@@ -245,8 +295,12 @@ def test_long_records_are_cut_and_long_paragraphs_warned(english_corpus, uncased
     path = _write_jsonl(tmp_path / "long.jsonl", ["A short document.\nOf two lines.", long_text, long_paragraph])
     reader = CorpusReader([path], split_sentences="none")
     docs = [doc.lines for doc in reader.documents()]
-    assert [line for doc in docs for line in doc] == ["A short document.", "Of two lines.", *sentences_[:400],
-                                                      long_paragraph]
+    assert [line for doc in docs for line in doc] == [
+        "A short document.",
+        "Of two lines.",
+        *sentences_[:400],
+        long_paragraph,
+    ]
     for doc in docs[1:-2]:  # every piece but the last of the long record reached the bound, and no more
         assert sum(map(len, doc)) >= 5_000 > sum(map(len, doc[:-1]))
     assert reader.cut_records == 1 and reader.long_lines == 1
@@ -267,9 +321,15 @@ def test_reader_lines_and_input_formats(tmp_path):
     """``lines()`` (what ``vocab`` trains on) gives a record's paragraphs; the format comes from the name."""
     path = _write_parquet(tmp_path / "x.parquet", ["One paragraph.\n\nTwo.", None, "Three", ""])
     assert list(CorpusReader([path]).lines()) == ["One paragraph.", "Two.", "Three"]
-    cases = {"a.txt": ("text", None), "a.txt.gz": ("text", "gzip"), "b.JSONL": ("jsonl", None),
-             "c.ndjson.zst": ("jsonl", "zstd"), "d.json.gz": ("jsonl", "gzip"), "e.parquet": ("parquet", None),
-             "README": ("text", None)}
+    cases = {
+        "a.txt": ("text", None),
+        "a.txt.gz": ("text", "gzip"),
+        "b.JSONL": ("jsonl", None),
+        "c.ndjson.zst": ("jsonl", "zstd"),
+        "d.json.gz": ("jsonl", "gzip"),
+        "e.parquet": ("parquet", None),
+        "README": ("text", None),
+    }
     assert {name: input_format(Path(name)) for name in cases} == cases
     with pytest.raises(UserError, match="a compressed Parquet file"):
         input_format(Path("f.parquet.gz"))
@@ -288,8 +348,11 @@ def test_parquet_and_dependency_errors(uncased_vocab, tmp_path, monkeypatch):
         prepare([str(fake)], vocab, str(tmp_path / "out"), progress=False)
     # A library that is not installed: one line saying what to install, before anything is written.
     monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
-    with pytest.raises(UserError, match=rf"{path}: reading Parquet needs the pyarrow package: pip install "
-                                        r"'bertgpu\[parquet\]'"):
+    with pytest.raises(
+        UserError,
+        match=rf"{path}: reading Parquet needs the pyarrow package: pip install "
+        r"'bertgpu\[parquet\]'",
+    ):
         prepare([str(path)], vocab, str(tmp_path / "out"), progress=False)
     monkeypatch.setitem(sys.modules, "zstandard", None)
     with pytest.raises(UserError, match=r"needs the zstandard package: pip install 'bertgpu\[zstd\]'"):
@@ -313,18 +376,29 @@ def test_cli(paragraph_corpus, uncased_vocab, tmp_path):
     proc = run_cli("prepare", path, "--vocab", uncased_vocab, "--out", out, "--workers", "2")
     meta = json.loads((out / "meta.json").read_text())
     short = meta["single_sentence_documents"] / meta["documents"]
-    assert (f"prepared {meta['documents']:,} documents, {meta['sentences']:,} sentences, {meta['tokens']:,} tokens"
-            in proc.stdout)
+    assert (
+        f"prepared {meta['documents']:,} documents, {meta['sentences']:,} sentences, {meta['tokens']:,} tokens"
+        in proc.stdout
+    )
     assert f"{short:.1%} of the documents have a single sentence, too short for next-sentence prediction" in proc.stdout
     assert f"skipped 2 record(s) without a 'text' field, or with a null one (first: {path}:31" in proc.stderr
     assert meta["records"] == 32 and meta["split_sentences"] == {"jsonl": "auto"}
 
-    proc = run_cli("prepare", path, "--vocab", uncased_vocab, "--out", tmp_path / "none", "--text-field", "body",
-                   "--split-sentences", "none")
+    proc = run_cli(
+        "prepare",
+        path,
+        "--vocab",
+        uncased_vocab,
+        "--out",
+        tmp_path / "none",
+        "--text-field",
+        "body",
+        "--split-sentences",
+        "none",
+    )
     assert json.loads((tmp_path / "none" / "meta.json").read_text())["documents"] == 1
 
-    for flags, needles in [(["--workers", "-1"], ["--workers", "-1"]),
-                           (["--strict"], [f"{path}:31: no 'text' field"])]:
+    for flags, needles in [(["--workers", "-1"], ["--workers", "-1"]), (["--strict"], [f"{path}:31: no 'text' field"])]:
         proc = run_cli("prepare", path, "--vocab", uncased_vocab, "--out", tmp_path / "bad", *flags, check=False)
         assert_one_line_error(proc, *needles)
         assert not (tmp_path / "bad").exists()

@@ -6,13 +6,18 @@ bert-base-uncased vocab), with the tolerances the issue states.
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 
 from bertgpu.config import DataConfig
-from bertgpu.data.pretraining import (IGNORE_INDEX, SPLIT_SENTENCE, GlobalBatchSampler, PretrainingDataset,
-                                      build_instance_spans, truncate_pair)
+from bertgpu.data.pretraining import (
+    IGNORE_INDEX,
+    SPLIT_SENTENCE,
+    GlobalBatchSampler,
+    PretrainingDataset,
+    build_instance_spans,
+    truncate_pair,
+)
 from bertgpu.data.shards import ShardedCorpus
 from bertgpu.data.tokenizer import load_vocab
 
@@ -93,16 +98,20 @@ def test_nsp_is_half_random_on_chinese_news(tmp_path_factory, chinese_corpus, un
     assert len(labels) > 5000
     assert abs(labels.mean() - 0.5) <= 0.02, labels.mean()
     ds.set_epoch(0)
-    split = [i for i in range(len(ds)) if ds.spans[i, 2] == SPLIT_SENTENCE
-             and ds.corpus.sentence_lengths[ds.spans[i, 0]] >= 2]
+    split = [
+        i
+        for i in range(len(ds))
+        if ds.spans[i, 2] == SPLIT_SENTENCE and ds.corpus.sentence_lengths[ds.spans[i, 0]] >= 2
+    ]
     assert len(split) > 50, "expected one-sentence chunks on this corpus"
     for i in split[:50]:  # A and B are the two halves of one sentence, B the text after A
         ex = ds[i]
         a_start = int(ds.spans[i, 0])
         sentence = ds.corpus.tokens(a_start, a_start + 1)
         n = int(ex["attention_mask"].sum())
-        ids = np.where(np.isin(np.arange(len(ex["input_ids"])), ex["mlm_positions"][ex["mlm_labels"] >= 0]),
-                       0, ex["input_ids"])[:n]
+        ids = np.where(
+            np.isin(np.arange(len(ex["input_ids"])), ex["mlm_positions"][ex["mlm_labels"] >= 0]), 0, ex["input_ids"]
+        )[:n]
         a_len = int((ex["token_type_ids"][:n] == 0).sum()) - 2
         assert ex["nsp_label"] == 0 and 1 <= a_len < n - 3
         kept = ids[ids != 0]  # compare the unmasked tokens with the sentence, in order
@@ -163,8 +172,9 @@ def test_same_seed_epoch_index_gives_same_instance(english_data):
     a.set_epoch(0)  # going back to an epoch rebuilds it exactly
     np.testing.assert_array_equal(a[5]["input_ids"], b[5]["input_ids"])
     a.set_epoch(1)
-    assert any(not np.array_equal(a[i]["input_ids"], b[i]["input_ids"]) for i in range(10)), \
+    assert any(not np.array_equal(a[i]["input_ids"], b[i]["input_ids"]) for i in range(10)), (
         "masking and pairing must be drawn fresh each epoch"
+    )
 
 
 def test_spans_use_every_sentence_once(english_data):
@@ -172,8 +182,9 @@ def test_spans_use_every_sentence_once(english_data):
     chunk's unused sentences go back for the next instance (they are not lost)."""
     corpus = ShardedCorpus(english_data)
     for nsp in (True, False):
-        spans = build_instance_spans(corpus.sentence_lengths, corpus.doc_offsets, 125, 0.1, nsp,
-                                     np.random.default_rng(0))
+        spans = build_instance_spans(
+            corpus.sentence_lengths, corpus.doc_offsets, 125, 0.1, nsp, np.random.default_rng(0)
+        )
         covered = np.zeros(corpus.num_sentences, dtype=int)
         for a_start, a_end, b_end, _, doc in spans:
             assert corpus.doc_offsets[doc] <= a_start < a_end <= corpus.doc_offsets[doc + 1]
@@ -206,14 +217,19 @@ def test_no_nsp_gives_single_segments(english_data):
 def test_global_batches_do_not_depend_on_process_count():
     """Step k trains on the same instances for 2 processes x 4, 1 x 8, 1 x 4 x 2 accumulation and
     unequal per-rank sizes (6 + 2, 1 + 7)."""
+
     def step_sets(sizes, accum, start=0):
-        per_rank = [list(GlobalBatchSampler(100, sizes, r, accum, seed=1, epoch=0, start_instance=start))
-                    for r in range(len(sizes))]
+        per_rank = [
+            list(GlobalBatchSampler(100, sizes, r, accum, seed=1, epoch=0, start_instance=start))
+            for r in range(len(sizes))
+        ]
         for r, batches in enumerate(per_rank):
             assert all(len(mb) == sizes[r] for mb in batches)
         steps = len(per_rank[0]) // accum
-        return [sorted(i for r in range(len(sizes)) for mb in per_rank[r][k * accum:(k + 1) * accum] for i in mb)
-                for k in range(steps)]
+        return [
+            sorted(i for r in range(len(sizes)) for mb in per_rank[r][k * accum : (k + 1) * accum] for i in mb)
+            for k in range(steps)
+        ]
 
     ref = step_sets([8], 1)
     assert len(ref) == 12

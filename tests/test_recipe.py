@@ -29,14 +29,15 @@ def test_packed_sequences_are_the_corpus_in_order(small_english_data):
         ids[x["mlm_positions"][predicted]] = x["mlm_labels"][predicted]  # the text before masking
         n = int(x["attention_mask"].sum())
         real.append(n)
-        body = ids[1:n - 1]
+        body = ids[1 : n - 1]
         inner_seps += int((body == sep).sum())
         read.append(body[body != sep])
     ours = np.concatenate(read)
     whole = corpus.tokens(0, corpus.num_sentences)
     long = corpus.sentence_lengths.max() > cfg.max_seq_length - 2
     assert long or np.array_equal(ours, whole)  # every token once, in corpus order (no sentence is cut)
-    # whole sentences (as RoBERTa packs): at 64 tokens this corpus of long sentences fills 79%; Python's documentation sources fill 117 of 128
+    # whole sentences (as RoBERTa packs): at 64 tokens this corpus of long sentences fills 79%; Python's
+    # documentation sources fill 117 of 128
     assert inner_seps > 0 and np.mean(real) > 0.75 * cfg.max_seq_length
 
 
@@ -52,8 +53,12 @@ def _parse(*argv: str):
 
 def test_fast_recipe_sets_its_values_and_explicit_flags_win():
     bert = _parse("--no-nsp")
-    assert (bert.data.pack, bert.data.masked_lm_prob, bert.data.max_predictions, bert.dropout) == (False, 0.15, 20,
-                                                                                                     None)
+    assert (bert.data.pack, bert.data.masked_lm_prob, bert.data.max_predictions, bert.dropout) == (
+        False,
+        0.15,
+        20,
+        None,
+    )
     fast = _parse("--no-nsp", "--recipe", "fast")
     assert (fast.data.pack, fast.data.masked_lm_prob, fast.data.max_predictions, fast.dropout) == (True, 0.3, 40, 0.0)
     assert _parse("--no-nsp", "--recipe", "fast", "--max-seq-length", "512").data.max_predictions == 160

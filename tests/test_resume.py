@@ -16,14 +16,31 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from conftest import ROOT, run_cli
 from procs import assert_bitwise_equal, kill_torchrun_worker, losses, start, wait_for_step
+from safetensors.torch import load_file
 
 STEPS = 12
-ARGS = ["--model", "tiny", "--steps", str(STEPS), "--batch-size", "4", "--log-every", "1", "--save-every", "3",
-        "--loader-workers", "1", "--seed", "5", "--device", "cpu", "--precision", "fp32"]
+ARGS = [
+    "--model",
+    "tiny",
+    "--steps",
+    str(STEPS),
+    "--batch-size",
+    "4",
+    "--log-every",
+    "1",
+    "--save-every",
+    "3",
+    "--loader-workers",
+    "1",
+    "--seed",
+    "5",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+]
 
 
 def weights(run_dir: Path, step: int = STEPS) -> dict[str, torch.Tensor]:
@@ -52,8 +69,9 @@ def test_sigkill_at_a_random_step_then_resume_is_bitwise_identical(tmp_path, sma
     assert_bitwise_equal(weights(uninterrupted), weights(out))
     ref, got = losses(uninterrupted), losses(out)
     assert sorted(got) == list(range(1, STEPS + 1))  # steps after the checkpoint were logged once, anew
-    assert [got[s] for s in range(resumed_from + 1, STEPS + 1)] == [ref[s] for s in range(resumed_from + 1, STEPS + 1)], \
-        f"killed at step >= {kill_at}, resumed from {resumed_from}"
+    assert [got[s] for s in range(resumed_from + 1, STEPS + 1)] == [
+        ref[s] for s in range(resumed_from + 1, STEPS + 1)
+    ], f"killed at step >= {kill_at}, resumed from {resumed_from}"
 
 
 SHARDED = {"fsdp": ["--nproc", "2", "--strategy", "fsdp"], "tp2": ["--nproc", "2", "--tp", "2", "--batch-size", "8"]}
@@ -86,8 +104,9 @@ def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, 
     assert "--resume" in stderr and "stopped by SIGTERM" in stderr, stderr
     assert "Traceback" not in stderr
     # One line: not torch's elastic agent's own log lines before it ("Received 15 death signal ...")
-    assert [line for line in stderr.splitlines() if line.strip()] == [next(
-        line for line in stderr.splitlines() if "stopped by SIGTERM" in line)], stderr
+    assert [line for line in stderr.splitlines() if line.strip()] == [
+        next(line for line in stderr.splitlines() if "stopped by SIGTERM" in line)
+    ], stderr
     stopped_at = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step-*"))
     assert stopped_at == max(losses(out)) >= 4  # the step it was in was finished and checkpointed
     assert f"step-{stopped_at:07d}" in stderr
@@ -95,7 +114,9 @@ def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, 
     assert_bitwise_equal(weights(uninterrupted), weights(out))
 
 
-def test_torchrun_restarts_a_killed_worker_and_the_run_completes_identically(tmp_path, small_english_data, uninterrupted):
+def test_torchrun_restarts_a_killed_worker_and_the_run_completes_identically(
+    tmp_path, small_english_data, uninterrupted
+):
     out = tmp_path / "run"
     proc = start(["pretrain", "--data", small_english_data, "--out", out, *ARGS], torchrun=True)
     wait_for_step(out, 7, proc)
@@ -163,24 +184,83 @@ def test_a_crafted_pickle_never_runs(tmp_path, small_english_data, target):
             return os.system, (f"touch {marker}",)
 
     run = tmp_path / "run"
-    run_cli("pretrain", "--data", small_english_data, "--out", run, "--model", "tiny", "--steps", "2", "--batch-size", "4",
-            "--device", "cpu", "--loader-workers", "0")
+    run_cli(
+        "pretrain",
+        "--data",
+        small_english_data,
+        "--out",
+        run,
+        "--model",
+        "tiny",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--loader-workers",
+        "0",
+    )
     ckpt = run / "checkpoints" / "step-0000002"
     if target == "optimizer/.metadata":  # torch.distributed.checkpoint's own metadata is a plain pickle
         import pickle
 
         (ckpt / target).write_bytes(pickle.dumps(Exploit()))
-        proc = run_cli("pretrain", "--data", small_english_data, "--out", run, "--model", "tiny", "--steps", "4",
-                       "--resume", "--device", "cpu", "--loader-workers", "0", check=False)
+        proc = run_cli(
+            "pretrain",
+            "--data",
+            small_english_data,
+            "--out",
+            run,
+            "--model",
+            "tiny",
+            "--steps",
+            "4",
+            "--resume",
+            "--device",
+            "cpu",
+            "--loader-workers",
+            "0",
+            check=False,
+        )
     elif target == "training_state.pt":
         torch.save({"step": 2, "payload": Exploit()}, ckpt / "training_state.pt")
-        proc = run_cli("pretrain", "--data", small_english_data, "--out", run, "--model", "tiny", "--steps", "4",
-                       "--resume", "--device", "cpu", "--loader-workers", "0", check=False)
+        proc = run_cli(
+            "pretrain",
+            "--data",
+            small_english_data,
+            "--out",
+            run,
+            "--model",
+            "tiny",
+            "--steps",
+            "4",
+            "--resume",
+            "--device",
+            "cpu",
+            "--loader-workers",
+            "0",
+            check=False,
+        )
     else:
         (ckpt / "model.safetensors").unlink()
         torch.save({"weights": Exploit()}, ckpt / "pytorch_model.bin")
-        proc = run_cli("pretrain", "--data", small_english_data, "--out", tmp_path / "run2", "--model", ckpt,
-                       "--steps", "2", "--device", "cpu", "--loader-workers", "0", check=False)
+        proc = run_cli(
+            "pretrain",
+            "--data",
+            small_english_data,
+            "--out",
+            tmp_path / "run2",
+            "--model",
+            ckpt,
+            "--steps",
+            "2",
+            "--device",
+            "cpu",
+            "--loader-workers",
+            "0",
+            check=False,
+        )
     assert proc.returncode != 0
     assert target in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not marker.exists(), "the pickle ran code"
@@ -188,9 +268,32 @@ def test_a_crafted_pickle_never_runs(tmp_path, small_english_data, target):
 
 def test_non_finite_loss_is_skipped_then_stops_with_the_last_good_weights(tmp_path, small_english_data):
     run = tmp_path / "run"
-    proc = run_cli("pretrain", "--data", small_english_data, "--out", run, "--model", "tiny", "--steps", "50",
-                   "--batch-size", "4", "--lr", "1e8", "--warmup", "0", "--clip", "0", "--max-bad-steps", "3",
-                   "--device", "cpu", "--loader-workers", "0", check=False)
+    proc = run_cli(
+        "pretrain",
+        "--data",
+        small_english_data,
+        "--out",
+        run,
+        "--model",
+        "tiny",
+        "--steps",
+        "50",
+        "--batch-size",
+        "4",
+        "--lr",
+        "1e8",
+        "--warmup",
+        "0",
+        "--clip",
+        "0",
+        "--max-bad-steps",
+        "3",
+        "--device",
+        "cpu",
+        "--loader-workers",
+        "0",
+        check=False,
+    )
     assert proc.returncode != 0
     assert "not finite for 3 steps in a row" in proc.stderr, proc.stderr
     assert proc.stdout.count("step skipped") == 3

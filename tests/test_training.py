@@ -41,8 +41,14 @@ def test_a_non_finite_step_is_skipped_on_the_device_by_the_fused_optimizer():
     assert all(s["step"].item() == 1 for s in optimizer.state.values())
 
 
-def _reference_lamb(params: list[torch.Tensor], grads: list[list[torch.Tensor]], decays: list[float], lr: float,
-                    betas=(0.9, 0.999), eps=1e-6) -> list[torch.Tensor]:
+def _reference_lamb(
+    params: list[torch.Tensor],
+    grads: list[list[torch.Tensor]],
+    decays: list[float],
+    lr: float,
+    betas=(0.9, 0.999),
+    eps=1e-6,
+) -> list[torch.Tensor]:
     """LAMB written out from the paper (Algorithm 2, with Adam's bias correction), in float64, one
     tensor at a time; tensors without weight decay take the plain Adam step, as NVIDIA's FusedLAMB."""
     out = []
@@ -66,8 +72,9 @@ def test_lamb_equals_the_paper_written_out_and_skips_a_non_finite_step():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2))
     start = [p.detach().clone() for p in model.parameters()]
-    optimizer = build_optimizer(model, OptimConfig(optimizer="lamb", lr=0.01, steps=10, weight_decay=0.01),
-                                torch.device("cpu"))
+    optimizer = build_optimizer(
+        model, OptimConfig(optimizer="lamb", lr=0.01, steps=10, weight_decay=0.01), torch.device("cpu")
+    )
     grads: list[list[torch.Tensor]] = [[] for _ in start]
     for i in range(4):
         optimizer.zero_grad()

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
+from conftest import at_real_tokens
 from safetensors import safe_open
 
 from bertgpu.checkpoint import load_weights, save_pretrained
@@ -16,7 +17,6 @@ from bertgpu.data.shards import ShardedCorpus
 from bertgpu.data.tokenizer import load_vocab
 from bertgpu.errors import UserError
 from bertgpu.model import BertForPreTraining, padded_vocab_size
-from conftest import at_real_tokens
 
 MULTIPLE = 64
 EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
@@ -101,8 +101,13 @@ def test_padded_model_has_the_same_losses_and_gradients(corpus, batch):
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory, corpus) -> tuple[BertForPreTraining, object]:
     _, padded = twins(corpus.vocab_size)
-    out = save_pretrained(padded.eval(), padded.config, tmp_path_factory.mktemp("padded") / "ckpt",
-                          vocab_path=corpus.vocab_path, do_lower_case=True)
+    out = save_pretrained(
+        padded.eval(),
+        padded.config,
+        tmp_path_factory.mktemp("padded") / "ckpt",
+        vocab_path=corpus.vocab_path,
+        do_lower_case=True,
+    )
     return padded, out
 
 
@@ -115,14 +120,17 @@ def test_saved_checkpoint_has_the_true_vocab_and_loads_in_transformers(corpus, b
     theirs, info = transformers.BertForPreTraining.from_pretrained(out, output_loading_info=True)
     theirs.eval()
     assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
-    inputs = dict(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                  attention_mask=batch["attention_mask"])
+    inputs = dict(
+        input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"], attention_mask=batch["attention_mask"]
+    )
     with torch.no_grad():
         mlm, nsp = padded(**inputs)
         ref = theirs(**inputs)
     assert mlm.shape == ref.prediction_logits.shape == (16, 64, V)
     mask = batch["attention_mask"]
-    torch.testing.assert_close(at_real_tokens(mlm, mask), at_real_tokens(ref.prediction_logits, mask), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        at_real_tokens(mlm, mask), at_real_tokens(ref.prediction_logits, mask), atol=1e-4, rtol=0
+    )
     torch.testing.assert_close(nsp, ref.seq_relationship_logits, atol=1e-4, rtol=0)
 
 
@@ -152,17 +160,26 @@ def test_optimizer_state_of_another_padding_is_refused(tmp_path, corpus):
     """A resume whose model pads the vocab otherwise than the checkpoint's optimizer state is refused
     with one line naming the tensor, before the next step could fail in a kernel."""
     from bertgpu.checkpoint import load_optimizer_state, save_checkpoint
-    from bertgpu.config import PretrainConfig
+    from bertgpu.config import OptimConfig, PretrainConfig
     from bertgpu.training import build_optimizer
-    from bertgpu.config import OptimConfig
 
     V = corpus.vocab_size
     padded = BertForPreTraining(tiny(V), pad_vocab_multiple=MULTIPLE)
     optimizer = build_optimizer(padded, OptimConfig(), torch.device("cpu"))
     padded(torch.randint(0, V, (2, 8)))[0].sum().backward()
     optimizer.step()
-    path = save_checkpoint(tmp_path, 1, padded, optimizer, padded.config, {}, PretrainConfig(model="tiny", out="x"),
-                           vocab_path=corpus.vocab_path, do_lower_case=True, keep=1)
+    path = save_checkpoint(
+        tmp_path,
+        1,
+        padded,
+        optimizer,
+        padded.config,
+        {},
+        PretrainConfig(model="tiny", out="x"),
+        vocab_path=corpus.vocab_path,
+        do_lower_case=True,
+        keep=1,
+    )
     again = BertForPreTraining(tiny(V), pad_vocab_multiple=MULTIPLE)
     load_optimizer_state(again, build_optimizer(again, OptimConfig(), torch.device("cpu")), path)  # same padding: fine
     rows = padded_vocab_size(V, MULTIPLE)

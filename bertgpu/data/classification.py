@@ -50,8 +50,10 @@ def detect_format(path: str | Path, fmt: str | None = None) -> str:
     name = Path(path).name.lower().removesuffix(".gz")
     ext = Path(name).suffix
     if ext not in _EXTENSIONS:
-        raise UserError(f"{path}: cannot tell the file type from its extension {ext or '(none)'!r}; "
-                        f"name it .csv, .tsv or .jsonl, or pass --format csv|tsv|jsonl")
+        raise UserError(
+            f"{path}: cannot tell the file type from its extension {ext or '(none)'!r}; "
+            f"name it .csv, .tsv or .jsonl, or pass --format csv|tsv|jsonl"
+        )
     return _EXTENSIONS[ext]
 
 
@@ -92,8 +94,10 @@ def _read_text(path: Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data[: e.start].count(b"\n") + 1
-        raise UserError(f"{path}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x}); "
-                        f"save the file as UTF-8 (e.g. iconv -f GBK -t UTF-8)") from None
+        raise UserError(
+            f"{path}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x}); "
+            f"save the file as UTF-8 (e.g. iconv -f GBK -t UTF-8)"
+        ) from None
 
 
 def _read_delimited(path: Path, text: str, fmt: str) -> Table:
@@ -110,8 +114,10 @@ def _read_delimited(path: Path, text: str, fmt: str) -> Table:
             if not any(field.strip() for field in record):
                 continue  # blank line
             if len(record) > len(header):
-                raise UserError(f"{path}:{start}: {len(record)} fields, but the header has {len(header)} "
-                                f"(an unquoted {'tab' if fmt == 'tsv' else 'comma'} inside a text?)")
+                raise UserError(
+                    f"{path}:{start}: {len(record)} fields, but the header has {len(header)} "
+                    f"(an unquoted {'tab' if fmt == 'tsv' else 'comma'} inside a text?)"
+                )
             rows.append((start, dict(zip(header, record))))  # missing trailing fields read as empty
     except csv.Error as e:
         raise UserError(f"{path}:{reader.line_num}: not valid {fmt.upper()} ({e})") from None
@@ -129,8 +135,9 @@ def _read_jsonl(path: Path, text: str) -> Table:
         except json.JSONDecodeError as e:
             raise UserError(f"{path}:{number}: not valid JSON ({e.msg}); JSONL needs one object per line") from None
         if not isinstance(record, dict):
-            raise UserError(f"{path}:{number}: a JSON {type(record).__name__}, not an object; "
-                            f"JSONL needs one object per line")
+            raise UserError(
+                f"{path}:{number}: a JSON {type(record).__name__}, not an object; JSONL needs one object per line"
+            )
         columns.update(dict.fromkeys(record))
         rows.append((number, record))
     return Table(path, "jsonl", list(columns), rows)
@@ -152,8 +159,9 @@ def require_columns(table: Table, **columns: str | None) -> None:
     for flag, column in columns.items():
         if column and column not in table.columns:
             found = ", ".join(map(repr, table.columns)) or "none"
-            raise UserError(f"{table.path} has no column {column!r} (--{flag.replace('_', '-')}); "
-                            f"columns found: {found}")
+            raise UserError(
+                f"{table.path} has no column {column!r} (--{flag.replace('_', '-')}); columns found: {found}"
+            )
 
 
 @dataclass
@@ -170,7 +178,7 @@ class Examples:
     def __len__(self) -> int:
         return len(self.texts)
 
-    def subset(self, indices: Sequence[int]) -> "Examples":
+    def subset(self, indices: Sequence[int]) -> Examples:
         pick = lambda values: None if values is None else [values[i] for i in indices]  # noqa: E731
         return Examples(self.path, pick(self.texts), pick(self.pairs), pick(self.labels), pick(self.lines), [])
 
@@ -207,8 +215,10 @@ def load_examples(
         labels.append(label)
         lines.append(line)
     if not texts:
-        raise UserError(f"{table.path}: no usable rows: all {len(table.rows)} have an empty text"
-                        f"{', pair text' if pair_column else ''}{' or label' if label_column else ''}")
+        raise UserError(
+            f"{table.path}: no usable rows: all {len(table.rows)} have an empty text"
+            f"{', pair text' if pair_column else ''}{' or label' if label_column else ''}"
+        )
     return Examples(table.path, texts, pairs if pair_column else None, labels if label_column else None, lines, skipped)
 
 
@@ -220,8 +230,10 @@ def label_names(examples: Examples) -> list[str]:
     """
     names = set(examples.labels or ())
     if len(names) < 2:
-        raise UserError(f"{examples.path}: every example has the label {next(iter(names), '')!r}; "
-                        f"a classifier needs examples of at least two classes")
+        raise UserError(
+            f"{examples.path}: every example has the label {next(iter(names), '')!r}; "
+            f"a classifier needs examples of at least two classes"
+        )
     if all(_INTEGER.fullmatch(n) for n in names):
         return sorted(names, key=lambda n: (int(n), n))
     return sorted(names)
@@ -240,16 +252,20 @@ def describe_labels(examples: Examples, names: Sequence[str]) -> tuple[str, list
     warnings = []
     rare = [name for name in names if counts[name] < FEW_EXAMPLES]
     if rare:
-        warnings.append(f"{examples.path}: label(s) {', '.join(repr(n) for n in rare)} have fewer than "
-                        f"{FEW_EXAMPLES} examples each ({', '.join(str(counts[n]) for n in rare)}): too few to learn or "
-                        "evaluate; a typo of another label?")
+        warnings.append(
+            f"{examples.path}: label(s) {', '.join(repr(n) for n in rare)} have fewer than "
+            f"{FEW_EXAMPLES} examples each ({', '.join(str(counts[n]) for n in rare)}): too few to learn or "
+            "evaluate; a typo of another label?"
+        )
     alike: dict[str, list[str]] = {}
     for name in names:
         alike.setdefault(re.sub(r"[\W_]+", "", name.casefold()), []).append(name)
     for group in alike.values():
         if len(group) > 1:
-            warnings.append(f"{examples.path}: labels {', '.join(repr(n) for n in group)} differ only in case, spaces "
-                            f"or punctuation and are {len(group)} separate classes; fix the labels if they mean one")
+            warnings.append(
+                f"{examples.path}: labels {', '.join(repr(n) for n in group)} differ only in case, spaces "
+                f"or punctuation and are {len(group)} separate classes; fix the labels if they mean one"
+            )
     return line, warnings
 
 
@@ -269,8 +285,10 @@ def check_labels(examples: Examples, known: Sequence[str], source: str) -> None:
     known_set = set(known)
     for label, line in zip(examples.labels or (), examples.lines):
         if label not in known_set:
-            raise UserError(f"{examples.path}:{line}: label {label!r} never appears in {source} "
-                            f"(labels: {', '.join(map(repr, known))})")
+            raise UserError(
+                f"{examples.path}:{line}: label {label!r} never appears in {source} "
+                f"(labels: {', '.join(map(repr, known))})"
+            )
 
 
 def split_examples(examples: Examples, fraction: float, seed: int) -> tuple[Examples, Examples]:
@@ -290,8 +308,10 @@ def split_examples(examples: Examples, fraction: float, seed: int) -> tuple[Exam
         rng.shuffle(indices)
         held_out += indices[: min(round(fraction * len(indices)), len(indices) - 1)]
     if not held_out:
-        raise UserError(f"{examples.path}: --eval-split {fraction} of {len(examples)} examples holds out none; "
-                        f"raise it or pass --eval FILE")
+        raise UserError(
+            f"{examples.path}: --eval-split {fraction} of {len(examples)} examples holds out none; "
+            f"raise it or pass --eval FILE"
+        )
     eval_set = set(held_out)
     train = [i for i in range(len(examples)) if i not in eval_set]
     return examples.subset(train), examples.subset(sorted(held_out))
@@ -300,8 +320,9 @@ def split_examples(examples: Examples, fraction: float, seed: int) -> tuple[Exam
 class ClassificationDataset(torch.utils.data.Dataset):
     """Examples encoded as ``[CLS] a [SEP] (b [SEP])``, truncated longest-first to ``max_length``."""
 
-    def __init__(self, examples: Examples, tokenizer: Tokenizer, max_length: int,
-                 label2id: dict[str, int] | None = None):
+    def __init__(
+        self, examples: Examples, tokenizer: Tokenizer, max_length: int, label2id: dict[str, int] | None = None
+    ):
         pairs = examples.pairs or [None] * len(examples)
         encoded = [tokenizer.encode_pair(a, b, max_length) for a, b in zip(examples.texts, pairs)]
         self.input_ids = [np.asarray(e["input_ids"], dtype=np.int64) for e in encoded]
@@ -350,8 +371,15 @@ def collate(items: list[dict[str, Any]], pad_id: int) -> dict[str, torch.Tensor]
 MEGABATCH = 50  # global batches per length-sorted megabatch, as transformers' LengthGroupedSampler
 
 
-def train_batches(num_examples: int, batch_size: int | Sequence[int], world: int, rank: int, seed: int, epoch: int,
-                  lengths: Sequence[int] | np.ndarray | None = None) -> list[tuple[list[int], int]]:
+def train_batches(
+    num_examples: int,
+    batch_size: int | Sequence[int],
+    world: int,
+    rank: int,
+    seed: int,
+    epoch: int,
+    lengths: Sequence[int] | np.ndarray | None = None,
+) -> list[tuple[list[int], int]]:
     """This rank's share of every global batch of one epoch: ``[(indices, global batch size), ...]``.
 
     ``batch_size`` is the examples each of the ``world`` data-parallel ranks takes from a global batch:
@@ -377,32 +405,39 @@ def train_batches(num_examples: int, batch_size: int | Sequence[int], world: int
     order = rng.permutation(num_examples)
     size = sum(sizes)
     if lengths is None:
-        global_batches = [order[start:start + size] for start in range(0, num_examples, size)]
+        global_batches = [order[start : start + size] for start in range(0, num_examples, size)]
     else:
         global_batches = _group_by_length(order, np.asarray(lengths), size, rng)
-    return [(share(global_batch, sizes, rank).tolist(), len(global_batch)) for global_batch in global_batches
-            if len(global_batch) >= world]
+    return [
+        (share(global_batch, sizes, rank).tolist(), len(global_batch))
+        for global_batch in global_batches
+        if len(global_batch) >= world
+    ]
 
 
-def _group_by_length(order: np.ndarray, lengths: np.ndarray, size: int,
-                     rng: np.random.Generator) -> list[np.ndarray]:
+def _group_by_length(order: np.ndarray, lengths: np.ndarray, size: int, rng: np.random.Generator) -> list[np.ndarray]:
     """``order`` cut into global batches of ``size`` examples of similar length, in a shuffled order."""
     if len(lengths) != len(order):
         raise ValueError(f"{len(lengths)} lengths for {len(order)} examples")
     if not len(order):
         return []
     megabatch = max(1, min(MEGABATCH, len(order) // (4 * size))) * size
-    grouped = np.concatenate([chunk[np.argsort(-lengths[chunk], kind="stable")]  # ties keep the random order
-                              for chunk in (order[s:s + megabatch] for s in range(0, len(order), megabatch))])
-    batches = [grouped[start:start + size] for start in range(0, len(grouped), size)]
+    grouped = np.concatenate(
+        [
+            chunk[np.argsort(-lengths[chunk], kind="stable")]  # ties keep the random order
+            for chunk in (order[s : s + megabatch] for s in range(0, len(order), megabatch))
+        ]
+    )
+    batches = [grouped[start : start + size] for start in range(0, len(grouped), size)]
     batches = [batches[i] for i in rng.permutation(len(batches))]
     longest = int(np.argmax([lengths[b].max() for b in batches]))  # the first batch holding a longest example
     batches[0], batches[longest] = batches[longest], batches[0]
     return batches
 
 
-def eval_batches(lengths: Sequence[int], batch_size: int, world: int, rank: int,
-                 shares: Sequence[int] | None = None) -> list[list[int]]:
+def eval_batches(
+    lengths: Sequence[int], batch_size: int, world: int, rank: int, shares: Sequence[int] | None = None
+) -> list[list[int]]:
     """This rank's evaluation batches: every example exactly once over all ranks, none repeated.
 
     Examples are sorted by length (little padding) and cut into batches of ``batch_size``; the
@@ -412,6 +447,6 @@ def eval_batches(lengths: Sequence[int], batch_size: int, world: int, rank: int,
     metrics, do not depend on it.
     """
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
-    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     pattern = owners(shares if shares is not None else [1] * world)
     return [batch for j, batch in enumerate(batches) if pattern[j % len(pattern)] == rank]

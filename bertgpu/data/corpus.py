@@ -66,7 +66,8 @@ class Document(NamedTuple):
 
 
 def input_format(path: Path) -> tuple[str, str | None]:
-    """(format, compression) of a corpus file, told by its name: ``text``/``jsonl``/``parquet``, ``gzip``/``zstd``/None."""
+    """(format, compression) of a corpus file, told by its name: ``text``/``jsonl``/``parquet``, and
+    ``gzip``/``zstd``/None."""
     name = path.name.lower()
     compression = None
     for suffix, kind in _COMPRESSIONS.items():
@@ -75,15 +76,17 @@ def input_format(path: Path) -> tuple[str, str | None]:
             break
     fmt = _RECORD_SUFFIXES.get(os.path.splitext(name)[1], "text")
     if fmt == "parquet" and compression:
-        raise UserError(f"{path}: a compressed Parquet file; Parquet compresses inside the file, so give the "
-                        ".parquet file itself")
+        raise UserError(
+            f"{path}: a compressed Parquet file; Parquet compresses inside the file, so give the .parquet file itself"
+        )
     return fmt, compression
 
 
 def _require(module: str, path: Path, what: str, extra: str) -> Any:
     """Import an optional dependency, or say in one line what to install."""
-    return require(module, f"{path}: reading {what} needs the {module.split('.')[0]} package: "
-                           f"pip install 'bertgpu[{extra}]'")
+    return require(
+        module, f"{path}: reading {what} needs the {module.split('.')[0]} package: pip install 'bertgpu[{extra}]'"
+    )
 
 
 def resolve_inputs(patterns: Iterable[str | os.PathLike]) -> list[Path]:
@@ -125,8 +128,9 @@ def _files_below(directory: Path) -> list[Path]:
 
 
 def _json_type(value: Any) -> str:
-    return {list: "array", str: "string", bool: "boolean", int: "number", float: "number",
-            dict: "object"}.get(type(value), "null")
+    return {list: "array", str: "string", bool: "boolean", int: "number", float: "number", dict: "object"}.get(
+        type(value), "null"
+    )
 
 
 class CorpusReader:
@@ -140,8 +144,9 @@ class CorpusReader:
     compressed files both count compressed bytes.
     """
 
-    def __init__(self, paths: Iterable[Path], strict: bool = False, text_field: str = "text",
-                 split_sentences: str | None = None):
+    def __init__(
+        self, paths: Iterable[Path], strict: bool = False, text_field: str = "text", split_sentences: str | None = None
+    ):
         self.paths = [Path(p) for p in paths]
         self.strict = strict
         if not text_field:
@@ -194,19 +199,27 @@ class CorpusReader:
         """One-line warnings about what was read: replaced bytes, long lines, cut documents, skipped records."""
         out = []
         if self.bad_lines:
-            out.append(f"{self.bad_lines:,} line(s) were not valid UTF-8 and had bytes replaced by U+FFFD "
-                       f"(first at {self.first_bad})")
+            out.append(
+                f"{self.bad_lines:,} line(s) were not valid UTF-8 and had bytes replaced by U+FFFD "
+                f"(first at {self.first_bad})"
+            )
         if self.long_lines:
-            out.append(f"{self.long_lines:,} line(s) are longer than {MAX_LINE_CHARS:,} characters (first at "
-                       f"{self.first_long}), each kept as one sentence, one sentence per line; pretraining uses only "
-                       "the first tokens of a sentence that long (--split-sentences auto splits lines into sentences)")
+            out.append(
+                f"{self.long_lines:,} line(s) are longer than {MAX_LINE_CHARS:,} characters (first at "
+                f"{self.first_long}), each kept as one sentence, one sentence per line; pretraining uses only "
+                "the first tokens of a sentence that long (--split-sentences auto splits lines into sentences)"
+            )
         if self.cut_documents:
-            out.append(f"{self.cut_documents:,} document(s) ran past {MAX_DOCUMENT_CHARS:,} characters without a "
-                       f"blank line and were cut into documents of that size (first cut at {self.first_cut}); "
-                       "the format puts a blank line between documents")
+            out.append(
+                f"{self.cut_documents:,} document(s) ran past {MAX_DOCUMENT_CHARS:,} characters without a "
+                f"blank line and were cut into documents of that size (first cut at {self.first_cut}); "
+                "the format puts a blank line between documents"
+            )
         if self.cut_records:
-            out.append(f"{self.cut_records:,} record(s) ran past {MAX_DOCUMENT_CHARS:,} characters and were cut "
-                       f"into documents of that size, at paragraph ends (first at {self.first_cut_record})")
+            out.append(
+                f"{self.cut_records:,} record(s) ran past {MAX_DOCUMENT_CHARS:,} characters and were cut "
+                f"into documents of that size, at paragraph ends (first at {self.first_cut_record})"
+            )
         for reason, count in self.skipped.items():
             if count:
                 what = SKIP_REASONS[reason].format(field=self.text_field)
@@ -271,8 +284,10 @@ class CorpusReader:
 
     def _long_line(self, place: str, length: int, what: str) -> None:
         if self.strict:
-            raise UserError(f"{place}: a {what} of {length:,} characters, kept as one sentence (--split-sentences "
-                            "auto splits it into sentences; without --strict it is kept with a warning)")
+            raise UserError(
+                f"{place}: a {what} of {length:,} characters, kept as one sentence (--split-sentences "
+                "auto splits it into sentences; without --strict it is kept with a warning)"
+            )
         self.long_lines += 1
         if self.first_long is None:
             self.first_long = place
@@ -385,8 +400,11 @@ class CorpusReader:
                 self._skip("invalid_json", f"{path}:{number}", f"not valid JSON ({e.msg}: column {e.colno})")
                 continue
             if not isinstance(record, dict):
-                self._skip("not_an_object", f"{path}:{number}",
-                           f"a JSON {_json_type(record)}, not an object with a {field!r} field")
+                self._skip(
+                    "not_an_object",
+                    f"{path}:{number}",
+                    f"a JSON {_json_type(record)}, not an object with a {field!r} field",
+                )
                 continue
             text = record.get(field)
             if isinstance(text, str):
@@ -396,7 +414,9 @@ class CorpusReader:
                 detail = f"{field!r} is null" if field in record else f"no {field!r} field (fields: {fields})"
                 self._skip("no_text_field", f"{path}:{number}", detail)
             else:
-                self._skip("text_not_a_string", f"{path}:{number}", f"{field!r} is a JSON {_json_type(text)}, not a string")
+                self._skip(
+                    "text_not_a_string", f"{path}:{number}", f"{field!r} is a JSON {_json_type(text)}, not a string"
+                )
 
     def _parquet_records(self, path: Path) -> Iterator[tuple[int, str]]:
         pa = _require("pyarrow", path, "Parquet", "parquet")
@@ -410,15 +430,21 @@ class CorpusReader:
         with parquet:
             schema = parquet.schema_arrow
             if field not in schema.names:
-                raise UserError(f"{path}: no column {field!r} (columns: {', '.join(schema.names)}); "
-                                "name the text column with --text-field")
+                raise UserError(
+                    f"{path}: no column {field!r} (columns: {', '.join(schema.names)}); "
+                    "name the text column with --text-field"
+                )
             kind = schema.field(field).type
             if pa.types.is_dictionary(kind):
                 kind = kind.value_type
-            if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
-                    or getattr(pa.types, "is_string_view", lambda _: False)(kind)):
-                raise UserError(f"{path}: column {field!r} holds {kind}, not text; name the text column with "
-                                "--text-field")
+            if not (
+                pa.types.is_string(kind)
+                or pa.types.is_large_string(kind)
+                or getattr(pa.types, "is_string_view", lambda _: False)(kind)
+            ):
+                raise UserError(
+                    f"{path}: column {field!r} holds {kind}, not text; name the text column with --text-field"
+                )
             size = path.stat().st_size
             rows = max(1, parquet.metadata.num_rows)
             row = 0

@@ -42,7 +42,7 @@ class DocumentSubset:
         counts = ends - starts
         self.doc_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         # The corpus sentence of each subset sentence: one arange per document, concatenated.
-        self.sentences = (np.repeat(starts - self.doc_offsets[:-1], counts) + np.arange(self.doc_offsets[-1]))
+        self.sentences = np.repeat(starts - self.doc_offsets[:-1], counts) + np.arange(self.doc_offsets[-1])
         self.sentence_lengths = self.corpus.sentence_lengths[self.sentences]
         self.num_sentences = int(self.doc_offsets[-1])
         self.num_documents = len(self.documents)
@@ -107,9 +107,11 @@ class EvalSet:
 
     def check_enough(self, dp: int) -> None:
         if len(self) < dp:
-            raise UserError(f"the evaluation set ({self.where}) gives {len(self)} instance(s), fewer than the {dp} "
-                            "data-parallel processes that share it: hold out more text (--eval-fraction) or give "
-                            "--eval-data")
+            raise UserError(
+                f"the evaluation set ({self.where}) gives {len(self)} instance(s), fewer than the {dp} "
+                "data-parallel processes that share it: hold out more text (--eval-fraction) or give "
+                "--eval-data"
+            )
 
     def instance(self, k: int) -> dict[str, np.ndarray]:
         return self.dataset[int(self.indices[k])]

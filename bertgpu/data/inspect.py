@@ -72,9 +72,11 @@ def format_text(instance: dict[str, Any], nsp: bool) -> str:
                 words.append(tokens[i])
         return " ".join(words)
 
-    lines = [f"instance {instance['index']} of epoch {instance['epoch']}: {pairing}; {len(tokens)} tokens, "
-             f"{len(instance['masked_positions'])} masked",
-             f"  A: {join(range(first_b))}"]
+    lines = [
+        f"instance {instance['index']} of epoch {instance['epoch']}: {pairing}; {len(tokens)} tokens, "
+        f"{len(instance['masked_positions'])} masked",
+        f"  A: {join(range(first_b))}",
+    ]
     if nsp:
         lines.append(f"  B: {join(range(first_b, len(tokens)))}")
     return "\n".join(lines)
@@ -93,8 +95,10 @@ def _dataset(cfg: InspectConfig) -> tuple[PretrainingDataset, list[str]]:
     dataset = PretrainingDataset(corpus, cfg.data, cfg.seed, vocab)
     dataset.set_epoch(cfg.epoch)
     if cfg.index >= len(dataset):
-        raise UserError(f"--index {cfg.index} is past the last instance of epoch {cfg.epoch}: {cfg.data.data} gives "
-                        f"{len(dataset):,} instances there (0 to {len(dataset) - 1:,}) with these flags")
+        raise UserError(
+            f"--index {cfg.index} is past the last instance of epoch {cfg.epoch}: {cfg.data.data} gives "
+            f"{len(dataset):,} instances there (0 to {len(dataset) - 1:,}) with these flags"
+        )
     return dataset, vocab
 
 
@@ -108,20 +112,31 @@ def run(cfg: InspectConfig, out: TextIO | None = None) -> None:
     last = min(cfg.index + cfg.n, len(dataset))
     try:
         if not cfg.json:
-            flags = [f"--seed {cfg.seed}", f"--max-seq-length {d.max_seq_length}",
-                     f"--max-predictions {d.max_predictions}", f"--masked-lm-prob {d.masked_lm_prob:g}",
-                     f"--short-seq-prob {d.short_seq_prob:g}"] + ["--wwm"] * d.wwm + ["--no-nsp"] * (not d.nsp)
+            flags = (
+                [
+                    f"--seed {cfg.seed}",
+                    f"--max-seq-length {d.max_seq_length}",
+                    f"--max-predictions {d.max_predictions}",
+                    f"--masked-lm-prob {d.masked_lm_prob:g}",
+                    f"--short-seq-prob {d.short_seq_prob:g}",
+                ]
+                + ["--wwm"] * d.wwm
+                + ["--no-nsp"] * (not d.nsp)
+            )
             words = " (stored words: prepared with --zh-wwm)" if d.wwm and dataset.corpus.has_word_starts else ""
-            print(f"{d.data}: epoch {cfg.epoch} has {len(dataset):,} instances with {' '.join(flags)}{words}; "
-                  f"instances {cfg.index:,} to {last - 1:,} follow. A masked token is written SHOWN{{ORIGINAL}}: "
-                  "[MASK]{x} 80%, a random token{x} 10%, x{x} 10%"
-                  + ("; a word's tokens are written together (## dropped), words apart" if d.wwm else ""), file=out)
+            print(
+                f"{d.data}: epoch {cfg.epoch} has {len(dataset):,} instances with {' '.join(flags)}{words}; "
+                f"instances {cfg.index:,} to {last - 1:,} follow. A masked token is written SHOWN{{ORIGINAL}}: "
+                "[MASK]{x} 80%, a random token{x} 10%, x{x} 10%"
+                + ("; a word's tokens are written together (## dropped), words apart" if d.wwm else ""),
+                file=out,
+            )
         for index in range(cfg.index, last):
             instance = describe(dataset, vocab, index)
-            print(json.dumps(instance, ensure_ascii=False) if cfg.json else "\n" + format_text(instance, d.nsp),
-                  file=out)
+            print(
+                json.dumps(instance, ensure_ascii=False) if cfg.json else "\n" + format_text(instance, d.nsp), file=out
+            )
         out.flush()
     except BrokenPipeError:  # `bertgpu inspect ... | head`: stop quietly, as other command-line tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
         sys.exit(0)
-

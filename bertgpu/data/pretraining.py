@@ -31,9 +31,9 @@ import torch
 
 from ..config import DataConfig
 from ..errors import UserError
-from .tokenizer import load_vocab
-from .sharing import share
 from .shards import ShardedCorpus
+from .sharing import share
+from .tokenizer import load_vocab
 from .words import is_cjk
 
 IGNORE_INDEX = -100  # label of positions that are not predicted (as in transformers)
@@ -155,12 +155,16 @@ def check_nsp_possible(corpus: ShardedCorpus) -> None:
     """Next-sentence prediction needs documents of two sentences or more, and two documents."""
     doc_sizes = np.diff(corpus.doc_offsets)
     if len(doc_sizes) < 2:
-        raise UserError(f"{corpus.data_dir}: next-sentence prediction needs at least 2 documents, "
-                        "the data has 1 (are documents separated by blank lines?); use --no-nsp")
+        raise UserError(
+            f"{corpus.data_dir}: next-sentence prediction needs at least 2 documents, "
+            "the data has 1 (are documents separated by blank lines?); use --no-nsp"
+        )
     if doc_sizes.max() < 2:
-        raise UserError(f"{corpus.data_dir}: every document has a single sentence, so next-sentence "
-                        "prediction cannot be built (one sentence per line, a blank line between documents); "
-                        "use --no-nsp")
+        raise UserError(
+            f"{corpus.data_dir}: every document has a single sentence, so next-sentence "
+            "prediction cannot be built (one sentence per line, a blank line between documents); "
+            "use --no-nsp"
+        )
 
 
 @dataclass(frozen=True)
@@ -172,9 +176,14 @@ class SpecialIds:
     vocab_size: int
 
     @classmethod
-    def from_vocab(cls, vocab: list[str]) -> "SpecialIds":
-        return cls(pad=vocab.index("[PAD]"), cls=vocab.index("[CLS]"), sep=vocab.index("[SEP]"),
-                   mask=vocab.index("[MASK]"), vocab_size=len(vocab))
+    def from_vocab(cls, vocab: list[str]) -> SpecialIds:
+        return cls(
+            pad=vocab.index("[PAD]"),
+            cls=vocab.index("[CLS]"),
+            sep=vocab.index("[SEP]"),
+            mask=vocab.index("[MASK]"),
+            vocab_size=len(vocab),
+        )
 
 
 # --wwm on data prepared without --zh-wwm warns when at least this share of its tokens are CJK characters.
@@ -209,9 +218,11 @@ def wwm_fallback_warning(corpus: ShardedCorpus, cfg: DataConfig) -> str | None:
     share = chinese_share(corpus, load_vocab(corpus.vocab_path))
     if share < CHINESE_SHARE:
         return None
-    return (f"{corpus.data_dir} holds Chinese text ({share:.0%} of its tokens are CJK characters) but was prepared "
-            "without --zh-wwm, so --wwm falls back to masking each Chinese character on its own (whole words only "
-            "for ## pieces); run `bertgpu prepare --zh-wwm` to mask whole Chinese words")
+    return (
+        f"{corpus.data_dir} holds Chinese text ({share:.0%} of its tokens are CJK characters) but was prepared "
+        "without --zh-wwm, so --wwm falls back to masking each Chinese character on its own (whole words only "
+        "for ## pieces); run `bertgpu prepare --zh-wwm` to mask whole Chinese words"
+    )
 
 
 def warn_wwm_fallback(corpus: ShardedCorpus, cfg: DataConfig) -> None:
@@ -252,12 +263,19 @@ class PretrainingDataset(torch.utils.data.Dataset):
         rng = np.random.default_rng([self.seed, epoch, _TAG_SPANS])
         if self.cfg.pack:  # the same spans every epoch (masking is still drawn afresh)
             if not hasattr(self, "_packed"):
-                self._packed = build_packed_spans(self.corpus.sentence_lengths, self.corpus.doc_offsets,
-                                                  self.max_num_tokens)
+                self._packed = build_packed_spans(
+                    self.corpus.sentence_lengths, self.corpus.doc_offsets, self.max_num_tokens
+                )
             self.spans = self._packed
             return
-        self.spans = build_instance_spans(self.corpus.sentence_lengths, self.corpus.doc_offsets,
-                                          self.max_num_tokens, self.cfg.short_seq_prob, self.cfg.nsp, rng)
+        self.spans = build_instance_spans(
+            self.corpus.sentence_lengths,
+            self.corpus.doc_offsets,
+            self.max_num_tokens,
+            self.cfg.short_seq_prob,
+            self.cfg.nsp,
+            rng,
+        )
 
     def __len__(self) -> int:
         return len(self.spans)
@@ -319,8 +337,9 @@ class PretrainingDataset(torch.utils.data.Dataset):
         a, b = truncate_pair(a, b, self.max_num_tokens, rng)
         return self._encode(a, b, is_random, rng, word_starts)
 
-    def _encode(self, a: np.ndarray, b: np.ndarray, is_random: int, rng: np.random.Generator,
-                with_word_starts: bool = False) -> dict:
+    def _encode(
+        self, a: np.ndarray, b: np.ndarray, is_random: int, rng: np.random.Generator, with_word_starts: bool = False
+    ) -> dict:
         sp, cfg = self.special, self.cfg
         stored = a.ndim == 2  # (id, starts a word) pairs: the data's stored words
         if stored:
@@ -330,11 +349,11 @@ class PretrainingDataset(torch.utils.data.Dataset):
         n = n_a + (len(b) + 1 if cfg.nsp else 0)
         ids = np.full(L, sp.pad, dtype=np.int64)
         ids[0] = sp.cls
-        ids[1:n_a - 1] = a
+        ids[1 : n_a - 1] = a
         ids[n_a - 1] = sp.sep
         types = np.zeros(L, dtype=np.int64)
         if cfg.nsp:
-            ids[n_a:n - 1] = b
+            ids[n_a : n - 1] = b
             ids[n - 1] = sp.sep
             types[n_a:n] = 1
         attention = np.zeros(L, dtype=np.int64)
@@ -345,15 +364,15 @@ class PretrainingDataset(torch.utils.data.Dataset):
                 starts = ~self.is_subword[ids]
             else:
                 starts = np.ones(L, dtype=bool)
-                starts[1:n_a - 1] = a_starts
+                starts[1 : n_a - 1] = a_starts
                 if cfg.nsp:
-                    starts[n_a:n - 1] = b_starts
+                    starts[n_a : n - 1] = b_starts
 
         # Masked LM: candidates are the real tokens (never [CLS], [SEP] or padding).
         cand = np.ones(n, dtype=bool)
         cand[0] = cand[n_a - 1] = cand[n - 1] = False
         if cfg.pack:
-            cand[1:n_a - 1] &= a != sp.sep  # the [SEP]s between packed documents
+            cand[1 : n_a - 1] &= a != sp.sep  # the [SEP]s between packed documents
         cand_pos = np.flatnonzero(cand)
         num_to_predict = min(cfg.max_predictions, max(1, int(round(n * cfg.masked_lm_prob))))
         if cfg.wwm:
@@ -420,8 +439,16 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
     fewer than G instances remain.
     """
 
-    def __init__(self, num_instances: int, sizes: list[int], dp_rank: int, grad_accum: int, seed: int, epoch: int,
-                 start_instance: int = 0):
+    def __init__(
+        self,
+        num_instances: int,
+        sizes: list[int],
+        dp_rank: int,
+        grad_accum: int,
+        seed: int,
+        epoch: int,
+        start_instance: int = 0,
+    ):
         self.sizes, self.rank, self.accum = list(sizes), dp_rank, grad_accum
         self.b = self.sizes[dp_rank]
         self.global_batch = sum(self.sizes) * grad_accum
@@ -437,6 +464,6 @@ class GlobalBatchSampler(torch.utils.data.Sampler):
         slots = [size * self.accum for size in self.sizes]
         for k in range(self.steps):
             first = self.start + k * G
-            mine = share(self.order[first:first + G], slots, self.rank)
+            mine = share(self.order[first : first + G], slots, self.rank)
             for m in range(self.accum):
-                yield mine[m * b:(m + 1) * b].tolist()
+                yield mine[m * b : (m + 1) * b].tolist()

@@ -57,8 +57,11 @@ def check_available() -> None:
 def _splitter() -> Callable[[str, str], list[str]]:
     global _segment
     if _segment is None:
-        _segment = require("sentencex", "--split-sentences auto needs the sentencex package (pip install "
-                                        "sentencex); or keep paragraphs whole with --split-sentences none").segment
+        _segment = require(
+            "sentencex",
+            "--split-sentences auto needs the sentencex package (pip install "
+            "sentencex); or keep paragraphs whole with --split-sentences none",
+        ).segment
     return _segment
 
 

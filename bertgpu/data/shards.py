@@ -64,9 +64,11 @@ def warn_if_unknown(meta: dict, data_dir: str | os.PathLike) -> None:
     """A warning when the data is mostly [UNK], which prepare only lets through with --max-unk-share."""
     share = unk_share(meta)
     if share is not None and share > MAX_UNK_SHARE:
-        warnings.warn(f"{share:.1%} of the tokens of {data_dir} are [UNK]: its vocab does not fit the text, and a "
-                      "model learns little from it (prepare it again with a vocab trained by `bertgpu vocab`)",
-                      stacklevel=2)
+        warnings.warn(
+            f"{share:.1%} of the tokens of {data_dir} are [UNK]: its vocab does not fit the text, and a "
+            "model learns little from it (prepare it again with a vocab trained by `bertgpu vocab`)",
+            stacklevel=2,
+        )
 
 
 MIN_CHUNK_CHARS = 64 * 2**10  # the smallest work item, at the end of the input (see _tokenized_chunks)
@@ -124,7 +126,7 @@ def _init_worker(tokenizer: Tokenizer, zh_wwm: bool = False) -> None:
     os.environ["RAYON_NUM_THREADS"] = "1"
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_tokenizer, _worker_zh_wwm = tokenizer, zh_wwm
-    tokenizer.backend  # build it now, not inside the first chunk
+    _ = tokenizer.backend  # build it now, not inside the first chunk
     if zh_wwm:
         words.segment("预热")  # load jieba's dictionary now too
 
@@ -150,7 +152,9 @@ def _chunks(documents: Iterator[Document], chunk_chars: Callable[[], int]) -> It
         yield chunk
 
 
-def _tokenized_chunks(reader: CorpusReader, tokenizer: Tokenizer, workers: int, zh_wwm: bool = False) -> Iterator[Chunk]:
+def _tokenized_chunks(
+    reader: CorpusReader, tokenizer: Tokenizer, workers: int, zh_wwm: bool = False
+) -> Iterator[Chunk]:
     """Tokenized chunks in input order, on ``workers`` processes (in this one for ``workers=1``).
 
     At most ``2 * workers`` chunks are in flight, so memory stays flat however large the corpus.
@@ -229,8 +233,9 @@ class _ShardWriter:
             )
             first_doc, first_sentence, first_token = last_doc, last_sentence, last_token
 
-    def _append(self, tokens: np.ndarray, starts: np.ndarray | None, sentence_lengths: np.ndarray,
-                per_document: np.ndarray) -> None:
+    def _append(
+        self, tokens: np.ndarray, starts: np.ndarray | None, sentence_lengths: np.ndarray, per_document: np.ndarray
+    ) -> None:
         shard = self.shards[-1]
         tokens_file, sentences_file, documents_file = self._files[:3]
         tokens_file.write(tokens.tobytes())
@@ -323,7 +328,8 @@ def prepare(
             raise UserError(
                 f"{share:.1%} of the {meta['tokens']:,} tokens of {', '.join(map(str, inputs))} are [UNK] with "
                 f"{vocab} (more than --max-unk-share {max_unk_share:g}): the vocab was most likely made for another "
-                f"language or corpus (train one with `bertgpu vocab`){'' if lowercase else ', or is cased for lower-case text'}; "
+                f"language or corpus (train one with `bertgpu vocab`)"
+                f"{'' if lowercase else ', or is cased for lower-case text'}; "
                 f"--max-unk-share 1 prepares it anyway"
             )
         for message in reader.warnings:
@@ -382,7 +388,12 @@ def _replace_directory(new: Path, out: Path) -> None:
 
 
 def _write_shards(
-    reader: CorpusReader, tokenizer: Tokenizer, directory: Path, workers: int, shard_tokens: int, progress: bool,
+    reader: CorpusReader,
+    tokenizer: Tokenizer,
+    directory: Path,
+    workers: int,
+    shard_tokens: int,
+    progress: bool,
     zh_wwm: bool = False,
 ) -> dict:
     """Tokenize the corpus into shards in ``directory`` and return the meta dict describing them."""
@@ -509,8 +520,10 @@ class ShardedCorpus:
             raise IndexError(f"sentences [{start_sentence}, {end_sentence}) are empty, out of range or span two shards")
         if self._maps is None:
             self._maps = [
-                (np.memmap(self._path(s, "tokens"), dtype=self._dtype, mode="r"),
-                 np.memmap(self._path(s, "sentences"), dtype=np.int64, mode="r"))
+                (
+                    np.memmap(self._path(s, "tokens"), dtype=self._dtype, mode="r"),
+                    np.memmap(self._path(s, "sentences"), dtype=np.int64, mode="r"),
+                )
                 for s in self.meta["shards"]
             ]
         offsets = self._maps[shard][1]
@@ -534,8 +547,7 @@ class ShardedCorpus:
             raise ValueError(f"{self.data_dir} was prepared without --zh-wwm: it stores no word starts")
         shard, first, end = self._locate(start_sentence, end_sentence)
         if self._word_maps is None:
-            self._word_maps = [np.memmap(self._path(s, "words"), dtype=np.uint8, mode="r")
-                               for s in self.meta["shards"]]
+            self._word_maps = [np.memmap(self._path(s, "words"), dtype=np.uint8, mode="r") for s in self.meta["shards"]]
         packed = self._word_maps[shard][first // 8 : (end + 7) // 8]
         skip = first % 8
         return np.unpackbits(packed, bitorder="little")[skip : skip + end - first].astype(bool)
@@ -545,8 +557,10 @@ def _read_meta(data_dir: Path) -> dict:
     """``meta.json`` of a prepared directory, checked for the format this code reads."""
     path = data_dir / "meta.json"
     if data_dir.is_file():
-        raise UserError(f"{data_dir} is a corpus file, not prepared data: run `bertgpu prepare {data_dir} --vocab "
-                        "VOCAB --out DATA_DIR` first and give DATA_DIR")
+        raise UserError(
+            f"{data_dir} is a corpus file, not prepared data: run `bertgpu prepare {data_dir} --vocab "
+            "VOCAB --out DATA_DIR` first and give DATA_DIR"
+        )
     if not data_dir.is_dir():
         raise UserError(f"prepared data directory {data_dir} does not exist; create it with `bertgpu prepare`")
     if not path.is_file():

@@ -36,7 +36,7 @@ def split(total: int, weights: Sequence[float]) -> list[int]:
     spare = total - floor * n
     raw = [spare * w / sum(weights) for w in weights]
     sizes = [floor + int(r) for r in raw]
-    for i in sorted(range(n), key=lambda i: (-(raw[i] - int(raw[i])), i))[:total - sum(sizes)]:
+    for i in sorted(range(n), key=lambda i: (-(raw[i] - int(raw[i])), i))[: total - sum(sizes)]:
         sizes[i] += 1
     return sizes
 

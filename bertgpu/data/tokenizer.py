@@ -13,8 +13,8 @@ import hashlib
 import os
 import sys
 import warnings
-from itertools import islice
 from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -173,8 +173,13 @@ class Tokenizer:
 
 
 def train_vocab(
-    inputs: list[str], size: int, out: str | os.PathLike, cased: bool = False, progress: bool = True,
-    text_field: str = "text", overwrite: bool = False,
+    inputs: list[str],
+    size: int,
+    out: str | os.PathLike,
+    cased: bool = False,
+    progress: bool = True,
+    text_field: str = "text",
+    overwrite: bool = False,
 ) -> Path:
     """Learn a WordPiece vocab of ``size`` tokens from a corpus and write it to ``out`` (a ``vocab.txt``).
 
@@ -188,8 +193,10 @@ def train_vocab(
     may hold plain text, JSON Lines and Parquet files, as for ``prepare`` (records' text in ``text_field``).
     """
     if Path(out).exists() and not overwrite:
-        raise UserError(f"--out {out} already exists; pass --overwrite to replace it (a vocab cannot be trained "
-                        "twice alike: keep the one your data was prepared with)")
+        raise UserError(
+            f"--out {out} already exists; pass --overwrite to replace it (a vocab cannot be trained "
+            "twice alike: keep the one your data was prepared with)"
+        )
     files = resolve_inputs(inputs)
     if size < _FIRST_LEARNED + MIN_LEARNED_TOKENS:
         raise UserError(f"vocab size {size} is too small: it must be at least {_FIRST_LEARNED + MIN_LEARNED_TOKENS}")
@@ -210,22 +217,28 @@ def train_vocab(
         # A little more than the empty slots: the trainer's merges vary a little from run to run (see
         # above), and what overflows is cut below (the last, rarest merges).
         alphabet_cap += learned_slots - len(learned) + max(8, learned_slots // 100)
-        learned = _train_wordpiece(CorpusReader(files, text_field=text_field), learned_slots, alphabet_cap, cased,
-                                   progress)
+        learned = _train_wordpiece(
+            CorpusReader(files, text_field=text_field), learned_slots, alphabet_cap, cased, progress
+        )
         cap_binds = sum(1 for t in learned if len(t) == 1) >= alphabet_cap
     tokens = ["[PAD]", *(f"[unused{i}]" for i in range(_UNUSED)), "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     tokens += learned[:learned_slots]
     if len(tokens) < size:
-        why = (f"its {alphabet_cap:,} most frequent characters are in and nothing more merges; its rarer "
-               f"characters will be [UNK] (a larger --size keeps more of them)" if cap_binds
-               else "no further word piece occurs twice")
-        warnings.warn(f"the corpus gives {len(tokens):,} vocab entries, fewer than the {size:,} asked for: {why}",
-                      stacklevel=2)
+        why = (
+            f"its {alphabet_cap:,} most frequent characters are in and nothing more merges; its rarer "
+            f"characters will be [UNK] (a larger --size keeps more of them)"
+            if cap_binds
+            else "no further word piece occurs twice"
+        )
+        warnings.warn(
+            f"the corpus gives {len(tokens):,} vocab entries, fewer than the {size:,} asked for: {why}", stacklevel=2
+        )
     return _write_atomically(Path(out), "".join(t + "\n" for t in tokens))
 
 
-def coverage(vocab_path: str | os.PathLike, inputs: list[str], cased: bool, text_field: str = "text",
-             max_lines: int = 20_000) -> tuple[int, int]:
+def coverage(
+    vocab_path: str | os.PathLike, inputs: list[str], cased: bool, text_field: str = "text", max_lines: int = 20_000
+) -> tuple[int, int]:
     """``([UNK] tokens, tokens)`` of the first ``max_lines`` lines of a corpus under a vocab: how much of
     the text the vocab can spell (a vocab trained on the corpus leaves only rare characters out)."""
     tokenizer = Tokenizer(vocab_path, lowercase=not cased)
@@ -238,8 +251,9 @@ def coverage(vocab_path: str | os.PathLike, inputs: list[str], cased: bool, text
     return unknown, total
 
 
-def _train_wordpiece(reader: CorpusReader, learned_slots: int, alphabet_cap: int, cased: bool,
-                     progress: bool) -> list[str]:
+def _train_wordpiece(
+    reader: CorpusReader, learned_slots: int, alphabet_cap: int, cased: bool, progress: bool
+) -> list[str]:
     """The learned tokens (special tokens excluded), in the trainer's id order."""
     trainer = trainers.WordPieceTrainer(
         vocab_size=learned_slots + len(SPECIAL_TOKENS),

@@ -48,8 +48,16 @@ from .tokenizer import Tokenizer
 SEGMENTER = "rjieba"
 
 # BERT's _is_chinese_char: the CJK Unified Ideographs blocks, extensions A-F and the compatibility ideographs.
-_CJK_RANGES = ((0x4E00, 0x9FFF), (0x3400, 0x4DBF), (0x20000, 0x2A6DF), (0x2A700, 0x2B73F), (0x2B740, 0x2B81F),
-               (0x2B820, 0x2CEAF), (0xF900, 0xFAFF), (0x2F800, 0x2FA1F))
+_CJK_RANGES = (
+    (0x4E00, 0x9FFF),
+    (0x3400, 0x4DBF),
+    (0x20000, 0x2A6DF),
+    (0x2A700, 0x2B73F),
+    (0x2B740, 0x2B81F),
+    (0x2B820, 0x2CEAF),
+    (0xF900, 0xFAFF),
+    (0x2F800, 0x2FA1F),
+)
 
 _cut: Callable[[str], list[str]] | None = None  # rjieba.cut, imported once per process
 _own_token: np.ndarray | None = None  # per BMP code point: always a token of its own (CJK or punctuation)
@@ -71,8 +79,11 @@ def check_available() -> None:
 def _segmenter() -> Callable[[str], list[str]]:
     global _cut
     if _cut is None:
-        _cut = require("rjieba", "--zh-wwm segments Chinese words with the rjieba package: pip install "
-                                 "'bertgpu[zh]' (or pip install rjieba)").cut
+        _cut = require(
+            "rjieba",
+            "--zh-wwm segments Chinese words with the rjieba package: pip install "
+            "'bertgpu[zh]' (or pip install rjieba)",
+        ).cut
     return _cut
 
 
@@ -151,8 +162,9 @@ def encode(tokenizer: Tokenizer, texts: list[str]) -> tuple[list[list[int]], np.
     with_offsets = ~simple[sentence]
     n_rest = int(with_offsets.sum())
     if n_rest:
-        spans = np.fromiter(chain.from_iterable(chain.from_iterable(rest_offsets)), dtype=np.int64,
-                            count=2 * n_rest).reshape(n_rest, 2)
+        spans = np.fromiter(
+            chain.from_iterable(chain.from_iterable(rest_offsets)), dtype=np.int64, count=2 * n_rest
+        ).reshape(n_rest, 2)
         base = text_base[sentence[with_offsets]]
         first[with_offsets] = base + spans[:, 0]
         last[with_offsets] = base + np.maximum(spans[:, 1] - 1, spans[:, 0])
@@ -164,8 +176,10 @@ def encode(tokenizer: Tokenizer, texts: list[str]) -> tuple[list[list[int]], np.
     word_lengths = np.fromiter(map(len, segmented), dtype=np.int64, count=len(segmented))
     word_lengths = word_lengths[word_lengths > 0]
     if int(word_lengths.sum()) != len(joined):
-        raise RuntimeError(f"{segmenter_name()} returned words that do not add up to the text "
-                           f"({int(word_lengths.sum())} characters of {len(joined)})")
+        raise RuntimeError(
+            f"{segmenter_name()} returned words that do not add up to the text "
+            f"({int(word_lengths.sum())} characters of {len(joined)})"
+        )
     word_of_char = np.repeat(np.arange(len(word_lengths)), word_lengths)
     first_char = np.zeros(len(word_lengths), dtype=np.int64)
     np.cumsum(word_lengths[:-1], out=first_char[1:])

@@ -33,8 +33,10 @@ def proportional_sizes(seconds_per_sequence: list[float], total: int) -> list[in
 
 def describe(old: list[int], new: list[int], ms_per_item: list[float], unit: str) -> str:
     """The line a run writes when ``--balance auto`` changes the sizes."""
-    return (f"balance: per-rank batch sizes {','.join(map(str, old))} -> {','.join(map(str, new))} "
-            f"(forward passes took {', '.join(f'{ms:.1f}' for ms in ms_per_item)} ms per {unit})")
+    return (
+        f"balance: per-rank batch sizes {','.join(map(str, old))} -> {','.join(map(str, new))} "
+        f"(forward passes took {', '.join(f'{ms:.1f}' for ms in ms_per_item)} ms per {unit})"
+    )
 
 
 class Balancer:

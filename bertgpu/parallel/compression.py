@@ -39,8 +39,9 @@ class Compression:
         return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(self.kind)
 
 
-def register(ddp: torch.nn.parallel.DistributedDataParallel, compression: Compression, group,
-             seed: int) -> tuple[object | None, list[bool]]:
+def register(
+    ddp: torch.nn.parallel.DistributedDataParallel, compression: Compression, group, seed: int
+) -> tuple[object | None, list[bool]]:
     """Register the compression's communication hook on ``ddp``; return PowerSGD's state (or None) and
     the hook's mute switch (a one-element list).
 
@@ -51,10 +52,15 @@ def register(ddp: torch.nn.parallel.DistributedDataParallel, compression: Compre
 
     state = None
     if compression.kind == "powersgd":
-        state = powerSGD_hook.PowerSGDState(process_group=group, matrix_approximation_rank=compression.rank,
-                                            start_powerSGD_iter=max(2, compression.warmup),
-                                            min_compression_rate=MIN_COMPRESSION_RATE, use_error_feedback=True,
-                                            warm_start=True, random_seed=seed)
+        state = powerSGD_hook.PowerSGDState(
+            process_group=group,
+            matrix_approximation_rank=compression.rank,
+            start_powerSGD_iter=max(2, compression.warmup),
+            min_compression_rate=MIN_COMPRESSION_RATE,
+            use_error_feedback=True,
+            warm_start=True,
+            random_seed=seed,
+        )
         inner = powerSGD_hook.powerSGD_hook
     elif compression.kind == "fp16":
         inner = default_hooks.fp16_compress_hook
@@ -62,6 +68,7 @@ def register(ddp: torch.nn.parallel.DistributedDataParallel, compression: Compre
         if torch.cuda.is_available() and ddp.device_ids:
             inner = default_hooks.bf16_compress_hook
         else:  # torch's bf16 hook insists on NCCL; the same cast-reduce-cast under gloo
+
             def inner(process_group, bucket):
                 return default_hooks._compress_hook(torch.bfloat16, process_group, bucket)
     else:
@@ -89,8 +96,7 @@ def register(ddp: torch.nn.parallel.DistributedDataParallel, compression: Compre
     return state, mute
 
 
-def bytes_per_step(parameters: list[torch.Tensor], compression: Compression, *, fsdp: bool, step: int,
-                   dp: int) -> int:
+def bytes_per_step(parameters: list[torch.Tensor], compression: Compression, *, fsdp: bool, step: int, dp: int) -> int:
     """The bytes of gradient each process hands to the data-parallel collective in one optimizer step
     (the all-reduce's or reduce-scatter's input; a ring moves about twice that over each link).
 
@@ -120,10 +126,15 @@ def state_tensors(state) -> dict[str, torch.Tensor]:
     """PowerSGD's state as tensors: the error feedback and warm-start factors of every bucket, its step
     count, its RNG and its statistics."""
     name, keys, pos, has_gauss, cached = state.rng.get_state()
-    tensors = {"iter": torch.tensor(state.iter), "rng_keys": torch.from_numpy(keys.astype(np.int64)),
-               "rng_pos": torch.tensor([pos, has_gauss]), "rng_gauss": torch.tensor(cached, dtype=torch.float64),
-               "numel": torch.tensor([state.total_numel_before_compression, state.total_numel_after_compression,
-                                      state.next_stats_report])}
+    tensors = {
+        "iter": torch.tensor(state.iter),
+        "rng_keys": torch.from_numpy(keys.astype(np.int64)),
+        "rng_pos": torch.tensor([pos, has_gauss]),
+        "rng_gauss": torch.tensor(cached, dtype=torch.float64),
+        "numel": torch.tensor(
+            [state.total_numel_before_compression, state.total_numel_after_compression, state.next_stats_report]
+        ),
+    }
     for kind, table in (("error", state.error_dict), ("p", state.p_memory_dict), ("q", state.q_memory_dict)):
         for bucket, tensor in table.items():
             tensors[f"{kind}.{bucket}"] = tensor
@@ -134,8 +145,9 @@ def load_state_tensors(state, tensors: dict[str, torch.Tensor]) -> None:
     """The inverse of ``state_tensors``, into a fresh PowerSGD state."""
     state.iter = int(tensors["iter"])
     pos, has_gauss = (int(v) for v in tensors["rng_pos"])
-    state.rng.set_state(("MT19937", tensors["rng_keys"].numpy().astype(np.uint32), pos, has_gauss,
-                         float(tensors["rng_gauss"])))
+    state.rng.set_state(
+        ("MT19937", tensors["rng_keys"].numpy().astype(np.uint32), pos, has_gauss, float(tensors["rng_gauss"]))
+    )
     before, after, report = (int(v) for v in tensors["numel"])
     state.total_numel_before_compression, state.total_numel_after_compression = before, after
     state.next_stats_report = report

@@ -31,7 +31,7 @@ class ParallelDims:
     tp: int = 1
     strategy: str = "ddp"
     pp: int = 1  # pipeline stages: room for later, 1 today
-    mesh: "torch.distributed.device_mesh.DeviceMesh | None" = field(default=None, init=False, repr=False)
+    mesh: torch.distributed.device_mesh.DeviceMesh | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -41,11 +41,15 @@ class ParallelDims:
         if self.pp != 1:
             raise UserError("pipeline parallelism is not implemented yet (pp must be 1)")
         if self.tp > self.world_size:
-            raise UserError(f"--tp {self.tp} needs at least {self.tp} processes, the run has {self.world_size} "
-                            "(--nproc, or torchrun)")
+            raise UserError(
+                f"--tp {self.tp} needs at least {self.tp} processes, the run has {self.world_size} "
+                "(--nproc, or torchrun)"
+            )
         if self.world_size % (self.tp * self.pp):
-            raise UserError(f"--tp {self.tp} does not divide the {self.world_size} process(es): the processes form "
-                            f"data-parallel groups of tp each (start a multiple of {self.tp} with --nproc or torchrun)")
+            raise UserError(
+                f"--tp {self.tp} does not divide the {self.world_size} process(es): the processes form "
+                f"data-parallel groups of tp each (start a multiple of {self.tp} with --nproc or torchrun)"
+            )
 
     @property
     def dp(self) -> int:
@@ -72,8 +76,10 @@ class ParallelDims:
         if self.tp == 1:
             return
         if config.num_attention_heads % self.tp:
-            raise UserError(f"--tp {self.tp} does not divide the model's {config.num_attention_heads} attention heads "
-                            "(num_attention_heads): each tensor-parallel process holds whole heads")
+            raise UserError(
+                f"--tp {self.tp} does not divide the model's {config.num_attention_heads} attention heads "
+                "(num_attention_heads): each tensor-parallel process holds whole heads"
+            )
         if config.intermediate_size % self.tp:
             raise UserError(f"--tp {self.tp} does not divide the model's intermediate_size {config.intermediate_size}")
 
@@ -93,8 +99,9 @@ class ParallelDims:
             return
         from torch.distributed.device_mesh import init_device_mesh
 
-        self.mesh = init_device_mesh(device_type, (self.dp_replicate, self.dp_shard, self.tp),
-                                     mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+        self.mesh = init_device_mesh(
+            device_type, (self.dp_replicate, self.dp_shard, self.tp), mesh_dim_names=("dp_replicate", "dp_shard", "tp")
+        )
 
     @property
     def _dp_dim(self) -> str:

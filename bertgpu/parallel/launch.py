@@ -14,9 +14,10 @@ import logging
 import os
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -74,8 +75,13 @@ def restart_count() -> int:
 
 def _job_store() -> dist.TCPStore:
     """The elastic agents' store, kept for the whole job (across restarts of the worker group)."""
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), int(os.environ["WORLD_SIZE"]),
-                         is_master=False, timeout=timedelta(minutes=10))
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        int(os.environ["WORLD_SIZE"]),
+        is_master=False,
+        timeout=timedelta(minutes=10),
+    )
 
 
 def launched_externally() -> bool:
@@ -113,7 +119,9 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, max_restarts: int = 
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     # After SIGTERM, give the workers time to finish their step and write a checkpoint (newer torch).
-    extra = {"shutdown_timeout": 120} if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)} else {}
+    extra = (
+        {"shutdown_timeout": 120} if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)} else {}
+    )
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -128,8 +136,11 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, max_restarts: int = 
     )
     # torch's elastic agent logs a worker's exit (with a traceback of its own) and each signal it passes
     # on; bertgpu's workers and the lines below already say what happened, in one line.
-    quiet = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)  # each has its own level
-             if name.startswith(("torch.distributed.elastic", "torch.multiprocessing"))]
+    quiet = [
+        logging.getLogger(name)
+        for name in list(logging.Logger.manager.loggerDict)  # each has its own level
+        if name.startswith(("torch.distributed.elastic", "torch.multiprocessing"))
+    ]
     levels = [log.level for log in quiet]
     for log in quiet:
         log.setLevel(logging.CRITICAL)
@@ -144,8 +155,10 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, max_restarts: int = 
         if INTERRUPTED_EXIT in codes:
             raise SystemExit(130) from None
         rank, failure = e.get_first_failure()
-        raise SystemExit(f"bertgpu: error: worker rank {rank} failed with exit code {failure.exitcode} "
-                         f"(its traceback is printed above)") from None
+        raise SystemExit(
+            f"bertgpu: error: worker rank {rank} failed with exit code {failure.exitcode} "
+            f"(its traceback is printed above)"
+        ) from None
     finally:
         for log, level in zip(quiet, levels):
             log.setLevel(level)
@@ -161,8 +174,12 @@ def refuse_when_reimported() -> None:
 
     if getattr(multiprocessing.current_process(), "_inheriting", False):
         # Every worker says it: none knows its rank yet (the launcher sets it after this import).
-        print("bertgpu: error: bertgpu starts worker processes, which import your script again: put the calls "
-              "to bertgpu under `if __name__ == \"__main__\":` (see README: Python API)", file=sys.stderr, flush=True)
+        print(
+            "bertgpu: error: bertgpu starts worker processes, which import your script again: put the calls "
+            'to bertgpu under `if __name__ == "__main__":` (see README: Python API)',
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(USER_ERROR_EXIT)
 
 
@@ -199,8 +216,9 @@ def init(device: str) -> DistEnv:
             # The elastic agent keeps one store across restarts and torch adds no per-attempt prefix
             # (it assumes a new store per retry), so a restarted group would read the dead group's
             # addresses and fail to connect. Join through a prefix of this attempt's own.
-            kwargs.update(store=dist.PrefixStore(f"bertgpu/restart-{restart_count()}", _job_store()),
-                          rank=rank, world_size=world)
+            kwargs.update(
+                store=dist.PrefixStore(f"bertgpu/restart-{restart_count()}", _job_store()), rank=rank, world_size=world
+            )
         dist.init_process_group(backend, **kwargs)
     return DistEnv(rank, world, local_rank, local_world, dev)
 

@@ -24,7 +24,8 @@ The tasks call ``parallelize`` and use what it returns; they never wrap a model 
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -48,8 +49,15 @@ class ParallelModel:
     goes through (the DDP wrapper, or the model).
     """
 
-    def __init__(self, module: nn.Module, model: nn.Module, dims: ParallelDims,
-                 compression: Compression = Compression(), powersgd=None, mute: list[bool] | None = None):
+    def __init__(
+        self,
+        module: nn.Module,
+        model: nn.Module,
+        dims: ParallelDims,
+        compression: Compression = Compression(),
+        powersgd=None,
+        mute: list[bool] | None = None,
+    ):
         self.module, self.model, self.dims = module, model, dims
         self.compression = compression
         self.powersgd = powersgd  # PowerSGD's state, when it compresses the gradients
@@ -66,11 +74,11 @@ class ParallelModel:
     def training(self) -> bool:
         return self.module.training
 
-    def train(self, mode: bool = True) -> "ParallelModel":
+    def train(self, mode: bool = True) -> ParallelModel:
         self.module.train(mode)
         return self
 
-    def eval(self) -> "ParallelModel":
+    def eval(self) -> ParallelModel:
         return self.train(False)
 
     def no_sync(self, skip: bool):
@@ -140,9 +148,17 @@ def clip_grad_norm_(parameters: list[torch.Tensor], max_norm: float) -> torch.Te
     return total
 
 
-def parallelize(model: nn.Module, dims: ParallelDims, device: torch.device, *, precision: str = "fp32",
-                activation_checkpointing: bool = False, compile: bool = False,
-                compression: Compression = Compression(), seed: int = 0) -> ParallelModel:
+def parallelize(
+    model: nn.Module,
+    dims: ParallelDims,
+    device: torch.device,
+    *,
+    precision: str = "fp32",
+    activation_checkpointing: bool = False,
+    compile: bool = False,
+    compression: Compression = Compression(),
+    seed: int = 0,
+) -> ParallelModel:
     """Spread ``model`` (its weights already loaded, the same on every process) over ``dims``, its
     gradients reduced with ``compression``."""
     if not dims.fsdp:
@@ -160,8 +176,9 @@ def parallelize(model: nn.Module, dims: ParallelDims, device: torch.device, *, p
     if dims.dp > 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        ddp = DistributedDataParallel(model, process_group=dims.dp_group,
-                                      device_ids=[device.index] if device.type == "cuda" else None)
+        ddp = DistributedDataParallel(
+            model, process_group=dims.dp_group, device_ids=[device.index] if device.type == "cuda" else None
+        )
         powersgd, mute = register_compression(ddp, compression, dims.dp_group, seed)
         return ParallelModel(ddp, model, dims, compression, powersgd, mute)
     return ParallelModel(model, model, dims, compression)
@@ -200,8 +217,9 @@ def apply_fsdp(model: nn.Module, dims: ParallelDims, precision: str, reduce_dtyp
     ``reduce_dtype`` (--grad-compression fp16/bf16)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if precision == "bf16" else None,
-                              reduce_dtype=reduce_dtype or torch.float32)
+    mp = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if precision == "bf16" else None, reduce_dtype=reduce_dtype or torch.float32
+    )
     mesh = dims.dp_mesh
     for layer in encoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=mp)

@@ -19,8 +19,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -30,9 +31,18 @@ from ..config import ModelConfig, per_rank_sizes
 from ..errors import UserError
 from ..parallel import ParallelDims, ParallelModel, launch, parallelize
 from ..parallel.compression import Compression, load_state_tensors, state_tensors
-from ..training import (LaggedFlags, RunLog, StopSignal, allow_tf32, console_is_tty, format_duration, gather_rng_states,
-                        peak_memory_mb,
-                        resolve_precision, restore_rng_state)
+from ..training import (
+    LaggedFlags,
+    RunLog,
+    StopSignal,
+    allow_tf32,
+    console_is_tty,
+    format_duration,
+    gather_rng_states,
+    peak_memory_mb,
+    resolve_precision,
+    restore_rng_state,
+)
 
 
 def check_out_dir(out: str, overwrite: bool, resume: bool) -> None:
@@ -40,12 +50,19 @@ def check_out_dir(out: str, overwrite: bool, resume: bool) -> None:
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {path} exists and is not a directory")
     if path.is_dir() and any(path.iterdir()) and not (overwrite or resume):
-        raise UserError(f"output directory {path} is not empty; pass --resume to continue the run there, "
-                        "or --overwrite to start afresh")
+        raise UserError(
+            f"output directory {path} is not empty; pass --resume to continue the run there, "
+            "or --overwrite to start afresh"
+        )
 
 
-def announce_resume(cfg: Any, length_flag: str, length_now: int, length_saved: Callable[[dict], Any],
-                    finished: Callable[[dict[str, Any]], bool]) -> bool:
+def announce_resume(
+    cfg: Any,
+    length_flag: str,
+    length_now: int,
+    length_saved: Callable[[dict], Any],
+    finished: Callable[[dict[str, Any]], bool],
+) -> bool:
     """With --resume, before any process starts, say in one line what resuming will do: start from
     scratch (no checkpoint yet), nothing (the run is finished: return True), or train to a changed
     length (``length_flag``: the learning-rate schedule is stretched to it, so a rate that had decayed
@@ -58,8 +75,11 @@ def announce_resume(cfg: Any, length_flag: str, length_now: int, length_saved: C
         return False
     state = checkpoint.load_training_state(latest)
     if finished(state):
-        print(f"bertgpu: the run in {cfg.out} is finished (its last checkpoint, {latest.name}, is at the end of "
-              f"{length_flag} {length_now}): nothing to train; pass a larger {length_flag} to train further", flush=True)
+        print(
+            f"bertgpu: the run in {cfg.out} is finished (its last checkpoint, {latest.name}, is at the end of "
+            f"{length_flag} {length_now}): nothing to train; pass a larger {length_flag} to train further",
+            flush=True,
+        )
         return True
     try:
         saved = length_saved(json.loads((latest / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))["config"])
@@ -67,11 +87,15 @@ def announce_resume(cfg: Any, length_flag: str, length_now: int, length_saved: C
         return False
     if saved != length_now:
         step = state["step"]
-        print(f"bertgpu: {length_flag} raised from {saved} to {length_now} on resume: the learning-rate schedule "
-              f"(warm-up, then linear decay to 0) is stretched to the new end, so from step {step} the rate is the "
-              "longer schedule's (it rises again where it had decayed)" if length_now > saved else
-              f"bertgpu: {length_flag} lowered from {saved} to {length_now} on resume: the learning-rate schedule "
-              f"now ends sooner, so from step {step} the rate decays faster", flush=True)
+        print(
+            f"bertgpu: {length_flag} raised from {saved} to {length_now} on resume: the learning-rate schedule "
+            f"(warm-up, then linear decay to 0) is stretched to the new end, so from step {step} the rate is the "
+            "longer schedule's (it rises again where it had decayed)"
+            if length_now > saved
+            else f"bertgpu: {length_flag} lowered from {saved} to {length_now} on resume: the learning-rate schedule "
+            f"now ends sooner, so from step {step} the rate decays faster",
+            flush=True,
+        )
     return False
 
 
@@ -82,20 +106,27 @@ def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
     dims.check_model(model_config)
     precision = resolve_precision(cfg.precision, torch.device(cfg.device))
     if precision == "fp16" and (dims.tp > 1 or dims.fsdp):
-        raise UserError("--precision fp16 works with --strategy ddp only (its gradient scaler cannot see sharded "
-                        "gradients): use --precision bf16")
+        raise UserError(
+            "--precision fp16 works with --strategy ddp only (its gradient scaler cannot see sharded "
+            "gradients): use --precision bf16"
+        )
     parallel = cfg.parallel
     if parallel.grad_compression == "powersgd" and (dims.fsdp or dims.tp > 1):
-        raise UserError("--grad-compression powersgd works with --strategy ddp without --tp only (FSDP and tensor "
-                        "parallelism reduce-scatter gradients, which PowerSGD cannot compress): use fp16 or bf16, "
-                        "the dtype gradients are reduced in")
+        raise UserError(
+            "--grad-compression powersgd works with --strategy ddp without --tp only (FSDP and tensor "
+            "parallelism reduce-scatter gradients, which PowerSGD cannot compress): use fp16 or bf16, "
+            "the dtype gradients are reduced in"
+        )
     if parallel.balance == "auto":
         if dims.dp == 1:
-            raise UserError("--balance auto needs at least 2 data-parallel processes: with one there is nothing to "
-                            "balance")
+            raise UserError(
+                "--balance auto needs at least 2 data-parallel processes: with one there is nothing to balance"
+            )
         if dims.fsdp or dims.tp > 1:
-            raise UserError("--balance auto works with --strategy ddp without --tp only: FSDP and tensor parallelism "
-                            "synchronise every layer, so a slow process slows all and cannot be timed alone")
+            raise UserError(
+                "--balance auto works with --strategy ddp without --tp only: FSDP and tensor parallelism "
+                "synchronise every layer, so a slow process slows all and cannot be timed alone"
+            )
     per_rank_sizes(cfg.batch_size, dims.dp)
     return dims
 
@@ -160,16 +191,29 @@ class TrainingRun:
         """Spread ``model`` (the same weights on every process) over the processes; seed dropout: the
         processes of one tensor-parallel group draw the same masks, each data-parallel rank its own."""
         parallel = self.cfg.parallel
-        compression = Compression(parallel.grad_compression, parallel.powersgd_rank,
-                                  parallel.powersgd_warmup or max(2, total_steps // 10))
-        net = parallelize(model, self.dims, self.device, precision=self.precision,
-                          activation_checkpointing=parallel.activation_checkpointing, compile=compile,
-                          compression=compression, seed=self.cfg.seed)
+        compression = Compression(
+            parallel.grad_compression, parallel.powersgd_rank, parallel.powersgd_warmup or max(2, total_steps // 10)
+        )
+        net = parallelize(
+            model,
+            self.dims,
+            self.device,
+            precision=self.precision,
+            activation_checkpointing=parallel.activation_checkpointing,
+            compile=compile,
+            compression=compression,
+            seed=self.cfg.seed,
+        )
         torch.manual_seed(self.cfg.seed + 1 + self.dims.dp_rank)
         return net
 
-    def restore(self, net: ParallelModel, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                sample_forward: Callable[[], Any]) -> None:
+    def restore(
+        self,
+        net: ParallelModel,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler,
+        sample_forward: Callable[[], Any],
+    ) -> None:
         """On resume: the optimizer state (whatever layout wrote it), the gradient scaler, this
         process's RNG and PowerSGD's state (same layout only). ``sample_forward`` runs the model on a
         batch, for PowerSGD's silent first step (``ParallelModel.settle_buckets``). The loop restores
@@ -185,8 +229,10 @@ class TrainingRun:
                 load_state_tensors(net.powersgd, saved)
                 net.settle_buckets(sample_forward)
             else:
-                self.warn("PowerSGD starts afresh (warm-up included): the checkpoint was written by another layout "
-                          "or without PowerSGD")
+                self.warn(
+                    "PowerSGD starts afresh (warm-up included): the checkpoint was written by another layout "
+                    "or without PowerSGD"
+                )
         anew = hash((self.cfg.seed, self.dims.dp_rank, self.start_step)) % 2**63
         restore_rng_state(self.state["rng"], self.env.rank, self.layout, self.device, anew)
 
@@ -196,8 +242,9 @@ class TrainingRun:
         if self.is_main:
             print(line, flush=True)
         self.log = RunLog(self.out, self.is_main, start_step=self.start_step)
-        self.bar = tqdm(total=total_steps, initial=self.start_step, disable=not (self.is_main and console_is_tty()),
-                        unit="step")
+        self.bar = tqdm(
+            total=total_steps, initial=self.start_step, disable=not (self.is_main and console_is_tty()), unit="step"
+        )
 
     def write(self, line: str) -> None:
         """A line on the console (rank 0's) that does not break the progress bar."""
@@ -208,19 +255,45 @@ class TrainingRun:
         else:
             print(line, flush=True)
 
-    def save(self, step: int, net: ParallelModel, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-             state: dict[str, Any], model_config: ModelConfig, *, vocab_path: str | Path, do_lower_case: bool,
-             keep: int, architecture: str | None = None, metrics: dict[str, Any] | None = None) -> Path:
+    def save(
+        self,
+        step: int,
+        net: ParallelModel,
+        optimizer: torch.optim.Optimizer,
+        scaler: torch.amp.GradScaler,
+        state: dict[str, Any],
+        model_config: ModelConfig,
+        *,
+        vocab_path: str | Path,
+        do_lower_case: bool,
+        keep: int,
+        architecture: str | None = None,
+        metrics: dict[str, Any] | None = None,
+    ) -> Path:
         """A resumable checkpoint of step ``step``: the loop's ``state`` plus the scaler, every
         process's RNG and the layout. Every process calls this."""
-        full = {**state, "scaler": scaler.state_dict(), "rng": gather_rng_states(self.device, self.layout),
-                "layout": list(self.layout)}
+        full = {
+            **state,
+            "scaler": scaler.state_dict(),
+            "rng": gather_rng_states(self.device, self.layout),
+            "layout": list(self.layout),
+        }
         card = model_card.render(self.task, self.cfg, step, model_config, self.dims.describe(), metrics)
-        return checkpoint.save_checkpoint(self.out, step, net.model, optimizer, model_config, full, self.cfg,
-                                          vocab_path=vocab_path, do_lower_case=do_lower_case, keep=keep,
-                                          architecture=architecture,
-                                          rank_tensors=state_tensors(net.powersgd) if net.powersgd else None,
-                                          card=card)
+        return checkpoint.save_checkpoint(
+            self.out,
+            step,
+            net.model,
+            optimizer,
+            model_config,
+            full,
+            self.cfg,
+            vocab_path=vocab_path,
+            do_lower_case=do_lower_case,
+            keep=keep,
+            architecture=architecture,
+            rank_tensors=state_tensors(net.powersgd) if net.powersgd else None,
+            card=card,
+        )
 
     def end_step(self, step: int, bad: torch.Tensor, *, flush: bool, save: Callable[[], Path]) -> bool:
         """After every optimizer step: queue its flags (was it skipped; was any process asked to stop)
@@ -252,9 +325,11 @@ class TrainingRun:
             if self.precision != "fp16" and self.bad_in_a_row >= self.cfg.max_bad_steps:
                 self.flags.flush()  # the steps after it are skipped too: nothing is lost by not reading them
                 path = save()
-                raise UserError(f"the loss was not finite for {self.bad_in_a_row} steps in a row (up to step "
-                                f"{flag_step}); stopped with the last good weights in {path}; lower --lr or check "
-                                "the data")
+                raise UserError(
+                    f"the loss was not finite for {self.bad_in_a_row} steps in a row (up to step "
+                    f"{flag_step}); stopped with the last good weights in {path}; lower --lr or check "
+                    "the data"
+                )
         return stop_now
 
     def stop_requested(self) -> bool:
@@ -264,8 +339,10 @@ class TrainingRun:
     def interrupted(self, step: int, path: Path) -> launch.Interrupted:
         signum = self.stop.signum
         name = signal.Signals(signum).name if signum else "a signal on another rank"
-        return launch.Interrupted(f"stopped by {name} after step {step}; checkpoint {path}. "
-                                  "Run the same command with --resume to continue.", signum or signal.SIGTERM)
+        return launch.Interrupted(
+            f"stopped by {name} after step {step}; checkpoint {path}. Run the same command with --resume to continue.",
+            signum or signal.SIGTERM,
+        )
 
     def summary(self, step: int, keys: dict[str, str], where: str) -> None:
         """The closing lines of a run (rank 0): the steps and time, each logged metric of ``keys`` from its

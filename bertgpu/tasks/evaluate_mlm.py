@@ -42,8 +42,10 @@ def _plan(cfg: EvaluateConfig) -> tuple[Path, ModelConfig, ShardedCorpus, DataCo
     config = ModelConfig.load(model_dir)
     corpus = ShardedCorpus(cfg.data)
     if not (model_dir / "vocab.txt").is_file() or vocab_sha256(model_dir / "vocab.txt") != corpus.vocab_sha256:
-        raise UserError(f"{cfg.data} was prepared with another vocab than the model's ({model_dir / 'vocab.txt'}): "
-                        f"prepare the text with --vocab {model_dir / 'vocab.txt'}")
+        raise UserError(
+            f"{cfg.data} was prepared with another vocab than the model's ({model_dir / 'vocab.txt'}): "
+            f"prepare the text with --vocab {model_dir / 'vocab.txt'}"
+        )
     length = cfg.max_seq_length or min(DEFAULT_LENGTH, config.max_position_embeddings)
     if length > config.max_position_embeddings:
         raise UserError(f"--max-seq-length {length} is beyond the model's {config.max_position_embeddings} positions")
@@ -71,21 +73,39 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, float]:
     model = BertForPreTraining(config)
     missing, _ = checkpoint.load_weights(model, model_dir)
     if any(name.startswith("cls.predictions") for name in missing):
-        raise UserError(f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: masked-LM "
-                        "evaluation needs a pretraining checkpoint, BertForMaskedLM or BertForPreTraining")
+        raise UserError(
+            f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: masked-LM "
+            "evaluation needs a pretraining checkpoint, BertForMaskedLM or BertForPreTraining"
+        )
     has_nsp = not any(name.startswith("cls.seq_relationship") for name in missing)
     eval_set = EvalSet(corpus, data, cfg.seed, cfg.eval_instances, str(cfg.data))
     eval_set.check_enough(dims.dp)
-    metrics = evaluation.evaluate_mlm(model.to(env.device), eval_set, dims, env.device, cfg.batch_size,
-                                      data.nsp and has_nsp, resolve_precision(cfg.precision, env.device))
-    result = {"model": str(model_dir), "data": cfg.data, "instances": len(eval_set), "seed": cfg.seed,
-              "max_seq_length": data.max_seq_length, "nsp_instances": data.nsp, **metrics}
+    metrics = evaluation.evaluate_mlm(
+        model.to(env.device),
+        eval_set,
+        dims,
+        env.device,
+        cfg.batch_size,
+        data.nsp and has_nsp,
+        resolve_precision(cfg.precision, env.device),
+    )
+    result = {
+        "model": str(model_dir),
+        "data": cfg.data,
+        "instances": len(eval_set),
+        "seed": cfg.seed,
+        "max_seq_length": data.max_seq_length,
+        "nsp_instances": data.nsp,
+        **metrics,
+    }
     if env.is_main:
         if cfg.json:
             print(json.dumps(result), flush=True)
         else:
-            print(f"{model_dir} on {cfg.data}: " + evaluation.describe(0, metrics, len(eval_set)).split(" | ", 1)[1],
-                  flush=True)
+            print(
+                f"{model_dir} on {cfg.data}: " + evaluation.describe(0, metrics, len(eval_set)).split(" | ", 1)[1],
+                flush=True,
+            )
         if cfg.output:
             _write_json_atomic(Path(cfg.output), result)
             print(f"metrics: {cfg.output}", flush=True)

@@ -31,8 +31,9 @@ def model_directory(path: str) -> Path:
     if not (model_dir / "config.json").is_file():
         newest = checkpoint.latest_checkpoint(model_dir)
         if newest is None:
-            raise UserError(f"{path} has no config.json: not a BERT directory, nor a `bertgpu pretrain` run with a "
-                            "checkpoint")
+            raise UserError(
+                f"{path} has no config.json: not a BERT directory, nor a `bertgpu pretrain` run with a checkpoint"
+            )
         model_dir = newest
     return model_dir
 
@@ -44,8 +45,10 @@ def load_masked_lm(path: str, device: torch.device) -> tuple[BertForPreTraining,
     model = BertForPreTraining(config)
     missing, _ = checkpoint.load_weights(model, model_dir)
     if any(name.startswith("cls.predictions") for name in missing):
-        raise UserError(f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: fill-mask needs a "
-                        "pretraining checkpoint, BertForMaskedLM or BertForPreTraining")
+        raise UserError(
+            f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: fill-mask needs a "
+            "pretraining checkpoint, BertForMaskedLM or BertForPreTraining"
+        )
     tokenizer = Tokenizer(model_vocab(model_dir), model_lowercase(model_dir))
     return model.to(device).eval(), tokenizer, model_dir
 
@@ -63,18 +66,26 @@ def fill_mask(model: BertForPreTraining, tokenizer: Tokenizer, text: str, top_k:
         ids += ([tokenizer.mask_id] if n else []) + piece_ids
     ids.append(tokenizer.sep_id)
     if len(ids) > model.config.max_position_embeddings:
-        raise UserError(f"the text is {len(ids)} tokens long, more than the model's "
-                        f"{model.config.max_position_embeddings} positions")
+        raise UserError(
+            f"the text is {len(ids)} tokens long, more than the model's "
+            f"{model.config.max_position_embeddings} positions"
+        )
     positions = [i for i, token in enumerate(ids) if token == tokenizer.mask_id]
     device = next(model.parameters()).device
     input_ids = torch.tensor([ids], device=device)
-    logits, _ = model(input_ids, torch.zeros_like(input_ids), torch.ones_like(input_ids),
-                      torch.tensor([positions], device=device))
+    logits, _ = model(
+        input_ids, torch.zeros_like(input_ids), torch.ones_like(input_ids), torch.tensor([positions], device=device)
+    )
     probs = logits[0].float().softmax(-1)
     top = probs.topk(min(top_k, probs.size(-1)), dim=-1)
-    return [{"position": position, "tokens": [tokenizer.vocab[i] for i in top.indices[k].tolist()],
-             "probabilities": [round(p, 6) for p in top.values[k].tolist()]}
-            for k, position in enumerate(positions)]
+    return [
+        {
+            "position": position,
+            "tokens": [tokenizer.vocab[i] for i in top.indices[k].tolist()],
+            "probabilities": [round(p, 6) for p in top.values[k].tolist()],
+        }
+        for k, position in enumerate(positions)
+    ]
 
 
 def run(cfg: FillMaskConfig) -> list[dict[str, Any]]:

@@ -23,16 +23,35 @@ import torch.nn.functional as F
 from .. import checkpoint, lora, model_card
 from ..classifier import model_lowercase, model_vocab
 from ..config import FinetuneConfig, ModelConfig, OptimConfig, per_rank_sizes, scaled_lr
-from ..data.classification import (ClassificationDataset, Examples, check_labels, describe_labels, label_names, load_examples,
-                                   split_examples, train_batches)
+from ..data.classification import (
+    ClassificationDataset,
+    Examples,
+    check_labels,
+    describe_labels,
+    label_names,
+    load_examples,
+    split_examples,
+    train_batches,
+)
 from ..data.sharing import shares_of
 from ..data.tokenizer import Tokenizer
 from ..errors import UserError
 from ..model import BertForSequenceClassification
 from ..parallel import launch
-from ..parallel.balance import Balancer, describe as describe_balance
-from ..training import (Sums, Throughput, autocast, build_optimizer, build_schedule, describe_batch, describe_lr,
-                        format_duration, format_rate, optimizer_step)
+from ..parallel.balance import Balancer
+from ..parallel.balance import describe as describe_balance
+from ..training import (
+    Sums,
+    Throughput,
+    autocast,
+    build_optimizer,
+    build_schedule,
+    describe_batch,
+    describe_lr,
+    format_duration,
+    format_rate,
+    optimizer_step,
+)
 from .common import TrainingRun, announce_resume, check_layout, check_out_dir, run_workers
 from .predict import _write_json_atomic, check_model_dir, compute_metrics, predict_logits
 
@@ -65,21 +84,28 @@ def check(cfg: FinetuneConfig) -> Plan:
     """Every user mistake we can see before training, as a UserError. No side effects."""
     model_dir, base = check_model_dir(cfg.model)
     if cfg.max_seq_length > base.max_position_embeddings:
-        raise UserError(f"--max-seq-length {cfg.max_seq_length} is beyond the model's "
-                        f"{base.max_position_embeddings} positions (max_position_embeddings in {model_dir})")
+        raise UserError(
+            f"--max-seq-length {cfg.max_seq_length} is beyond the model's "
+            f"{base.max_position_embeddings} positions (max_position_embeddings in {model_dir})"
+        )
     dims = check_layout(dataclasses.replace(cfg, device=launch.resolve_device(cfg.device)), base)
     if cfg.adapter.enabled:
         if dims.tp > 1:
-            raise UserError(f"--tp {dims.tp} cannot split LoRA's adapted layers; LoRA keeps no gradients or optimizer "
-                            "state for the frozen encoder, so shard its weights with --strategy fsdp if it does not "
-                            "fit one device")
+            raise UserError(
+                f"--tp {dims.tp} cannot split LoRA's adapted layers; LoRA keeps no gradients or optimizer "
+                "state for the frozen encoder, so shard its weights with --strategy fsdp if it does not "
+                "fit one device"
+            )
         if cfg.adapter.quantize and cfg.parallel.strategy == "fsdp":
-            raise UserError(f"--quantize {cfg.adapter.quantize} cannot be sharded with --strategy fsdp (FSDP cannot "
-                            "hold bitsandbytes' 8/4-bit weights): use --strategy ddp, every process holding the "
-                            "quantised encoder")
+            raise UserError(
+                f"--quantize {cfg.adapter.quantize} cannot be sharded with --strategy fsdp (FSDP cannot "
+                "hold bitsandbytes' 8/4-bit weights): use --strategy ddp, every process holding the "
+                "quantised encoder"
+            )
         lora.check(cfg.adapter, base)
-    columns = dict(text_column=cfg.text_column, pair_column=cfg.pair_column or None,
-                   label_column=cfg.label_column, fmt=cfg.format)
+    columns = dict(
+        text_column=cfg.text_column, pair_column=cfg.pair_column or None, label_column=cfg.label_column, fmt=cfg.format
+    )
     train = load_examples(cfg.train, **columns)
     names = label_names(train)
     labels_line, label_warnings = describe_labels(train, names)
@@ -92,8 +118,17 @@ def check(cfg: FinetuneConfig) -> Plan:
         train, evaluation = split_examples(train, cfg.eval_split or DEFAULT_EVAL_SPLIT, cfg.seed)
     id2label = dict(enumerate(names))
     config = dataclasses.replace(base, id2label=id2label)
-    return Plan(model_dir, config, base.id2label == id2label, model_lowercase(model_dir), train, evaluation,
-                [w for w in warnings if w], dims.dp, labels_line)
+    return Plan(
+        model_dir,
+        config,
+        base.id2label == id2label,
+        model_lowercase(model_dir),
+        train,
+        evaluation,
+        [w for w in warnings if w],
+        dims.dp,
+        labels_line,
+    )
 
 
 def run_finetune(cfg: FinetuneConfig) -> None:
@@ -101,21 +136,34 @@ def run_finetune(cfg: FinetuneConfig) -> None:
     cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device))
     plan = check(cfg)
     if plan.model_dir != Path(cfg.model):
-        print(f"bertgpu: --model {cfg.model} is a run directory: starting from its newest checkpoint, "
-              f"{plan.model_dir}", flush=True)
+        print(
+            f"bertgpu: --model {cfg.model} is a run directory: starting from its newest checkpoint, {plan.model_dir}",
+            flush=True,
+        )
         cfg = dataclasses.replace(cfg, model=str(plan.model_dir))
     if launch.restart_count() == 0:
         check_out_dir(cfg.out, cfg.overwrite, cfg.resume)
         if int(os.environ.get("RANK", 0)) == 0:
             print(plan.labels_line, flush=True)
-    if announce_resume(cfg, "--epochs", cfg.epochs, lambda saved: saved["epochs"],
-                       lambda state: state["position"]["epoch"] > cfg.epochs):
+    if announce_resume(
+        cfg,
+        "--epochs",
+        cfg.epochs,
+        lambda saved: saved["epochs"],
+        lambda state: state["position"]["epoch"] > cfg.epochs,
+    ):
         return
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.resume else None
     if resume_from is not None:  # refused here, before any process starts (each worker checks again)
-        _check_resumable(checkpoint.load_training_state(resume_from), resume_from, list(plan.model_config.id2label.values()),
-                         len(plan.train), sum(per_rank_sizes(cfg.batch_size, plan.dp)) * cfg.grad_accum,
-                         cfg.group_by_length, _adapter_record(cfg, plan))
+        _check_resumable(
+            checkpoint.load_training_state(resume_from),
+            resume_from,
+            list(plan.model_config.id2label.values()),
+            len(plan.train),
+            sum(per_rank_sizes(cfg.batch_size, plan.dp)) * cfg.grad_accum,
+            cfg.group_by_length,
+            _adapter_record(cfg, plan),
+        )
     run_workers(train, cfg)
 
 
@@ -139,19 +187,32 @@ def train(cfg: FinetuneConfig) -> Path:
     lengths = train_set.lengths if cfg.group_by_length else None  # batches of similar length pad little
 
     def epoch_batches(epoch: int) -> list[tuple[list[int], int]]:
-        return train_batches(len(train_set), [s * accum for s in sizes], dims.dp, dims.dp_rank, cfg.seed, epoch,
-                             lengths)
+        return train_batches(
+            len(train_set), [s * accum for s in sizes], dims.dp, dims.dp_rank, cfg.seed, epoch, lengths
+        )
 
     steps_per_epoch = len(epoch_batches(1))
     if steps_per_epoch == 0:
         raise UserError(f"{len(train_set)} training example(s) cannot be shared by {dims.dp} data-parallel ranks")
-    optim = OptimConfig(lr=scaled_lr(cfg.lr, global_batch, cfg.lr_scaling, cfg.reference_batch), warmup=cfg.warmup,
-                        steps=cfg.epochs * steps_per_epoch, weight_decay=cfg.weight_decay, clip=MAX_GRAD_NORM,
-                        adam_eps=ADAM_EPS)
+    optim = OptimConfig(
+        lr=scaled_lr(cfg.lr, global_batch, cfg.lr_scaling, cfg.reference_batch),
+        warmup=cfg.warmup,
+        steps=cfg.epochs * steps_per_epoch,
+        weight_decay=cfg.weight_decay,
+        clip=MAX_GRAD_NORM,
+        adam_eps=ADAM_EPS,
+    )
     adapter = _adapter_record(cfg, plan)
     if run.state is not None:
-        _check_resumable(run.state, run.resume_from, list(id2label.values()), len(train_set), global_batch,
-                         cfg.group_by_length, adapter)
+        _check_resumable(
+            run.state,
+            run.resume_from,
+            list(id2label.values()),
+            len(train_set),
+            global_batch,
+            cfg.group_by_length,
+            adapter,
+        )
 
     # Model: the pretrained encoder; a fresh head unless the directory has one for these very labels.
     # On resume, the checkpoint's whole classifier; with LoRA, the frozen base from --model again and the
@@ -198,25 +259,52 @@ def train(cfg: FinetuneConfig) -> Path:
     for warning in plan.warnings:
         run.warn(warning)
     how = f"; resuming from {run.resume_from} at step {step}" if run.resume_from is not None else ""
-    what = (f"{lora.describe(cfg.adapter)}: {trainable:,} of {n_params:,} parameters trainable "
-            f"({100 * trainable / n_params:.2f}%)" if cfg.adapter.enabled else f"{n_params / 1e6:.1f}M parameters")
-    run.start(f"bertgpu finetune: {what}, {dims.describe()}, on {device.type}, "
-              f"{run.precision}, {len(train_set):,} training and {len(eval_set):,} evaluation examples, "
-              f"labels {', '.join(id2label.values())}, global batch {global_batch} = {describe_batch(sizes, accum)}, "
-              f"{describe_lr(cfg.lr, optim.lr, cfg.lr_scaling, global_batch, cfg.reference_batch)}, "
-              f"{optim.steps} steps in {cfg.epochs} epoch(s){how}", optim.steps)
+    what = (
+        f"{lora.describe(cfg.adapter)}: {trainable:,} of {n_params:,} parameters trainable "
+        f"({100 * trainable / n_params:.2f}%)"
+        if cfg.adapter.enabled
+        else f"{n_params / 1e6:.1f}M parameters"
+    )
+    run.start(
+        f"bertgpu finetune: {what}, {dims.describe()}, on {device.type}, "
+        f"{run.precision}, {len(train_set):,} training and {len(eval_set):,} evaluation examples, "
+        f"labels {', '.join(id2label.values())}, global batch {global_batch} = {describe_batch(sizes, accum)}, "
+        f"{describe_lr(cfg.lr, optim.lr, cfg.lr_scaling, global_batch, cfg.reference_batch)}, "
+        f"{optim.steps} steps in {cfg.epochs} epoch(s){how}",
+        optim.steps,
+    )
 
     def save_state(epoch: int, in_epoch: int) -> Path:
         """A resumable checkpoint (out/checkpoints/step-N, only the newest kept): the classifier plus
         the optimizer, the data position and the run's records."""
-        state = {"position": {"epoch": epoch, "step_in_epoch": in_epoch}, "window": window.gathered(dims),
-                 "epoch_sums": epoch_sums.gathered(dims), "steps_in_window": steps_in_window, "history": history,
-                 "best": best, "kept": [str(p.relative_to(out)) for p in kept], "labels": list(id2label.values()),
-                 "train_examples": len(train_set), "global_batch": global_batch, "group_by_length": cfg.group_by_length,
-                 "adapter": adapter, "batch_sizes": sizes,
-                 "balanced": cfg.parallel.balance == "auto" and not balancer.enabled}
-        return run.save(step, net, optimizer, scaler, state, plan.model_config, vocab_path=model_vocab(plan.model_dir),
-                        do_lower_case=plan.lowercase, keep=1, architecture=ARCHITECTURE)
+        state = {
+            "position": {"epoch": epoch, "step_in_epoch": in_epoch},
+            "window": window.gathered(dims),
+            "epoch_sums": epoch_sums.gathered(dims),
+            "steps_in_window": steps_in_window,
+            "history": history,
+            "best": best,
+            "kept": [str(p.relative_to(out)) for p in kept],
+            "labels": list(id2label.values()),
+            "train_examples": len(train_set),
+            "global_batch": global_batch,
+            "group_by_length": cfg.group_by_length,
+            "adapter": adapter,
+            "batch_sizes": sizes,
+            "balanced": cfg.parallel.balance == "auto" and not balancer.enabled,
+        }
+        return run.save(
+            step,
+            net,
+            optimizer,
+            scaler,
+            state,
+            plan.model_config,
+            vocab_path=model_vocab(plan.model_dir),
+            do_lower_case=plan.lowercase,
+            keep=1,
+            architecture=ARCHITECTURE,
+        )
 
     comm_bytes = 0  # gradient bytes exchanged by this process since the last log line
     try:
@@ -230,16 +318,19 @@ def train(cfg: FinetuneConfig) -> Path:
                 for i, part in enumerate(micro):
                     batch = {k: v.to(device, non_blocking=True) for k, v in train_set.batch(part).items()}
                     # Only the last micro-step all-reduces the gradients (DDP); FSDP reduces each.
-                    with net.no_sync(i < len(micro) - 1), autocast(run.precision, device), \
-                            balancer.forward(len(part)):
+                    with net.no_sync(i < len(micro) - 1), autocast(run.precision, device), balancer.forward(len(part)):
                         logits = net(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
                     loss_sum = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
                     # Gradient reduction averages over the data-parallel ranks: scale so that the result is the
                     # global batch's mean loss's.
                     scaler.scale(loss_sum / global_size * dims.dp).backward()
                     with torch.no_grad():
-                        step_sums += window.of(loss=loss_sum.detach(), correct=(logits.argmax(-1) == batch["labels"]).sum(),
-                                               examples=len(part), tokens=batch["attention_mask"].sum())
+                        step_sums += window.of(
+                            loss=loss_sum.detach(),
+                            correct=(logits.argmax(-1) == batch["labels"]).sum(),
+                            examples=len(part),
+                            tokens=batch["attention_mask"].sum(),
+                        )
                 bad = optimizer_step(net, optimizer, scaler, schedule, MAX_GRAD_NORM, run.precision)
                 step, in_epoch, steps_in_window = step + 1, in_epoch + 1, steps_in_window + 1
                 comm_bytes += net.comm_bytes_per_step(step)
@@ -248,23 +339,34 @@ def train(cfg: FinetuneConfig) -> Path:
                 window.add(sums)
                 epoch_sums.add(sums)
                 save_due = step % cfg.save_every == 0 and in_epoch < len(batches)  # the epoch's end saves anyway
-                stop_now = run.end_step(step, bad, flush=save_due, save=lambda: save_state(epoch, in_epoch))
+                stop_now = run.end_step(step, bad, flush=save_due, save=lambda: save_state(epoch, in_epoch))  # noqa: B023 (called at once)
                 if step % cfg.log_every == 0:
                     s = window.read(dims)
                     rates = meter.rates(steps_in_window, int(s["examples"]), int(s["tokens"]))
                     rates_steps, steps_in_window = steps_in_window, 0
-                    values = {"loss": s["loss"] / max(s["examples"], 1), "accuracy": s["correct"] / max(s["examples"], 1),
-                              "lr": schedule.get_last_lr()[0], "peak_lr": optim.lr, "epoch": epoch,
-                              "skipped_steps": run.skipped, "layout": dims.describe(),
-                              "peak_memory_mb": run.peak_memory_mb(),
-                              "comm_bytes_per_step": comm_bytes / max(rates_steps, 1), **rates}
+                    values = {
+                        "loss": s["loss"] / max(s["examples"], 1),
+                        "accuracy": s["correct"] / max(s["examples"], 1),
+                        "lr": schedule.get_last_lr()[0],
+                        "peak_lr": optim.lr,
+                        "epoch": epoch,
+                        "skipped_steps": run.skipped,
+                        "layout": dims.describe(),
+                        "peak_memory_mb": run.peak_memory_mb(),
+                        "comm_bytes_per_step": comm_bytes / max(rates_steps, 1),
+                        **rates,
+                    }
                     comm_bytes = 0
-                    run.log.log(step, values, f"epoch {epoch} step {step}/{optim.steps} | loss {values['loss']:.4f} | "
-                                f"acc {values['accuracy']:.3f} | lr {values['lr']:.2e} | "
-                                f"{format_rate(rates['seq_per_s'])} examples/s | "
-                                f"peak mem {values['peak_memory_mb'] / 1024:.2f} GiB | eta "
-                                f"{format_duration((optim.steps - step) / max(rates['steps_per_s'], 1e-9))}",
-                                write=run.write)
+                    run.log.log(
+                        step,
+                        values,
+                        f"epoch {epoch} step {step}/{optim.steps} | loss {values['loss']:.4f} | "
+                        f"acc {values['accuracy']:.3f} | lr {values['lr']:.2e} | "
+                        f"{format_rate(rates['seq_per_s'])} examples/s | "
+                        f"peak mem {values['peak_memory_mb'] / 1024:.2f} GiB | eta "
+                        f"{format_duration((optim.steps - step) / max(rates['steps_per_s'], 1e-9))}",
+                        write=run.write,
+                    )
                 if stop_now:
                     raise run.interrupted(step, save_state(epoch, in_epoch))
                 if save_due:
@@ -275,41 +377,61 @@ def train(cfg: FinetuneConfig) -> Path:
                     sizes = balanced[0]
                     batches = epoch_batches(epoch)  # the same global batches, shared anew
 
-            if run.flush(save=lambda: save_state(epoch, in_epoch)):
+            if run.flush(save=lambda: save_state(epoch, in_epoch)):  # noqa: B023 (called at once)
                 raise run.interrupted(step, save_state(epoch, in_epoch))  # resumes at this evaluation
             in_epoch = 0
 
             # Evaluate, save, keep the best.
             meter.pause()
             s = epoch_sums.read(dims)
-            metrics = compute_metrics(predict_logits(net, eval_set, max(sizes), dims, device, run.precision, sizes),
-                                      eval_set.labels)
-            record = {"epoch": epoch, "step": step, "train_loss": s["loss"] / max(s["examples"], 1),
-                      "train_accuracy": s["correct"] / max(s["examples"], 1),
-                      **{f"eval_{k}": v for k, v in metrics.items()}}
+            metrics = compute_metrics(
+                predict_logits(net, eval_set, max(sizes), dims, device, run.precision, sizes), eval_set.labels
+            )
+            record = {
+                "epoch": epoch,
+                "step": step,
+                "train_loss": s["loss"] / max(s["examples"], 1),
+                "train_accuracy": s["correct"] / max(s["examples"], 1),
+                **{f"eval_{k}": v for k, v in metrics.items()},
+            }
             history.append(record)
             is_best = best is None or record[f"eval_{cfg.metric}"] > best[f"eval_{cfg.metric}"]
             best = record if is_best else best
-            line = (f"epoch {epoch} eval | loss {metrics['loss']:.4f} | accuracy {metrics['accuracy']:.4f} | "
-                    f"f1 {metrics['f1']:.4f} | {metrics['examples']} examples{' | best so far' if is_best else ''}")
+            line = (
+                f"epoch {epoch} eval | loss {metrics['loss']:.4f} | accuracy {metrics['accuracy']:.4f} | "
+                f"f1 {metrics['f1']:.4f} | {metrics['examples']} examples{' | best so far' if is_best else ''}"
+            )
             run.log.log(step, {k: v for k, v in record.items() if k != "step"}, line, write=run.write)
-            kept = save_epoch(out, epoch, net.model, plan, cfg, record, kept, best, is_best, run.is_main,
-                              dims.describe())
+            kept = save_epoch(
+                out, epoch, net.model, plan, cfg, record, kept, best, is_best, run.is_main, dims.describe()
+            )
             if run.is_main:
-                _write_json_atomic(out / METRICS_NAME, {
-                    "metric": cfg.metric, "best_epoch": best["epoch"], "best_checkpoint": _epoch_dir(best["epoch"]),
-                    "best": best, "labels": list(id2label.values()), "train_examples": len(train_set),
-                    "eval_examples": len(eval_set), "epochs": history})
+                _write_json_atomic(
+                    out / METRICS_NAME,
+                    {
+                        "metric": cfg.metric,
+                        "best_epoch": best["epoch"],
+                        "best_checkpoint": _epoch_dir(best["epoch"]),
+                        "best": best,
+                        "labels": list(id2label.values()),
+                        "train_examples": len(train_set),
+                        "eval_examples": len(eval_set),
+                        "epochs": history,
+                    },
+                )
             path = save_state(epoch + 1, 0)
             meter.resume()  # the rate covers training steps only, not this evaluation
             if run.stop_requested():
                 raise run.interrupted(step, path)  # a signal during the evaluation: all of it is saved
     finally:
         run.close()
-    run.summary(step, {"loss": "min", "accuracy": "max", "eval_loss": "min", "eval_accuracy": "max", "eval_f1": "max"},
-                f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  "
-                f"(transformers.BertForSequenceClassification.from_pretrained('{out / 'best'}'), "
-                f"or bertgpu predict --model {out / 'best'} TEXT)")
+    run.summary(
+        step,
+        {"loss": "min", "accuracy": "max", "eval_loss": "min", "eval_accuracy": "max", "eval_f1": "max"},
+        f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  "
+        f"(transformers.BertForSequenceClassification.from_pretrained('{out / 'best'}'), "
+        f"or bertgpu predict --model {out / 'best'} TEXT)",
+    )
     return out / "best"
 
 
@@ -328,7 +450,7 @@ def micro_batches(indices: list[int], global_size: int, shares: list[int], accum
     count = min(accum, min(shares_of(global_size, shares)))
     size, extra = divmod(len(indices), count)
     bounds = [i * size + min(i, extra) for i in range(count + 1)]
-    return [indices[bounds[i]:bounds[i + 1]] for i in range(count)]
+    return [indices[bounds[i] : bounds[i + 1]] for i in range(count)]
 
 
 def _adapter_record(cfg: FinetuneConfig, plan: Plan) -> dict[str, Any] | None:
@@ -337,58 +459,110 @@ def _adapter_record(cfg: FinetuneConfig, plan: Plan) -> dict[str, Any] | None:
     a = cfg.adapter
     if not a.enabled:
         return None
-    return {"rank": a.lora_rank, "alpha": a.alpha, "dropout": a.dropout, "targets": a.targets,
-            "quantize": a.quantize, "base_model": str(plan.model_dir.resolve())}
+    return {
+        "rank": a.lora_rank,
+        "alpha": a.alpha,
+        "dropout": a.dropout,
+        "targets": a.targets,
+        "quantize": a.quantize,
+        "base_model": str(plan.model_dir.resolve()),
+    }
 
 
-def _check_resumable(state: dict[str, Any], path: Path, labels: list[str], train_examples: int,
-                     global_batch: int, group_by_length: bool, adapter: dict[str, Any] | None) -> None:
+def _check_resumable(
+    state: dict[str, Any],
+    path: Path,
+    labels: list[str],
+    train_examples: int,
+    global_batch: int,
+    group_by_length: bool,
+    adapter: dict[str, Any] | None,
+) -> None:
     """A resumed run must see the data and batches it was trained on, or its position means nothing:
     the length-grouped batches of another global batch are other batches, so that is refused too."""
     was = (state.get("labels"), state.get("train_examples"), state.get("global_batch"))
     if was[0] != labels:
         raise UserError(f"cannot resume from {path}: it was trained on labels {was[0]}, the data has {labels}")
     if was[1] != train_examples:
-        raise UserError(f"cannot resume from {path}: it was trained on {was[1]} examples, the training data now "
-                        f"has {train_examples}; resume with the same data, or start afresh with --overwrite")
+        raise UserError(
+            f"cannot resume from {path}: it was trained on {was[1]} examples, the training data now "
+            f"has {train_examples}; resume with the same data, or start afresh with --overwrite"
+        )
     if was[2] != global_batch:
-        raise UserError(f"cannot resume from {path}: its global batch was {was[2]} (batch size x data-parallel "
-                        f"processes x accumulation), now {global_batch}; resume with the same --batch-size, "
-                        "--grad-accum and data-parallel degree")
+        raise UserError(
+            f"cannot resume from {path}: its global batch was {was[2]} (batch size x data-parallel "
+            f"processes x accumulation), now {global_batch}; resume with the same --batch-size, "
+            "--grad-accum and data-parallel degree"
+        )
     if state.get("adapter") != adapter:
+
         def said(a: dict[str, Any] | None) -> str:
-            return "full fine-tuning" if a is None else (f"LoRA rank {a['rank']} alpha {a['alpha']:g} dropout "
-                                                         f"{a['dropout']:g} on {','.join(a['targets'])}"
-                                                         f"{' (' + a['quantize'] + ')' if a['quantize'] else ''} "
-                                                         f"over {a['base_model']}")
-        raise UserError(f"cannot resume from {path}: it was trained with {said(state.get('adapter'))}, now "
-                        f"{said(adapter)}; resume with the same --model and LoRA flags")
+            return (
+                "full fine-tuning"
+                if a is None
+                else (
+                    f"LoRA rank {a['rank']} alpha {a['alpha']:g} dropout "
+                    f"{a['dropout']:g} on {','.join(a['targets'])}"
+                    f"{' (' + a['quantize'] + ')' if a['quantize'] else ''} "
+                    f"over {a['base_model']}"
+                )
+            )
+
+        raise UserError(
+            f"cannot resume from {path}: it was trained with {said(state.get('adapter'))}, now "
+            f"{said(adapter)}; resume with the same --model and LoRA flags"
+        )
     if state.get("group_by_length", group_by_length) != group_by_length:
-        raise UserError(f"cannot resume from {path}: it was trained with{'out' if group_by_length else ''} "
-                        f"--no-group-by-length, which orders the batches; resume with the same setting")
+        raise UserError(
+            f"cannot resume from {path}: it was trained with{'out' if group_by_length else ''} "
+            f"--no-group-by-length, which orders the batches; resume with the same setting"
+        )
 
 
 def _epoch_dir(epoch: int) -> str:
     return f"checkpoints/epoch-{epoch:03d}"
 
 
-def save_epoch(out: Path, epoch: int, model: torch.nn.Module, plan: Plan, cfg: FinetuneConfig,
-               record: dict[str, Any], kept: list[Path], best: dict[str, Any], is_best: bool,
-               is_main: bool, layout: str = "1 process") -> list[Path]:
+def save_epoch(
+    out: Path,
+    epoch: int,
+    model: torch.nn.Module,
+    plan: Plan,
+    cfg: FinetuneConfig,
+    record: dict[str, Any],
+    kept: list[Path],
+    best: dict[str, Any],
+    is_best: bool,
+    is_main: bool,
+    layout: str = "1 process",
+) -> list[Path]:
     """Write this epoch's checkpoint (every process calls this: the weights are gathered from them),
     keep the best and the newest up to --save-total-limit, and refresh ``out/best``. Every directory
     appears complete or not at all. Return the kept ones."""
     path = out / _epoch_dir(epoch)
-    checkpoint.save_model_dir(path, model, plan.model_config, vocab_path=model_vocab(plan.model_dir),
-                              do_lower_case=plan.lowercase, architecture=ARCHITECTURE, json_files={
-                                  METRICS_NAME: record, checkpoint.RUN_CONFIG_NAME: {
-                                      "task": "finetune", "epoch": epoch, "step": record["step"],
-                                      "config": dataclasses.asdict(cfg)}},
-                              card=model_card.render("finetune", cfg, record["step"], plan.model_config, layout,
-                                                     {k: v for k, v in record.items() if k != "step"}))
+    checkpoint.save_model_dir(
+        path,
+        model,
+        plan.model_config,
+        vocab_path=model_vocab(plan.model_dir),
+        do_lower_case=plan.lowercase,
+        architecture=ARCHITECTURE,
+        json_files={
+            METRICS_NAME: record,
+            checkpoint.RUN_CONFIG_NAME: {
+                "task": "finetune",
+                "epoch": epoch,
+                "step": record["step"],
+                "config": dataclasses.asdict(cfg),
+            },
+        },
+        card=model_card.render(
+            "finetune", cfg, record["step"], plan.model_config, layout, {k: v for k, v in record.items() if k != "step"}
+        ),
+    )
     kept = kept + [path]
     best_path = out / _epoch_dir(best["epoch"])
-    newest = [p for p in kept if p != best_path][-(cfg.save_total_limit - 1):] if cfg.save_total_limit > 1 else []
+    newest = [p for p in kept if p != best_path][-(cfg.save_total_limit - 1) :] if cfg.save_total_limit > 1 else []
     keep = (set(newest) | {best_path}) if cfg.save_total_limit else set(kept)
     if is_main:
         if is_best:

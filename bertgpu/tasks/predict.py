@@ -25,8 +25,18 @@ from tqdm import tqdm
 from .. import checkpoint
 from ..classifier import Classifier, classifier_dir, model_vocab
 from ..config import EvaluateConfig, ModelConfig, PredictConfig
-from ..data.classification import (ClassificationDataset, Examples, Table, as_data_labels, check_labels, detect_format,
-                                   eval_batches, load_examples, read_table, require_columns)
+from ..data.classification import (
+    ClassificationDataset,
+    Examples,
+    Table,
+    as_data_labels,
+    check_labels,
+    detect_format,
+    eval_batches,
+    load_examples,
+    read_table,
+    require_columns,
+)
 from ..data.tokenizer import load_vocab
 from ..errors import UserError
 from ..parallel import ParallelDims, launch
@@ -38,26 +48,35 @@ def check_model_dir(path: str) -> tuple[Path, ModelConfig]:
     """A BERT directory with config.json, model.safetensors and vocab.txt."""
     model_dir = Path(path)
     if not model_dir.is_dir():
-        raise UserError(f"--model {path}: no such directory "
-                        f"(a BERT directory: config.json, model.safetensors, vocab.txt)")
+        raise UserError(
+            f"--model {path}: no such directory (a BERT directory: config.json, model.safetensors, vocab.txt)"
+        )
     if not (model_dir / "config.json").is_file():
         newest = checkpoint.latest_checkpoint(model_dir)
         if newest is None:
-            raise UserError(f"--model {path} has no config.json: not a BERT directory, nor a `bertgpu pretrain` run "
-                            "with a checkpoint")
+            raise UserError(
+                f"--model {path} has no config.json: not a BERT directory, nor a `bertgpu pretrain` run "
+                "with a checkpoint"
+            )
         model_dir = newest  # a pretraining run's --out: its newest checkpoint, as finetune's start line says
     config = ModelConfig.load(model_dir)
     if not (model_dir / checkpoint.WEIGHTS_NAME).is_file():
         if (model_dir / "pytorch_model.bin").is_file():
-            raise UserError(f"{model_dir} holds only pytorch_model.bin, a pickle that can run code when loaded; "
-                            f"convert it to model.safetensors first "
-                            f"(in transformers: from_pretrained, then save_pretrained)")
-        raise UserError(f"{model_dir} has no {checkpoint.WEIGHTS_NAME}: fine-tuning starts from trained weights "
-                        f"(a `bertgpu pretrain` checkpoint or a Hugging Face BERT directory)")
+            raise UserError(
+                f"{model_dir} holds only pytorch_model.bin, a pickle that can run code when loaded; "
+                f"convert it to model.safetensors first "
+                f"(in transformers: from_pretrained, then save_pretrained)"
+            )
+        raise UserError(
+            f"{model_dir} has no {checkpoint.WEIGHTS_NAME}: fine-tuning starts from trained weights "
+            f"(a `bertgpu pretrain` checkpoint or a Hugging Face BERT directory)"
+        )
     vocab_size = len(load_vocab(model_vocab(model_dir)))
     if vocab_size > config.vocab_size:
-        raise UserError(f"{model_dir / 'vocab.txt'} has {vocab_size} tokens, more than the model's vocab_size "
-                        f"{config.vocab_size} (config.json): the vocab is not this model's")
+        raise UserError(
+            f"{model_dir / 'vocab.txt'} has {vocab_size} tokens, more than the model's vocab_size "
+            f"{config.vocab_size} (config.json): the vocab is not this model's"
+        )
     return model_dir, config
 
 
@@ -66,12 +85,20 @@ def check_model_dir(path: str) -> tuple[Path, ModelConfig]:
 
 
 @torch.no_grad()
-def predict_logits(model: Any, dataset: ClassificationDataset, batch_size: int, dims: ParallelDims,
-                   device: torch.device, precision: str, shares: list[int] | None = None) -> torch.Tensor:
+def predict_logits(
+    model: Any,
+    dataset: ClassificationDataset,
+    batch_size: int,
+    dims: ParallelDims,
+    device: torch.device,
+    precision: str,
+    shares: list[int] | None = None,
+) -> torch.Tensor:
     """Logits of every example, ``[N, num_labels]`` in float64 on the CPU, identical on every rank.
 
     ``model`` is a classifier, or a ``ParallelModel`` of one; ``shares`` the ranks' shares of the
-    batches (unequal GPUs). Each data-parallel rank fills the rows of its batches in a zero array and the arrays are summed over the data-parallel ranks: every row
+    batches (unequal GPUs). Each data-parallel rank fills the rows of its batches in a zero array and
+    the arrays are summed over the data-parallel ranks: every row
     comes from exactly one, and adding zeros is exact. Under FSDP every forward pass is collective,
     so a rank with fewer batches runs its last one again (its result unused), to keep in step.
     """
@@ -111,8 +138,13 @@ def compute_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, Any
     else:
         present = (confusion.sum(0) + confusion.sum(1)) > 0
         f1_value = f1[present].mean().item()
-    return {"loss": F.cross_entropy(logits, labels).item(), "accuracy": tp.sum().item() / len(labels),
-            "f1": f1_value, "examples": len(labels), "confusion": confusion.tolist()}
+    return {
+        "loss": F.cross_entropy(logits, labels).item(),
+        "accuracy": tp.sum().item() / len(labels),
+        "f1": f1_value,
+        "examples": len(labels),
+        "confusion": confusion.tolist(),
+    }
 
 
 def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
@@ -120,8 +152,10 @@ def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
     and where the metrics go; UserError on any mistake."""
     model_dir, config = check_model_dir(cfg.model)
     if not config.id2label:
-        raise UserError(f"{model_dir} is not a classifier: its config.json has no id2label "
-                        f"(fine-tune it first: bertgpu finetune --model {model_dir} ...)")
+        raise UserError(
+            f"{model_dir} is not a classifier: its config.json has no id2label "
+            f"(fine-tune it first: bertgpu finetune --model {model_dir} ...)"
+        )
     resolve_precision(cfg.precision, torch.device(launch.resolve_device(cfg.device)))
     examples = load_examples(cfg.data, cfg.text_column, cfg.pair_column or None, cfg.label_column, cfg.format)
     names = as_data_labels([config.id2label[i] for i in sorted(config.id2label)], examples)
@@ -147,18 +181,30 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     dims.build_mesh(env.device.type)
     examples, names, output = check_evaluate(cfg)
     clf = Classifier.load(cfg.model, env.device, cfg.max_seq_length or None)
-    dataset = ClassificationDataset(examples, clf.tokenizer, clf.max_seq_length, {name: i for i, name in enumerate(names)})
+    dataset = ClassificationDataset(
+        examples, clf.tokenizer, clf.max_seq_length, {name: i for i, name in enumerate(names)}
+    )
     precision = resolve_precision(cfg.precision, env.device)
-    metrics = compute_metrics(predict_logits(clf.model, dataset, cfg.batch_size, dims, env.device, precision),
-                              dataset.labels)
-    result = {"model": str(cfg.model), "data": str(cfg.data), "labels": clf.labels,
-              "f1_average": f"binary ({clf.labels[1]})" if len(clf.labels) == 2 else "macro",
-              "max_seq_length": clf.max_seq_length, "skipped_rows": len(examples.skipped), **metrics}
+    metrics = compute_metrics(
+        predict_logits(clf.model, dataset, cfg.batch_size, dims, env.device, precision), dataset.labels
+    )
+    result = {
+        "model": str(cfg.model),
+        "data": str(cfg.data),
+        "labels": clf.labels,
+        "f1_average": f"binary ({clf.labels[1]})" if len(clf.labels) == 2 else "macro",
+        "max_seq_length": clf.max_seq_length,
+        "skipped_rows": len(examples.skipped),
+        **metrics,
+    }
     if env.is_main:
         if examples.skipped_warning():
             print(f"bertgpu: warning: {examples.skipped_warning()}", file=sys.stderr, flush=True)
-        print(f"{cfg.data}: {metrics['examples']} examples | loss {metrics['loss']:.4f} | "
-              f"accuracy {metrics['accuracy']:.4f} | f1 {metrics['f1']:.4f} ({result['f1_average']})", flush=True)
+        print(
+            f"{cfg.data}: {metrics['examples']} examples | loss {metrics['loss']:.4f} | "
+            f"accuracy {metrics['accuracy']:.4f} | f1 {metrics['f1']:.4f} ({result['f1_average']})",
+            flush=True,
+        )
         _write_json_atomic(output, result)
         print(f"metrics: {output}", flush=True)
     return result
@@ -177,7 +223,9 @@ def run_predict(cfg: PredictConfig) -> None:
     device = launch.resolve_device(cfg.device)
     if not cfg.input:
         if not all(text.strip() for text in cfg.texts):
-            raise UserError("an empty text: there is nothing to classify (a file's empty rows are skipped the same way)")
+            raise UserError(
+                "an empty text: there is nothing to classify (a file's empty rows are skipped the same way)"
+            )
         check_model_dir(cfg.model)
         clf = Classifier.load(cfg.model, device, cfg.max_seq_length or None)
         result = clf(cfg.texts[0], cfg.texts[1] if len(cfg.texts) == 2 else None)
@@ -194,16 +242,18 @@ def run_predict(cfg: PredictConfig) -> None:
         value = record.get(column)
         return "" if value is None else str(value)
 
-    inputs = [(field(r, cfg.text_column), field(r, cfg.pair_column) if cfg.pair_column else None)
-              for _, r in table.rows]
+    inputs = [
+        (field(r, cfg.text_column), field(r, cfg.pair_column) if cfg.pair_column else None) for _, r in table.rows
+    ]
     usable = [i for i, (a, b) in enumerate(inputs) if a.strip() and (b is None or b.strip())]
     predictions: dict[int, tuple[str, float]] = {}
     chunk = cfg.batch_size * 16
     with tqdm(total=len(usable), unit="example", disable=not console_is_tty(), file=sys.stderr) as bar:
         for start in range(0, len(usable), chunk):
-            rows = usable[start:start + chunk]
-            probs = clf.predict_proba([inputs[i] if inputs[i][1] is not None else inputs[i][0] for i in rows],
-                                      batch_size=cfg.batch_size)
+            rows = usable[start : start + chunk]
+            probs = clf.predict_proba(
+                [inputs[i] if inputs[i][1] is not None else inputs[i][0] for i in rows], batch_size=cfg.batch_size
+            )
             for i, p in zip(rows, probs):
                 k = int(p.argmax())
                 predictions[i] = (clf.labels[k], round(float(p[k]), 6))
@@ -211,8 +261,12 @@ def run_predict(cfg: PredictConfig) -> None:
     skipped = [table.rows[i][0] for i in range(len(inputs)) if i not in predictions]
     if skipped:
         shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
-        print(f"bertgpu: warning: {table.path}: {len(skipped)} row(s) with an empty text left without prediction "
-              f"(lines {shown})", file=sys.stderr, flush=True)
+        print(
+            f"bertgpu: warning: {table.path}: {len(skipped)} row(s) with an empty text left without prediction "
+            f"(lines {shown})",
+            file=sys.stderr,
+            flush=True,
+        )
     _write_atomic(Path(cfg.output), _render(table, predictions, out_format, cfg.output.lower().endswith(".gz")))
     print(f"{len(predictions)} predictions -> {cfg.output}")
 
@@ -223,8 +277,10 @@ def _render(table: Table, predictions: dict[int, tuple[str, float]], fmt: str, c
     if fmt == "jsonl":
         for i, (_, record) in enumerate(table.rows):
             label, score = predictions.get(i, ("", ""))
-            buffer.write(json.dumps({**record, PREDICTION_COLUMNS[0]: label, PREDICTION_COLUMNS[1]: score},
-                                    ensure_ascii=False) + "\n")
+            buffer.write(
+                json.dumps({**record, PREDICTION_COLUMNS[0]: label, PREDICTION_COLUMNS[1]: score}, ensure_ascii=False)
+                + "\n"
+            )
     else:
         columns = [c for c in table.columns if c not in PREDICTION_COLUMNS] + list(PREDICTION_COLUMNS)
         writer = csv.writer(buffer, delimiter="\t" if fmt == "tsv" else ",", lineterminator="\n")
@@ -244,8 +300,10 @@ def refuse_overwriting_input(output: Path, output_flag: str, data: str, data_fla
     if not same and output.exists() and source.exists():
         same = os.path.samefile(output, source)  # a link, or another spelling of the same file
     if same:
-        raise UserError(f"{output_flag} {output} is the {data_flag} file: writing it would destroy the data; "
-                        f"choose another {output_flag}")
+        raise UserError(
+            f"{output_flag} {output} is the {data_flag} file: writing it would destroy the data; "
+            f"choose another {output_flag}"
+        )
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
@@ -261,5 +319,3 @@ def _write_atomic(path: Path, data: bytes) -> None:
     except OSError as e:
         tmp.unlink(missing_ok=True)
         raise UserError(f"could not write {path} ({e.strerror or e})") from None
-
-

@@ -28,18 +28,36 @@ import torch.nn.functional as F
 
 from .. import checkpoint, evaluation
 from ..config import PRESETS, ModelConfig, PretrainConfig, per_rank_sizes
-from ..data.pretraining import (IGNORE_INDEX, GlobalBatchSampler, PretrainingDataset, check_nsp_possible,
-                                warn_wwm_fallback)
 from ..data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
+from ..data.pretraining import (
+    IGNORE_INDEX,
+    GlobalBatchSampler,
+    PretrainingDataset,
+    check_nsp_possible,
+    warn_wwm_fallback,
+)
 from ..data.shards import ShardedCorpus, warn_if_unknown
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
 from ..model import BertForPreTraining, training_flops_per_sequence
 from ..parallel import ParallelModel, launch
-from ..parallel.balance import Balancer, describe as describe_balance
+from ..parallel.balance import Balancer
+from ..parallel.balance import describe as describe_balance
 from ..parallel.compression import describe as describe_compression
-from ..training import (Sums, Throughput, autocast, build_optimizer, build_schedule, describe_batch, describe_lr,
-                        format_duration, format_rate, ignore_stop_signals, optimizer_step, peak_flops)
+from ..training import (
+    Sums,
+    Throughput,
+    autocast,
+    build_optimizer,
+    build_schedule,
+    describe_batch,
+    describe_lr,
+    format_duration,
+    format_rate,
+    ignore_stop_signals,
+    optimizer_step,
+    peak_flops,
+)
 from .common import TrainingRun, announce_resume, check_layout, check_out_dir, run_workers
 
 # What the log sums between two log lines (summed over the data-parallel ranks).
@@ -57,8 +75,10 @@ class Plan:
 
 def _check_same_vocab(model_dir: Path, corpus: ShardedCorpus, data_dir: str) -> None:
     if (model_dir / "vocab.txt").exists() and vocab_sha256(model_dir / "vocab.txt") != corpus.vocab_sha256:
-        raise UserError(f"{data_dir} was prepared with another vocab than the model's ({model_dir / 'vocab.txt'}); "
-                        f"run `bertgpu prepare` with --vocab {model_dir / 'vocab.txt'}")
+        raise UserError(
+            f"{data_dir} was prepared with another vocab than the model's ({model_dir / 'vocab.txt'}); "
+            f"run `bertgpu prepare` with --vocab {model_dir / 'vocab.txt'}"
+        )
 
 
 def check(cfg: PretrainConfig) -> Plan:
@@ -78,11 +98,15 @@ def check(cfg: PretrainConfig) -> Plan:
                 init_from = path
             _check_same_vocab(path, corpus, cfg.data.data)
         if mcfg.vocab_size != corpus.vocab_size:
-            raise UserError(f"model vocab_size {mcfg.vocab_size} ({model}) differs from the data's vocab of "
-                            f"{corpus.vocab_size} tokens ({cfg.data.data}): the data was prepared with another vocab")
+            raise UserError(
+                f"model vocab_size {mcfg.vocab_size} ({model}) differs from the data's vocab of "
+                f"{corpus.vocab_size} tokens ({cfg.data.data}): the data was prepared with another vocab"
+            )
     if cfg.data.max_seq_length > mcfg.max_position_embeddings:
-        raise UserError(f"--max-seq-length {cfg.data.max_seq_length} is beyond the model's "
-                        f"{mcfg.max_position_embeddings} positions (max_position_embeddings)")
+        raise UserError(
+            f"--max-seq-length {cfg.data.max_seq_length} is beyond the model's "
+            f"{mcfg.max_position_embeddings} positions (max_position_embeddings)"
+        )
     if cfg.data.nsp:
         check_nsp_possible(corpus)
     if cfg.dropout is not None:
@@ -95,8 +119,9 @@ def check(cfg: PretrainConfig) -> Plan:
     return Plan(mcfg, init_from, bool(corpus.meta.get("lowercase", True)))
 
 
-def heldout_split(cfg: PretrainConfig, corpus: ShardedCorpus, state: dict | None,
-                  dp: int) -> tuple[ShardedCorpus | DocumentSubset, EvalSet | None, np.ndarray | None]:
+def heldout_split(
+    cfg: PretrainConfig, corpus: ShardedCorpus, state: dict | None, dp: int
+) -> tuple[ShardedCorpus | DocumentSubset, EvalSet | None, np.ndarray | None]:
     """(the text to train on, the evaluation set or None, the held-out document ids or None). A resumed
     run holds out the documents its checkpoint recorded, whatever --eval-fraction says now."""
     h = cfg.heldout
@@ -109,13 +134,17 @@ def heldout_split(cfg: PretrainConfig, corpus: ShardedCorpus, state: dict | None
         train_text, eval_text = split_documents(corpus, documents)
         where = f"{len(documents):,} held-out documents of {cfg.data.data}"
         if cfg.data.nsp and len(documents) < 2:
-            raise UserError(f"--eval-fraction {h.eval_fraction:g} holds out {len(documents)} document of "
-                            f"{cfg.data.data}: next-sentence prediction needs 2; hold out more or use --no-nsp")
+            raise UserError(
+                f"--eval-fraction {h.eval_fraction:g} holds out {len(documents)} document of "
+                f"{cfg.data.data}: next-sentence prediction needs 2; hold out more or use --no-nsp"
+            )
     elif h.eval_data:
         train_text, eval_text, where = corpus, ShardedCorpus(h.eval_data), f"--eval-data {h.eval_data}"
         if eval_text.vocab_sha256 != corpus.vocab_sha256:
-            raise UserError(f"--eval-data {h.eval_data} was prepared with another vocab than --data {cfg.data.data}: "
-                            f"prepare it with --vocab {corpus.vocab_path}")
+            raise UserError(
+                f"--eval-data {h.eval_data} was prepared with another vocab than --data {cfg.data.data}: "
+                f"prepare it with --vocab {corpus.vocab_path}"
+            )
         if cfg.data.nsp:
             check_nsp_possible(eval_text)
     else:
@@ -135,8 +164,13 @@ def run(cfg: PretrainConfig) -> None:
             corpus = ShardedCorpus(cfg.data.data)
             warn_wwm_fallback(corpus, cfg.data)
             warn_if_unknown(corpus.meta, cfg.data.data)
-    if announce_resume(cfg, "--steps", cfg.optim.steps, lambda saved: saved["optim"]["steps"],
-                       lambda state: state["step"] >= cfg.optim.steps):
+    if announce_resume(
+        cfg,
+        "--steps",
+        cfg.optim.steps,
+        lambda saved: saved["optim"]["steps"],
+        lambda state: state["step"] >= cfg.optim.steps,
+    ):
         return
     run_workers(train, cfg)
 
@@ -156,8 +190,10 @@ def train(cfg: PretrainConfig) -> Path:
     sizes, accum = per_rank_sizes(cfg.batch_size, dims.dp), cfg.grad_accum  # per data-parallel rank
     global_batch = sum(sizes) * accum
     if len(dataset) < global_batch:
-        raise UserError(f"{cfg.data.data} gives {len(dataset)} instances per epoch, fewer than one global batch "
-                        f"of {global_batch} ({describe_batch(sizes, accum)})")
+        raise UserError(
+            f"{cfg.data.data} gives {len(dataset)} instances per epoch, fewer than one global batch "
+            f"of {global_batch} ({describe_batch(sizes, accum)})"
+        )
 
     # Model: the same initial weights on every process (same seed, or the checkpoint's), then spread.
     torch.manual_seed(cfg.seed)
@@ -182,35 +218,56 @@ def train(cfg: PretrainConfig) -> Path:
         epoch, instance = run.state["position"]["epoch"], run.state["position"]["instance"]
         sums.restore(run.state["log_sums"], dims)
         if run.state["global_batch"] != global_batch:
-            moved = (f"; the global batch changed from {run.state['global_batch']} to {global_batch}: continuing at "
-                     f"instance {instance:,} of epoch {epoch}")
+            moved = (
+                f"; the global batch changed from {run.state['global_batch']} to {global_batch}: continuing at "
+                f"instance {instance:,} of epoch {epoch}"
+            )
         elif balancer.enabled and run.state.get("balanced") and len(run.state["batch_sizes"]) == dims.dp:
             sizes, balancer.enabled = list(run.state["batch_sizes"]), False  # the sizes --balance auto chose
 
-    meter = Throughput(training_flops_per_sequence(plan.model_config, cfg.data.max_seq_length,
-                                                   cfg.data.max_predictions), peak_flops(device, run.precision),
-                       dims.world_size)
+    meter = Throughput(
+        training_flops_per_sequence(plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions),
+        peak_flops(device, run.precision),
+        dims.world_size,
+    )
     if run.state is not None:
         carried = dict(zip(LOG_SUMS, run.state["log_sums"].tolist()))
         meter.carry(0, int(carried["sequences"]), int(carried["tokens"]))  # the window counts steps since resume
     n_params = sum(p.numel() for p in model.parameters())
     how = f"resuming from {run.resume_from} at step {step}{moved}" if run.resume_from else "starting"
     held = f", evaluated on {len(eval_set):,} instances of {eval_set.where}" if eval_set is not None else ""
-    compressed = f", gradients {describe_compression(net.compression)}" if dims.dp > 1 and \
-        net.compression.kind != "none" else ""
-    run.start(f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {dims.describe()}{compressed}, on {device.type}, "
-              f"{run.precision}, global batch {global_batch} = {describe_batch(sizes, accum)}, "
-              f"{describe_lr(cfg.optim.lr, optim.lr, cfg.optim.lr_scaling, global_batch, cfg.optim.reference_batch)}, "
-              f"{len(dataset):,} instances in epoch {epoch}{held}; {how}", cfg.optim.steps)
+    compressed = (
+        f", gradients {describe_compression(net.compression)}" if dims.dp > 1 and net.compression.kind != "none" else ""
+    )
+    run.start(
+        f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {dims.describe()}{compressed}, on {device.type}, "
+        f"{run.precision}, global batch {global_batch} = {describe_batch(sizes, accum)}, "
+        f"{describe_lr(cfg.optim.lr, optim.lr, cfg.optim.lr_scaling, global_batch, cfg.optim.reference_batch)}, "
+        f"{len(dataset):,} instances in epoch {epoch}{held}; {how}",
+        cfg.optim.steps,
+    )
 
     def save() -> Path:
-        state = {"position": {"epoch": epoch, "instance": instance}, "global_batch": global_batch,
-                 "batch_sizes": sizes, "balanced": cfg.parallel.balance == "auto" and not balancer.enabled,
-                 "log_sums": sums.gathered(dims),
-                 "heldout_documents": None if heldout is None else torch.from_numpy(heldout)}
-        return run.save(step, net, optimizer, scaler, state, plan.model_config, vocab_path=corpus.vocab_path,
-                        do_lower_case=plan.lowercase, keep=cfg.keep,
-                        metrics=run.log.last(*card_keys))
+        state = {
+            "position": {"epoch": epoch, "instance": instance},
+            "global_batch": global_batch,
+            "batch_sizes": sizes,
+            "balanced": cfg.parallel.balance == "auto" and not balancer.enabled,
+            "log_sums": sums.gathered(dims),
+            "heldout_documents": None if heldout is None else torch.from_numpy(heldout),
+        }
+        return run.save(
+            step,
+            net,
+            optimizer,
+            scaler,
+            state,
+            plan.model_config,
+            vocab_path=corpus.vocab_path,
+            do_lower_case=plan.lowercase,
+            keep=cfg.keep,
+            metrics=run.log.last(*card_keys),
+        )
 
     card_keys = ["mlm_loss", "mlm_acc"] + ["nsp_loss", "nsp_acc"] * cfg.data.nsp + list(evaluation.SUMMARY_KEYS)
     eval_batch = cfg.heldout.eval_batch_size or max(sizes)
@@ -230,12 +287,16 @@ def train(cfg: PretrainConfig) -> Path:
             dataset.set_epoch(epoch)
             sampler = GlobalBatchSampler(len(dataset), sizes, dims.dp_rank, accum, cfg.seed, epoch, instance)
             loader = torch.utils.data.DataLoader(
-                dataset, batch_sampler=sampler, num_workers=cfg.data.loader_workers, pin_memory=device.type == "cuda",
+                dataset,
+                batch_sampler=sampler,
+                num_workers=cfg.data.loader_workers,
+                pin_memory=device.type == "cuda",
                 prefetch_factor=4 if cfg.data.loader_workers else None,
                 worker_init_fn=ignore_stop_signals if cfg.data.loader_workers else None,
                 # Its own generator: creating the iterator must not draw from the dropout RNG stream,
                 # or a resumed run would drift from the uninterrupted one.
-                generator=torch.Generator().manual_seed(cfg.seed))
+                generator=torch.Generator().manual_seed(cfg.seed),
+            )
             batches = iter(loader)
             for _ in range(min(sampler.steps, cfg.optim.steps - step)):
                 micro = [{k: v.to(device, non_blocking=True) for k, v in next(batches).items()} for _ in range(accum)]
@@ -249,15 +310,24 @@ def train(cfg: PretrainConfig) -> Path:
                 stop_now = run.end_step(step, bad, flush=checkpoint_due, save=save)
                 if step % cfg.log_every == 0 or step == cfg.optim.steps:
                     s = sums.read(dims)
-                    values = {**log_values(s, cfg.data.nsp), "lr": schedule.get_last_lr()[0], "peak_lr": optim.lr,
-                              "global_batch": global_batch, "epoch": epoch, "skipped_steps": run.skipped,
-                              "layout": dims.describe(), "peak_memory_mb": run.peak_memory_mb(),
-                              "comm_bytes_per_step": comm_bytes / max(window, 1),
-                              **meter.rates(window, int(s["sequences"]), int(s["tokens"]))}
+                    values = {
+                        **log_values(s, cfg.data.nsp),
+                        "lr": schedule.get_last_lr()[0],
+                        "peak_lr": optim.lr,
+                        "global_batch": global_batch,
+                        "epoch": epoch,
+                        "skipped_steps": run.skipped,
+                        "layout": dims.describe(),
+                        "peak_memory_mb": run.peak_memory_mb(),
+                        "comm_bytes_per_step": comm_bytes / max(window, 1),
+                        **meter.rates(window, int(s["sequences"]), int(s["tokens"])),
+                    }
                     window = comm_bytes = 0
                     run.log.log(step, values, log_line(step, cfg.optim.steps, values, cfg.data.nsp), write=run.write)
-                if eval_set is not None and (step == cfg.optim.steps or (
-                        step % cfg.heldout.eval_every == 0 if cfg.heldout.eval_every else checkpoint_due)):
+                if eval_set is not None and (
+                    step == cfg.optim.steps
+                    or (step % cfg.heldout.eval_every == 0 if cfg.heldout.eval_every else checkpoint_due)
+                ):
                     evaluate()  # before the checkpoint, whose model card shows it
                 if checkpoint_due or stop_now:
                     saved = save()
@@ -275,15 +345,31 @@ def train(cfg: PretrainConfig) -> Path:
         if batches is not None and hasattr(batches, "_shutdown_workers"):
             batches._shutdown_workers()  # stop DataLoader workers now, not during interpreter exit
         run.close()
-    keys = {"mlm_loss": "min", "mlm_acc": "max", **({"nsp_loss": "min", "nsp_acc": "max"} if cfg.data.nsp else {}),
-            **evaluation.SUMMARY_KEYS}
-    run.summary(step, keys, f"checkpoint: {saved}  (a Hugging Face BERT directory: "
-                f"transformers.BertForPreTraining.from_pretrained('{saved}'); bertgpu fill-mask {saved} TEXT)")
+    keys = {
+        "mlm_loss": "min",
+        "mlm_acc": "max",
+        **({"nsp_loss": "min", "nsp_acc": "max"} if cfg.data.nsp else {}),
+        **evaluation.SUMMARY_KEYS,
+    }
+    run.summary(
+        step,
+        keys,
+        f"checkpoint: {saved}  (a Hugging Face BERT directory: "
+        f"transformers.BertForPreTraining.from_pretrained('{saved}'); bertgpu fill-mask {saved} TEXT)",
+    )
     return saved
 
 
-def train_step(net: ParallelModel, micro: list[dict[str, torch.Tensor]], global_batch: int, nsp: bool,
-               scaler: torch.amp.GradScaler, precision: str, sums: Sums, balancer: Balancer) -> torch.Tensor:
+def train_step(
+    net: ParallelModel,
+    micro: list[dict[str, torch.Tensor]],
+    global_batch: int,
+    nsp: bool,
+    scaler: torch.amp.GradScaler,
+    precision: str,
+    sums: Sums,
+    balancer: Balancer,
+) -> torch.Tensor:
     """The forward and backward passes of one optimizer step over this rank's micro-batches; return
     the step's log sums (``LOG_SUMS`` order), still on the device.
 
@@ -298,8 +384,9 @@ def train_step(net: ParallelModel, micro: list[dict[str, torch.Tensor]], global_
     step_sums = torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device)
     for i, mb in enumerate(micro):
         with net.no_sync(i < len(micro) - 1), autocast(precision, device), balancer.forward(len(mb["input_ids"])):
-            mlm_logits, nsp_logits = net(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"],
-                                         mb["mlm_positions"])
+            mlm_logits, nsp_logits = net(
+                mb["input_ids"], mb["token_type_ids"], mb["attention_mask"], mb["mlm_positions"]
+            )
         mlm_logits, labels = mlm_logits.float().flatten(0, 1), mb["mlm_labels"].flatten()
         mlm_loss = F.cross_entropy(mlm_logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
         loss = mlm_loss / n_masked
@@ -311,10 +398,15 @@ def train_step(net: ParallelModel, micro: list[dict[str, torch.Tensor]], global_
         scaler.scale(loss * dims.dp).backward()
         with torch.no_grad():
             valid = labels != IGNORE_INDEX
-            step_sums += sums.of(mlm_loss=mlm_loss, mlm_correct=((mlm_logits.argmax(-1) == labels) & valid).sum(),
-                                 masked=valid.sum(), nsp_loss=nsp_loss,
-                                 nsp_correct=(nsp_logits.argmax(-1) == mb["nsp_label"]).sum(),
-                                 sequences=len(mb["input_ids"]), tokens=mb["attention_mask"].sum())
+            step_sums += sums.of(
+                mlm_loss=mlm_loss,
+                mlm_correct=((mlm_logits.argmax(-1) == labels) & valid).sum(),
+                masked=valid.sum(),
+                nsp_loss=nsp_loss,
+                nsp_correct=(nsp_logits.argmax(-1) == mb["nsp_label"]).sum(),
+                sequences=len(mb["input_ids"]),
+                tokens=mb["attention_mask"].sum(),
+            )
     return step_sums
 
 
@@ -328,8 +420,13 @@ def log_values(s: dict[str, float], nsp: bool) -> dict[str, float]:
     """Losses and accuracies from the sums of a log window."""
     mlm = s["mlm_loss"] / max(s["masked"], 1)
     nsp_loss = s["nsp_loss"] / max(s["sequences"], 1)
-    return {"loss": mlm + nsp_loss, "mlm_loss": mlm, "mlm_acc": s["mlm_correct"] / max(s["masked"], 1),
-            "nsp_loss": nsp_loss, "nsp_acc": s["nsp_correct"] / max(s["sequences"], 1)}
+    return {
+        "loss": mlm + nsp_loss,
+        "mlm_loss": mlm,
+        "mlm_acc": s["mlm_correct"] / max(s["masked"], 1),
+        "nsp_loss": nsp_loss,
+        "nsp_acc": s["nsp_correct"] / max(s["sequences"], 1),
+    }
 
 
 def log_line(step: int, steps: int, values: dict, nsp: bool) -> str:
@@ -337,8 +434,10 @@ def log_line(step: int, steps: int, values: dict, nsp: bool) -> str:
     if nsp:
         line += f" | nsp {values['nsp_loss']:.4f} acc {values['nsp_acc']:.3f}"
     eta = format_duration((steps - step) / values["steps_per_s"]) if values["steps_per_s"] > 0 else "?"
-    line += (f" | lr {values['lr']:.2e} | batch {values['global_batch']} | {values['steps_per_s']:.2f} steps/s"
-             f" | {format_rate(values['seq_per_s'])} seq/s | {format_rate(values['tokens_per_s'])} tok/s")
+    line += (
+        f" | lr {values['lr']:.2e} | batch {values['global_batch']} | {values['steps_per_s']:.2f} steps/s"
+        f" | {format_rate(values['seq_per_s'])} seq/s | {format_rate(values['tokens_per_s'])} tok/s"
+    )
     if "mfu" in values:
         line += f" | mfu {100 * values['mfu']:.1f}%"
     if values.get("comm_bytes_per_step"):
