@@ -121,14 +121,14 @@ def training_state_mb(model_dir: str, flags: list[str]) -> float:
     parameter, its gradient and AdamW's two moments (fp32). Activations and the runtime are not in it."""
     import torch
 
-    from bertgpu import checkpoint, lora
+    from bertgpu import hf_dir, lora
     from bertgpu.config import AdapterConfig, ModelConfig
     from bertgpu.model import BertForSequenceClassification
 
     config = ModelConfig.load(model_dir)
     config.id2label = {0: "negative", 1: "positive"}
     model = BertForSequenceClassification(config)
-    checkpoint.load_weights(model.bert, model_dir)
+    hf_dir.load_weights(model.bert, model_dir)
     if "--lora-rank" in flags:
         quantize = flags[flags.index("--quantize") + 1] if "--quantize" in flags else None
         lora.apply(

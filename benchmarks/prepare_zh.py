@@ -53,7 +53,7 @@ def write_corpus(workdir: Path, size_mb: float) -> Path:
 
 
 def child_prepare(corpus: str, vocab: str, workers: int, out: str, zh_wwm: bool) -> None:
-    from bertgpu.data.shards import prepare
+    from bertgpu.data.shard_writer import prepare
 
     t0 = time.perf_counter()
     meta = prepare([corpus], vocab, out, workers=workers, overwrite=True, progress=False, zh_wwm=zh_wwm)

@@ -28,8 +28,8 @@ _EXPORTS = {
     "BertModel": "bertgpu.model",
     "BertForPreTraining": "bertgpu.model",
     "BertForSequenceClassification": "bertgpu.model",
-    "load_pretrained": "bertgpu.checkpoint",
-    "save_pretrained": "bertgpu.checkpoint",
+    "load_pretrained": "bertgpu.hf_dir",
+    "save_pretrained": "bertgpu.hf_dir",
     "Classifier": "bertgpu.classifier",
 }
 
@@ -51,7 +51,7 @@ def train_vocab(*args, **kwargs):
 
 def prepare(*args, **kwargs):
     """Run `bertgpu prepare` from Python (see bertgpu.data.shards.prepare)."""
-    from .data.shards import prepare
+    from .data.shard_writer import prepare
     from .parallel.launch import refuse_when_reimported
 
     refuse_when_reimported()

@@ -25,12 +25,13 @@ import torch
 import torch.nn.functional as F
 
 from . import samples
-from .checkpoint import export_state_dict
 from .config import BenchConfig, DataConfig, ModelConfig
 from .data.pretraining import IGNORE_INDEX, PretrainingDataset
-from .data.shards import ShardedCorpus, prepare
+from .data.shard_writer import prepare
+from .data.shards import ShardedCorpus
 from .data.tokenizer import load_vocab
 from .errors import require
+from .hf_dir import export_state_dict
 from .model import BertForPreTraining, training_flops_per_sequence
 from .training import allow_tf32, autocast, peak_flops, resolve_precision
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import checkpoint
+from . import checkpoint, hf_dir
 from .config import ModelConfig
 from .data.classification import collate
 from .data.tokenizer import Tokenizer, vocab_is_cased
@@ -105,10 +105,10 @@ class Classifier:
             )
         tokenizer = Tokenizer(model_vocab(path), lowercase=model_lowercase(path))
         model = BertForSequenceClassification(config)
-        missing, _ = checkpoint.load_weights(model, path)
+        missing, _ = hf_dir.load_weights(model, path)
         if any(name.startswith("classifier.") for name in missing):
             raise UserError(
-                f"{path / checkpoint.WEIGHTS_NAME} has no classifier weights "
+                f"{path / hf_dir.WEIGHTS_NAME} has no classifier weights "
                 f"(fine-tune it first: bertgpu finetune --model {path} ...)"
             )
         length = max_seq_length or finetuned_max_length(path) or config.max_position_embeddings

@@ -182,7 +182,7 @@ def _vocab(cfg: VocabConfig) -> None:
 
 
 def _prepare(cfg: PrepareConfig) -> None:
-    from .data.shards import prepare
+    from .data.shard_writer import prepare
     from .data.tokenizer import vocab_is_cased
 
     cased = vocab_is_cased(cfg.vocab) if cfg.cased is None else cfg.cased

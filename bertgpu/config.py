@@ -526,7 +526,7 @@ class PretrainConfig:
 
 def apply_fast_recipe(cfg: PretrainConfig) -> None:
     """--recipe fast: change each field that still holds the BERT recipe's default (a flag given with another
-    value wins; README: The fast recipe)."""
+    value wins; docs/pretrain.md: The fast recipe)."""
     data = cfg.data
     if not data.nsp and not data.pack:
         data.pack = True  # no sequence mostly padding: 117 real tokens of 128 instead of 39 on short documents

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from . import atomic
 from .config import OptimConfig
 from .errors import UserError
 
@@ -431,9 +432,7 @@ class RunLog:
                 for line in path.read_text(encoding="utf-8").splitlines()
                 if line.strip() and json.loads(line)["step"] <= start_step
             ]
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-            os.replace(tmp, path)
+            atomic.write_text(path, "".join(line + "\n" for line in kept))
         self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
         self.jsonl = open(path, "a", encoding="utf-8")
 

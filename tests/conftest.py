@@ -41,8 +41,8 @@ def write_tiny_bert(path: Path, vocab: Path, **config) -> Path:
     Hugging Face directory with ``vocab`` (bert-base-uncased's, lower-cased)."""
     import torch
 
-    from bertgpu.checkpoint import save_pretrained
     from bertgpu.config import ModelConfig
+    from bertgpu.hf_dir import save_pretrained
     from bertgpu.model import BertForPreTraining
 
     model_config = ModelConfig.preset("tiny", vocab_size=30522, **config)
@@ -130,7 +130,7 @@ def run_cli(
 @pytest.fixture(scope="session")
 def english_data(tmp_path_factory, english_corpus, uncased_vocab) -> Path:
     """The English corpus prepared into shards with the real bert-base-uncased vocab."""
-    from bertgpu.data.shards import prepare
+    from bertgpu.data.shard_writer import prepare
 
     out = tmp_path_factory.mktemp("data") / "english"
     prepare([str(english_corpus)], str(uncased_vocab), str(out), workers=1, lowercase=True, progress=False)
@@ -140,7 +140,7 @@ def english_data(tmp_path_factory, english_corpus, uncased_vocab) -> Path:
 @pytest.fixture(scope="session")
 def small_english_data(tmp_path_factory, english_corpus) -> Path:
     """The English corpus with a 2,000-token vocab trained on it: small checkpoints, fast runs."""
-    from bertgpu.data.shards import prepare
+    from bertgpu.data.shard_writer import prepare
     from bertgpu.data.tokenizer import train_vocab
 
     root = tmp_path_factory.mktemp("small")

@@ -197,7 +197,7 @@ def test_quantized_base_trains_the_adapters_only_and_exports_full_precision(kind
     model's (its weights dequantised: 2e-8 for nf4; int8 also quantises activations, 7.6e-5)."""
     import bitsandbytes as bnb
 
-    from bertgpu import checkpoint, lora
+    from bertgpu import hf_dir, lora
 
     torch.manual_seed(0)
     config = ModelConfig.preset("tiny", vocab_size=500, id2label={0: "a", 1: "b", 2: "c"})
@@ -224,7 +224,7 @@ def test_quantized_base_trains_the_adapters_only_and_exports_full_precision(kind
     assert any(".lora_B." in n for n in changed)
 
     model.eval()
-    exported = checkpoint.export_state_dict(model)
+    exported = hf_dir.export_state_dict(model)
     assert all(t.dtype == torch.float32 for t in exported.values())
     plain = BertForSequenceClassification(config).eval()
     plain.load_state_dict(exported)

@@ -14,9 +14,10 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from bertgpu.checkpoint import atomic_directory, load_pretrained, load_weights, save_pretrained
+from bertgpu.atomic import directory as atomic_directory
 from bertgpu.config import ModelConfig
 from bertgpu.errors import UserError
+from bertgpu.hf_dir import load_pretrained, load_weights, save_pretrained
 from bertgpu.model import (
     BertForPreTraining,
     BertForSequenceClassification,

@@ -179,7 +179,7 @@ def test_fsdp_ends_on_the_weights_of_ddp(layouts):
 def test_sharded_checkpoints_export_what_transformers_loads_with_the_same_logits(name, layouts, uncased_vocab):
     """The weights of a sharded run are gathered into one Hugging Face directory: transformers reads
     it as it is and computes our logits (1e-5, real tokens)."""
-    from bertgpu.checkpoint import load_pretrained
+    from bertgpu.hf_dir import load_pretrained
     from bertgpu.model import BertForPreTraining
 
     ckpt = layouts(name) / "checkpoints" / "step-0000003"

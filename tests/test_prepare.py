@@ -10,9 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bertgpu.data import shards
+from bertgpu.data import shard_writer
 from bertgpu.data.corpus import CorpusReader, resolve_inputs
-from bertgpu.data.shards import ShardedCorpus, prepare
+from bertgpu.data.shard_writer import prepare
+from bertgpu.data.shards import ShardedCorpus
 from bertgpu.data.tokenizer import Tokenizer, vocab_sha256
 from bertgpu.errors import UserError
 
@@ -139,14 +140,14 @@ def test_document_without_blank_lines_is_cut(english_corpus, uncased_vocab, tmp_
         f"documents of that size (first cut at {flat}:{len(docs[0])}); the format puts a "
         "blank line between documents"
     ]
-    monkeypatch.setattr(shards, "CHUNK_CHARS", 20_000)
+    monkeypatch.setattr(shard_writer, "CHUNK_CHARS", 20_000)
     with pytest.warns(UserWarning, match="were cut into documents"):
         meta = prepare([str(flat)], str(uncased_vocab), str(tmp_path / "out"), workers=2, progress=False)
     assert meta["documents"] == len(docs)
 
 
 def test_workers_give_identical_output(english_corpus, english_shards, uncased_vocab, tmp_path, monkeypatch):
-    monkeypatch.setattr(shards, "CHUNK_CHARS", 20_000)  # many chunks, so order across workers matters
+    monkeypatch.setattr(shard_writer, "CHUNK_CHARS", 20_000)  # many chunks, so order across workers matters
     out = tmp_path / "two"
     prepare([str(english_corpus)], str(uncased_vocab), str(out), workers=2, shard_tokens=8192, progress=False)
     assert _files(out) == _files(english_shards)
@@ -229,7 +230,7 @@ def test_failure_leaves_nothing(english_corpus, english_shards, uncased_vocab, t
     def interrupt(self, chunk):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(shards._ShardWriter, "add", interrupt)
+    monkeypatch.setattr(shard_writer._ShardWriter, "add", interrupt)
     with pytest.raises(KeyboardInterrupt):
         prepare([str(english_corpus)], str(uncased_vocab), str(english_shards), overwrite=True, progress=False)
     assert ShardedCorpus(english_shards).num_sentences > 0  # the previous result is untouched

@@ -21,10 +21,11 @@ from test_cli_errors import assert_one_line_error
 
 from bertgpu import samples
 from bertgpu.data import corpus as corpus_module
-from bertgpu.data import sentences, shards
+from bertgpu.data import sentences, shard_writer
 from bertgpu.data.corpus import CorpusReader, input_format
 from bertgpu.data.sentences import split_paragraph
-from bertgpu.data.shards import ShardedCorpus, prepare
+from bertgpu.data.shard_writer import prepare
+from bertgpu.data.shards import ShardedCorpus
 from bertgpu.data.tokenizer import Tokenizer
 from bertgpu.errors import UserError
 
@@ -158,7 +159,7 @@ def test_mixed_folder_any_workers(paragraph_corpus, uncased_vocab, tmp_path, mon
     (folder / "a-original.txt").write_text(_sentences_text(docs[:third]), encoding="utf-8")
     _write_jsonl(folder / "web" / "b.jsonl.gz", ["\n\n".join(d) for d in docs[third : 2 * third]], "gzip")
     _write_parquet(folder / "c.parquet", ["\n".join(d) for d in docs[2 * third :]])
-    monkeypatch.setattr(shards, "CHUNK_CHARS", 20_000)  # many chunks, so order across workers matters
+    monkeypatch.setattr(shard_writer, "CHUNK_CHARS", 20_000)  # many chunks, so order across workers matters
     one = prepare([str(folder)], str(uncased_vocab), str(tmp_path / "one"), workers=1, progress=False)
     two = prepare([str(folder)], str(uncased_vocab), str(tmp_path / "two"), workers=2, progress=False)
     assert _shard_files(tmp_path / "one") == _shard_files(tmp_path / "two")

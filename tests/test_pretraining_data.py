@@ -88,7 +88,7 @@ def test_nsp_is_half_random(english_data):
 
 def test_nsp_is_half_random_on_chinese_news(tmp_path_factory, chinese_corpus, uncased_vocab):
     """People's Daily has many one-sentence chunks; the original recipe makes 57.7% of its pairs random."""
-    from bertgpu.data.shards import prepare
+    from bertgpu.data.shard_writer import prepare
 
     out = tmp_path_factory.mktemp("zh") / "data"
     # An English vocab leaves 63% [UNK]: what matters here is the sentence layout, so allow it

@@ -130,7 +130,7 @@ def test_torchrun_restarts_a_killed_worker_and_the_run_completes_identically(
 SLOW_WRITER = """
 import sys, time, torch
 from pathlib import Path
-from bertgpu import checkpoint
+from bertgpu import checkpoint, hf_dir
 from bertgpu.config import ModelConfig, PretrainConfig
 from bertgpu.model import BertForPreTraining
 run, vocab, marker = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
@@ -140,12 +140,12 @@ optimizer = torch.optim.AdamW(model.parameters())
 save = lambda step: checkpoint.save_checkpoint(run, step, model, optimizer, model.config, {"position": {}}, cfg,
                                                vocab_path=vocab, do_lower_case=True, keep=3)
 save(1)
-real = checkpoint.write_pretrained
+real = hf_dir.write_pretrained
 def slow(*args, **kwargs):
     real(*args, **kwargs)
     marker.write_text("writing")
     time.sleep(600)  # killed here, mid-checkpoint
-checkpoint.write_pretrained = slow
+hf_dir.write_pretrained = slow
 with torch.no_grad():
     model.bert.embeddings.word_embeddings.weight.add_(1.0)
 save(2)
@@ -304,7 +304,7 @@ def test_non_finite_loss_is_skipped_then_stops_with_the_last_good_weights(tmp_pa
 
 
 def test_a_kill_between_the_renames_of_a_replacement_loses_nothing(tmp_path):
-    """atomic_directory replaces NAME by moving it aside (.NAME.old-*), then renaming the new one in;
+    """atomic.directory replaces NAME by moving it aside (.NAME.old-*), then renaming the new one in;
     a kill between the two leaves no NAME. The cleanup puts the complete old one back."""
     from bertgpu.checkpoint import latest_checkpoint, remove_stale_temporaries
 

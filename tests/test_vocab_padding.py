@@ -10,12 +10,12 @@ import transformers
 from conftest import at_real_tokens
 from safetensors import safe_open
 
-from bertgpu.checkpoint import load_weights, save_pretrained
 from bertgpu.config import DataConfig, ModelConfig
 from bertgpu.data.pretraining import IGNORE_INDEX, PretrainingDataset
 from bertgpu.data.shards import ShardedCorpus
 from bertgpu.data.tokenizer import load_vocab
 from bertgpu.errors import UserError
+from bertgpu.hf_dir import load_weights, save_pretrained
 from bertgpu.model import BertForPreTraining, padded_vocab_size
 
 MULTIPLE = 64

@@ -24,10 +24,11 @@ from conftest import ROOT, run_cli
 
 from bertgpu import cli, samples
 from bertgpu.config import DataConfig, InspectConfig, PretrainConfig
-from bertgpu.data import shards
+from bertgpu.data import shard_writer
 from bertgpu.data.pretraining import IGNORE_INDEX, PretrainingDataset, wwm_fallback_warning
 from bertgpu.data.sentences import split_paragraph
-from bertgpu.data.shards import ShardedCorpus, prepare
+from bertgpu.data.shard_writer import prepare
+from bertgpu.data.shards import ShardedCorpus
 from bertgpu.data.tokenizer import load_vocab, train_vocab
 
 rjieba = pytest.importorskip("rjieba", reason="prepare --zh-wwm needs rjieba (pip install -e '.[test]')")
@@ -233,7 +234,7 @@ def test_workers_and_input_formats_give_the_same_shards(
     import pyarrow.parquet as pq
 
     expected = _shard_files(zh_data[1])
-    monkeypatch.setattr(shards, "CHUNK_CHARS", 20_000)  # many chunks, shared by the two workers
+    monkeypatch.setattr(shard_writer, "CHUNK_CHARS", 20_000)  # many chunks, shared by the two workers
     texts = ["\n".join(doc) for doc in zh_documents]
     with gzip.open(tmp_path / "zh.jsonl.gz", "wt", encoding="utf-8") as f:
         f.writelines(json.dumps({"id": i, "text": t}, ensure_ascii=False) + "\n" for i, t in enumerate(texts))

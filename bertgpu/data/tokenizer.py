@@ -22,6 +22,7 @@ import tokenizers
 from tokenizers import decoders, normalizers, pre_tokenizers, processors, trainers
 from tokenizers.models import WordPiece
 
+from .. import atomic
 from ..errors import UserError
 from .corpus import CorpusReader, resolve_inputs
 
@@ -233,7 +234,7 @@ def train_vocab(
         warnings.warn(
             f"the corpus gives {len(tokens):,} vocab entries, fewer than the {size:,} asked for: {why}", stacklevel=2
         )
-    return _write_atomically(Path(out), "".join(t + "\n" for t in tokens))
+    return atomic.write_text(Path(out), "".join(t + "\n" for t in tokens))
 
 
 def coverage(
@@ -278,17 +279,3 @@ def _batches(lines: Iterator[str], batch: int = 1000) -> Iterator[list[str]]:
             chunk = []
     if chunk:
         yield chunk
-
-
-def _write_atomically(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` so that a crash leaves either the old file or the complete new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path

@@ -4,6 +4,7 @@
                     the process group; a worker's errors become one line
     dims.py         ParallelDims: the degrees (data parallel, tensor parallel), checked against the
                     process count and the model, and the DeviceMesh they make
+    layout.py       check_layout(): the degrees, precision and options that go together, or one line why not
     parallelize.py  parallelize(): tensor parallel -> activation checkpointing -> compile -> FSDP or
                     DDP, in torchtitan's order; gradient clipping over sharded gradients
 

@@ -71,6 +71,12 @@ class ParallelDims:
         mesh is DDP's semantics for them: whole replicas, gradients all-reduced)."""
         return self.dp > 1 and (self.strategy == "fsdp" or self.tp > 1)
 
+    def backward_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss to call backward() on. A rank's loss is its part of a sum normalised over the whole
+        global batch, so the gradient wanted is the sum over the data-parallel ranks; DDP and FSDP
+        average instead, so scale by the degree they divide by."""
+        return loss * self.dp
+
     def check_model(self, config: ModelConfig) -> None:
         """Tensor parallelism splits attention heads and the feed-forward width evenly."""
         if self.tp == 1:

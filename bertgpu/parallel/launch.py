@@ -176,7 +176,7 @@ def refuse_when_reimported() -> None:
         # Every worker says it: none knows its rank yet (the launcher sets it after this import).
         print(
             "bertgpu: error: bertgpu starts worker processes, which import your script again: put the calls "
-            'to bertgpu under `if __name__ == "__main__":` (see README: Python API)',
+            'to bertgpu under `if __name__ == "__main__":` (see docs/python.md)',
             file=sys.stderr,
             flush=True,
         )

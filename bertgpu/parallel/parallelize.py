@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from .compression import Compression, bytes_per_step
+from .compression import Compression, bytes_per_step, load_state_tensors, state_tensors
 from .compression import register as register_compression
 from .dims import ParallelDims
 
@@ -94,6 +94,17 @@ class ParallelModel:
         ``step`` (see ``compression.bytes_per_step``)."""
         trainable = [p for p in self.model.parameters() if p.requires_grad]
         return bytes_per_step(trainable, self.compression, fsdp=self.dims.fsdp, step=step, dp=self.dims.dp)
+
+    def rank_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """This process's own state beside the weights, for its checkpoint: PowerSGD's error feedback,
+        warm-start factors and RNG (None without PowerSGD)."""
+        return state_tensors(self.powersgd) if self.powersgd is not None else None
+
+    def load_rank_state_dict(self, tensors: dict[str, torch.Tensor], forward: Callable[[], Any]) -> None:
+        """The inverse of ``rank_state_dict`` on the same layout; ``forward`` runs the model on a batch
+        for ``settle_buckets``."""
+        load_state_tensors(self.powersgd, tensors)
+        self.settle_buckets(forward)
 
     def settle_buckets(self, forward: Callable[[], Any]) -> None:
         """Let DDP lay out its gradient buckets before a resumed PowerSGD run's first step.

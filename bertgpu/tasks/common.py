@@ -3,7 +3,7 @@
 Before any process starts (in the command's process):
 
 - ``check_out_dir``: a non-empty output directory needs --resume or --overwrite;
-- ``check_layout``: the processes, --tp, --strategy and precision fit each other and the model;
+- ``parallel.layout.check_layout``: the processes, --tp, --strategy and precision fit each other and the model;
 - ``run_workers``: train here (one process, or a worker of torchrun) or in local workers.
 
 Inside every worker, a ``TrainingRun``: the process group and its mesh, the run directory, the
@@ -27,10 +27,11 @@ import torch
 from tqdm import tqdm
 
 from .. import checkpoint, model_card
-from ..config import ModelConfig, per_rank_sizes
+from ..config import ModelConfig
 from ..errors import UserError
-from ..parallel import ParallelDims, ParallelModel, launch, parallelize
-from ..parallel.compression import Compression, load_state_tensors, state_tensors
+from ..parallel import ParallelModel, launch, parallelize
+from ..parallel.compression import Compression
+from ..parallel.layout import check_layout
 from ..training import (
     LaggedFlags,
     RunLog,
@@ -97,38 +98,6 @@ def announce_resume(
             flush=True,
         )
     return False
-
-
-def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
-    """The run's degrees of parallelism, every mistake in them a one-line error (before any process
-    starts, and again in each process)."""
-    dims = ParallelDims(launch.world_size(cfg.nproc, cfg.device), cfg.parallel.tp, cfg.parallel.strategy)
-    dims.check_model(model_config)
-    precision = resolve_precision(cfg.precision, torch.device(cfg.device))
-    if precision == "fp16" and (dims.tp > 1 or dims.fsdp):
-        raise UserError(
-            "--precision fp16 works with --strategy ddp only (its gradient scaler cannot see sharded "
-            "gradients): use --precision bf16"
-        )
-    parallel = cfg.parallel
-    if parallel.grad_compression == "powersgd" and (dims.fsdp or dims.tp > 1):
-        raise UserError(
-            "--grad-compression powersgd works with --strategy ddp without --tp only (FSDP and tensor "
-            "parallelism reduce-scatter gradients, which PowerSGD cannot compress): use fp16 or bf16, "
-            "the dtype gradients are reduced in"
-        )
-    if parallel.balance == "auto":
-        if dims.dp == 1:
-            raise UserError(
-                "--balance auto needs at least 2 data-parallel processes: with one there is nothing to balance"
-            )
-        if dims.fsdp or dims.tp > 1:
-            raise UserError(
-                "--balance auto works with --strategy ddp without --tp only: FSDP and tensor parallelism "
-                "synchronise every layer, so a slow process slows all and cannot be timed alone"
-            )
-    per_rank_sizes(cfg.batch_size, dims.dp)
-    return dims
 
 
 def run_workers(train: Callable[[Any], Any], cfg: Any) -> None:
@@ -226,8 +195,7 @@ class TrainingRun:
             same_layout = list(self.state.get("layout", ())) == list(self.layout)
             saved = checkpoint.load_rank_tensors(self.resume_from, self.env.rank)
             if same_layout and saved is not None:
-                load_state_tensors(net.powersgd, saved)
-                net.settle_buckets(sample_forward)
+                net.load_rank_state_dict(saved, sample_forward)
             else:
                 self.warn(
                     "PowerSGD starts afresh (warm-up included): the checkpoint was written by another layout "
@@ -291,7 +259,7 @@ class TrainingRun:
             do_lower_case=do_lower_case,
             keep=keep,
             architecture=architecture,
-            rank_tensors=state_tensors(net.powersgd) if net.powersgd else None,
+            rank_tensors=net.rank_state_dict(),
             card=card,
         )
 

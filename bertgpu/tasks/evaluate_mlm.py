@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .. import checkpoint, evaluation
+from .. import atomic, evaluation, hf_dir
 from ..config import DataConfig, EvaluateConfig, ModelConfig
 from ..data.heldout import EvalSet
 from ..data.pretraining import check_nsp_possible
@@ -26,7 +26,7 @@ from ..parallel import ParallelDims, launch
 from ..training import resolve_precision
 from .common import run_workers
 from .fill_mask import model_directory
-from .predict import _write_json_atomic, refuse_overwriting_input
+from .predict import refuse_overwriting_input
 
 DEFAULT_LENGTH = 128  # --max-seq-length 0 on prepared data: BERT's pretraining length
 
@@ -71,7 +71,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, float]:
     dims.build_mesh(env.device.type)
     model_dir, config, corpus, data = _plan(cfg)
     model = BertForPreTraining(config)
-    missing, _ = checkpoint.load_weights(model, model_dir)
+    missing, _ = hf_dir.load_weights(model, model_dir)
     if any(name.startswith("cls.predictions") for name in missing):
         raise UserError(
             f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: masked-LM "
@@ -107,6 +107,6 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, float]:
                 flush=True,
             )
         if cfg.output:
-            _write_json_atomic(Path(cfg.output), result)
+            atomic.write_json(Path(cfg.output), result)
             print(f"metrics: {cfg.output}", flush=True)
     return result

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .. import checkpoint
+from .. import checkpoint, hf_dir
 from ..classifier import model_lowercase, model_vocab
 from ..config import FillMaskConfig, ModelConfig
 from ..data.tokenizer import Tokenizer
@@ -43,7 +43,7 @@ def load_masked_lm(path: str, device: torch.device) -> tuple[BertForPreTraining,
     model_dir = model_directory(path)
     config = ModelConfig.load(model_dir)
     model = BertForPreTraining(config)
-    missing, _ = checkpoint.load_weights(model, model_dir)
+    missing, _ = hf_dir.load_weights(model, model_dir)
     if any(name.startswith("cls.predictions") for name in missing):
         raise UserError(
             f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: fill-mask needs a "

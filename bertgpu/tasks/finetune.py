@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .. import checkpoint, lora, model_card
+from .. import atomic, checkpoint, hf_dir, lora, model_card
 from ..classifier import model_lowercase, model_vocab
 from ..config import FinetuneConfig, ModelConfig, OptimConfig, per_rank_sizes, scaled_lr
 from ..data.classification import (
@@ -40,6 +40,7 @@ from ..model import BertForSequenceClassification
 from ..parallel import launch
 from ..parallel.balance import Balancer
 from ..parallel.balance import describe as describe_balance
+from ..parallel.layout import check_layout
 from ..training import (
     Sums,
     Throughput,
@@ -52,8 +53,8 @@ from ..training import (
     format_rate,
     optimizer_step,
 )
-from .common import TrainingRun, announce_resume, check_layout, check_out_dir, run_workers
-from .predict import _write_json_atomic, check_model_dir, compute_metrics, predict_logits
+from .common import TrainingRun, announce_resume, check_out_dir, run_workers
+from .predict import check_model_dir, compute_metrics, predict_logits
 
 # transformers' Trainer defaults that have no flag here.
 DEFAULT_EVAL_SPLIT = 0.1
@@ -90,18 +91,6 @@ def check(cfg: FinetuneConfig) -> Plan:
         )
     dims = check_layout(dataclasses.replace(cfg, device=launch.resolve_device(cfg.device)), base)
     if cfg.adapter.enabled:
-        if dims.tp > 1:
-            raise UserError(
-                f"--tp {dims.tp} cannot split LoRA's adapted layers; LoRA keeps no gradients or optimizer "
-                "state for the frozen encoder, so shard its weights with --strategy fsdp if it does not "
-                "fit one device"
-            )
-        if cfg.adapter.quantize and cfg.parallel.strategy == "fsdp":
-            raise UserError(
-                f"--quantize {cfg.adapter.quantize} cannot be sharded with --strategy fsdp (FSDP cannot "
-                "hold bitsandbytes' 8/4-bit weights): use --strategy ddp, every process holding the "
-                "quantised encoder"
-            )
         lora.check(cfg.adapter, base)
     columns = dict(
         text_column=cfg.text_column, pair_column=cfg.pair_column or None, label_column=cfg.label_column, fmt=cfg.format
@@ -220,9 +209,9 @@ def train(cfg: FinetuneConfig) -> Path:
     torch.manual_seed(cfg.seed)
     model = BertForSequenceClassification(plan.model_config)
     if run.resume_from is not None and not cfg.adapter.enabled:
-        checkpoint.load_weights(model, run.resume_from)
+        hf_dir.load_weights(model, run.resume_from)
     else:
-        checkpoint.load_weights(model if plan.keep_head else model.bert, plan.model_dir)
+        hf_dir.load_weights(model if plan.keep_head else model.bert, plan.model_dir)
     if cfg.adapter.enabled:
         lora.apply(model, cfg.adapter, device, run.precision, base_model=plan.model_dir)
         if run.resume_from is not None:
@@ -321,9 +310,7 @@ def train(cfg: FinetuneConfig) -> Path:
                     with net.no_sync(i < len(micro) - 1), autocast(run.precision, device), balancer.forward(len(part)):
                         logits = net(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
                     loss_sum = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
-                    # Gradient reduction averages over the data-parallel ranks: scale so that the result is the
-                    # global batch's mean loss's.
-                    scaler.scale(loss_sum / global_size * dims.dp).backward()
+                    scaler.scale(dims.backward_loss(loss_sum / global_size)).backward()
                     with torch.no_grad():
                         step_sums += window.of(
                             loss=loss_sum.detach(),
@@ -406,7 +393,7 @@ def train(cfg: FinetuneConfig) -> Path:
                 out, epoch, net.model, plan, cfg, record, kept, best, is_best, run.is_main, dims.describe()
             )
             if run.is_main:
-                _write_json_atomic(
+                atomic.write_json(
                     out / METRICS_NAME,
                     {
                         "metric": cfg.metric,
@@ -567,7 +554,7 @@ def save_epoch(
     if is_main:
         if is_best:
             try:  # hard links: the best directory costs no space, and stays whole when its epoch is pruned
-                with checkpoint.atomic_directory(out / "best") as tmp:
+                with atomic.directory(out / "best") as tmp:
                     shutil.copytree(path, tmp, dirs_exist_ok=True, copy_function=_link_or_copy)
             except OSError as e:
                 raise UserError(f"could not write {out / 'best'} ({e.strerror or e})") from None

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from .. import checkpoint
+from .. import atomic, checkpoint, hf_dir
 from ..classifier import Classifier, classifier_dir, model_vocab
 from ..config import EvaluateConfig, ModelConfig, PredictConfig
 from ..data.classification import (
@@ -60,7 +60,7 @@ def check_model_dir(path: str) -> tuple[Path, ModelConfig]:
             )
         model_dir = newest  # a pretraining run's --out: its newest checkpoint, as finetune's start line says
     config = ModelConfig.load(model_dir)
-    if not (model_dir / checkpoint.WEIGHTS_NAME).is_file():
+    if not (model_dir / hf_dir.WEIGHTS_NAME).is_file():
         if (model_dir / "pytorch_model.bin").is_file():
             raise UserError(
                 f"{model_dir} holds only pytorch_model.bin, a pickle that can run code when loaded; "
@@ -68,7 +68,7 @@ def check_model_dir(path: str) -> tuple[Path, ModelConfig]:
                 f"(in transformers: from_pretrained, then save_pretrained)"
             )
         raise UserError(
-            f"{model_dir} has no {checkpoint.WEIGHTS_NAME}: fine-tuning starts from trained weights "
+            f"{model_dir} has no {hf_dir.WEIGHTS_NAME}: fine-tuning starts from trained weights "
             f"(a `bertgpu pretrain` checkpoint or a Hugging Face BERT directory)"
         )
     vocab_size = len(load_vocab(model_vocab(model_dir)))
@@ -205,7 +205,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
             f"accuracy {metrics['accuracy']:.4f} | f1 {metrics['f1']:.4f} ({result['f1_average']})",
             flush=True,
         )
-        _write_json_atomic(output, result)
+        atomic.write_json(output, result)
         print(f"metrics: {output}", flush=True)
     return result
 
@@ -267,7 +267,7 @@ def run_predict(cfg: PredictConfig) -> None:
             file=sys.stderr,
             flush=True,
         )
-    _write_atomic(Path(cfg.output), _render(table, predictions, out_format, cfg.output.lower().endswith(".gz")))
+    atomic.write_bytes(Path(cfg.output), _render(table, predictions, out_format, cfg.output.lower().endswith(".gz")))
     print(f"{len(predictions)} predictions -> {cfg.output}")
 
 
@@ -304,18 +304,3 @@ def refuse_overwriting_input(output: Path, output_flag: str, data: str, data_fla
             f"{output_flag} {output} is the {data_flag} file: writing it would destroy the data; "
             f"choose another {output_flag}"
         )
-
-
-def _write_json_atomic(path: Path, obj: Any) -> None:
-    _write_atomic(path, (json.dumps(obj, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write a file so that a crash leaves the old file or the complete new one, never half of it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise UserError(f"could not write {path} ({e.strerror or e})") from None

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .. import checkpoint, evaluation
+from .. import checkpoint, evaluation, hf_dir
 from ..config import PRESETS, ModelConfig, PretrainConfig, per_rank_sizes
 from ..data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
 from ..data.pretraining import (
@@ -44,6 +44,7 @@ from ..parallel import ParallelModel, launch
 from ..parallel.balance import Balancer
 from ..parallel.balance import describe as describe_balance
 from ..parallel.compression import describe as describe_compression
+from ..parallel.layout import check_layout
 from ..training import (
     Sums,
     Throughput,
@@ -58,7 +59,7 @@ from ..training import (
     optimizer_step,
     peak_flops,
 )
-from .common import TrainingRun, announce_resume, check_layout, check_out_dir, run_workers
+from .common import TrainingRun, announce_resume, check_out_dir, run_workers
 
 # What the log sums between two log lines (summed over the data-parallel ranks).
 LOG_SUMS = ("mlm_loss", "mlm_correct", "masked", "nsp_loss", "nsp_correct", "sequences", "tokens")
@@ -66,11 +67,16 @@ LOG_SUMS = ("mlm_loss", "mlm_correct", "masked", "nsp_loss", "nsp_correct", "seq
 
 @dataclass
 class Plan:
-    """What ``check`` worked out from the config: the model to build and where its weights come from."""
+    """What ``check`` worked out from the config: the model to build, where its weights come from, and the
+    prepared data, opened once."""
 
     model_config: ModelConfig
     init_from: Path | None  # a BERT directory whose weights to start from
-    lowercase: bool
+    corpus: ShardedCorpus
+
+    @property
+    def lowercase(self) -> bool:
+        return bool(self.corpus.meta.get("lowercase", True))
 
 
 def _check_same_vocab(model_dir: Path, corpus: ShardedCorpus, data_dir: str) -> None:
@@ -116,7 +122,7 @@ def check(cfg: PretrainConfig) -> Plan:
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.resume else None
     if resume_from is not None:
         _check_same_vocab(resume_from, corpus, cfg.data.data)
-    return Plan(mcfg, init_from, bool(corpus.meta.get("lowercase", True)))
+    return Plan(mcfg, init_from, corpus)
 
 
 def heldout_split(
@@ -157,11 +163,10 @@ def heldout_split(
 def run(cfg: PretrainConfig) -> None:
     """Check, then train here (one process, or one worker of torchrun) or in local workers."""
     cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device))
-    check(cfg)
+    corpus = check(cfg).corpus
     if launch.restart_count() == 0:
         check_out_dir(cfg.out, cfg.overwrite, cfg.resume)
         if int(os.environ.get("RANK", 0)) == 0:  # once per run: not again in every torchrun worker
-            corpus = ShardedCorpus(cfg.data.data)
             warn_wwm_fallback(corpus, cfg.data)
             warn_if_unknown(corpus.meta, cfg.data.data)
     if announce_resume(
@@ -178,13 +183,13 @@ def run(cfg: PretrainConfig) -> None:
 def train(cfg: PretrainConfig) -> Path:
     plan = check(cfg)
     run = TrainingRun(cfg, plan.model_config)
+    corpus = plan.corpus
     if run.resume_from is not None:
-        _check_same_vocab(run.resume_from, ShardedCorpus(cfg.data.data), cfg.data.data)
+        _check_same_vocab(run.resume_from, corpus, cfg.data.data)
     dims, device = run.dims, run.device
 
     # Data: one global order per epoch; each data-parallel rank reads only its share of each global batch.
     # Held-out text (--eval-fraction, --eval-data) becomes a fixed evaluation set, never trained on.
-    corpus = ShardedCorpus(cfg.data.data)
     train_text, eval_set, heldout = heldout_split(cfg, corpus, run.state, dims.dp)
     dataset = PretrainingDataset(train_text, cfg.data, cfg.seed, load_vocab(corpus.vocab_path))
     sizes, accum = per_rank_sizes(cfg.batch_size, dims.dp), cfg.grad_accum  # per data-parallel rank
@@ -199,7 +204,7 @@ def train(cfg: PretrainConfig) -> Path:
     torch.manual_seed(cfg.seed)
     model = BertForPreTraining(plan.model_config, pad_vocab_multiple=cfg.pad_vocab_multiple)
     if run.resume_from is not None or plan.init_from is not None:
-        checkpoint.load_weights(model, run.resume_from or plan.init_from)
+        hf_dir.load_weights(model, run.resume_from or plan.init_from)
     if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
         for unused in (model.bert.pooler, model.cls.seq_relationship):
             unused.requires_grad_(False)
@@ -395,7 +400,7 @@ def train_step(
             loss = loss + nsp_loss / global_batch
         else:
             nsp_loss = torch.zeros((), device=device)
-        scaler.scale(loss * dims.dp).backward()
+        scaler.scale(dims.backward_loss(loss)).backward()
         with torch.no_grad():
             valid = labels != IGNORE_INDEX
             step_sums += sums.of(

@@ -1,0 +1,278 @@
+"""Hugging Face BERT directories: written atomically, read safely.
+
+A directory saved here is what ``transformers`` writes for the same model (``config.json``,
+``model.safetensors``, ``vocab.txt``, tokenizer files), so ``from_pretrained`` reads it, and any
+Hugging Face BERT directory loads into our models. Weights are read with safetensors only: a
+pickle (``pytorch_model.bin``) can run code when loaded. A model whose vocab is padded for speed
+(``pad_vocab_multiple``) is saved with its vocab_size real rows and loads such files back. The
+weights of a model spread over processes are gathered through
+``torch.distributed.checkpoint.state_dict``, which sees through FSDP shards, DTensors and the wrapper
+prefixes of DDP, compile and activation checkpointing. (Resumable training checkpoints, which hold
+such a directory, are ``checkpoint``'s.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from . import atomic, lora
+from .config import ModelConfig
+from .errors import UserError
+
+WEIGHTS_NAME = "model.safetensors"
+SPECIAL_TOKENS = {
+    "unk_token": "[UNK]",
+    "sep_token": "[SEP]",
+    "pad_token": "[PAD]",
+    "cls_token": "[CLS]",
+    "mask_token": "[MASK]",
+}
+# Buffers some transformers versions saved beside the weights; we compute them on the fly.
+_IGNORED_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
+# Tensors with one row per vocabulary word. A model built with pad_vocab_multiple has more rows
+# than config.vocab_size; files always hold exactly vocab_size, as transformers expects.
+_VOCAB_ROWS = (
+    "embeddings.word_embeddings.weight",
+    "predictions.bias",
+    "predictions.decoder.weight",
+    "predictions.decoder.bias",
+)
+
+
+def _is_vocab_rows(name: str) -> bool:
+    return name.endswith(_VOCAB_ROWS)
+
+
+def export_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The model's tensors as a Hugging Face BERT stores them: on the CPU, tied aliases dropped
+    (safetensors refuses shared tensors; transformers re-ties them), vocab padding cut off.
+
+    ``state`` is the model's full state dict when it was gathered from processes that each hold a
+    shard (``full_state_dict``); by default, the model's own.
+    """
+    model = unwrap(model)
+    aliases = getattr(model, "tied_weights", {})
+    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    if state is None:
+        state = _local_state_dict(model)
+    if lora.is_lora(model):  # the merged classifier, under the plain model's names
+        state = lora.merged_state_dict(model, state)
+    tensors = {}
+    for name, tensor in state.items():
+        if name in aliases:
+            continue
+        if vocab_size is not None and _is_vocab_rows(name):
+            tensor = tensor[:vocab_size]
+        tensors[name] = tensor.detach().cpu().contiguous()
+    return tensors
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The model's whole state dict on the CPU of rank 0 (``None`` on the other ranks).
+
+    Every process must call it: FSDP and tensor-parallel parameters are gathered from their shards.
+    Names are the plain model's, whatever wraps it (DDP, compile, activation checkpointing).
+    """
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    if lora.is_quantized(unwrap(model)):  # bitsandbytes' weights: never sharded, dequantised here
+        return lora.local_state_dict(unwrap(model)) if _is_main() else None
+    if not dist.is_initialized():
+        return get_model_state_dict(model)
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    return state if dist.get_rank() == 0 else None
+
+
+def _is_main() -> bool:
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _local_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    return lora.local_state_dict(model) if lora.is_quantized(model) else model.state_dict()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The plain model inside DistributedDataParallel (``.module``) and torch.compile (``._orig_mod``)."""
+    while True:
+        if isinstance(getattr(model, "_orig_mod", None), nn.Module):
+            model = model._orig_mod
+        elif isinstance(getattr(model, "module", None), nn.Module):
+            model = model.module
+        else:
+            return model
+
+
+def save_pretrained(
+    model: nn.Module,
+    config: ModelConfig,
+    out_dir: str | os.PathLike,
+    *,
+    vocab_path: str | os.PathLike,
+    do_lower_case: bool,
+    architecture: str | None = None,
+) -> Path:
+    """Write a Hugging Face BERT directory of a model in this process, atomically; return its path.
+
+    ``architecture`` (config.json's ``architectures``) defaults to the model's class name, which
+    is the transformers class with the same parameters. (A model spread over processes is saved
+    with ``save_model_dir``, which every process calls.)
+    """
+    out = Path(out_dir)
+    with atomic.directory(out) as tmp:
+        write_pretrained(
+            model, config, tmp, vocab_path=vocab_path, do_lower_case=do_lower_case, architecture=architecture
+        )
+    return out
+
+
+def write_pretrained(
+    model: nn.Module,
+    config: ModelConfig,
+    directory: Path,
+    *,
+    vocab_path: str | os.PathLike,
+    do_lower_case: bool,
+    architecture: str | None = None,
+    state: dict[str, torch.Tensor] | None = None,
+) -> None:
+    """The files of a Hugging Face BERT directory, written into ``directory`` (not atomic by itself).
+    ``state``: the model's full state dict, when gathered from processes (``full_state_dict``).
+    A LoRA model (``bertgpu.lora``) is written merged, with its adapter in PEFT's format in ``adapter/``."""
+    model = unwrap(model)
+    architecture = architecture or type(model).__name__.removeprefix("FSDP")
+    if state is None:
+        state = _local_state_dict(model)
+    tensors = export_state_dict(model, state)
+    if lora.is_lora(model):
+        lora.write_adapter(directory / lora.ADAPTER_DIR, model, state)
+    tokenizer_config = {
+        "tokenizer_class": "BertTokenizer",
+        "do_lower_case": do_lower_case,
+        "strip_accents": None,
+        "tokenize_chinese_chars": True,
+        "model_max_length": config.max_position_embeddings,
+        **SPECIAL_TOKENS,
+    }
+    save_file(tensors, directory / WEIGHTS_NAME, metadata={"format": "pt"})
+    _write_json(directory / "config.json", config.to_hf_dict(architecture))
+    shutil.copyfile(vocab_path, directory / "vocab.txt")
+    _write_json(directory / "tokenizer_config.json", tokenizer_config)
+    _write_json(directory / "special_tokens_map.json", SPECIAL_TOKENS)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training checkpoints: a Hugging Face directory plus the state to continue training from it.
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _map_key(key: str, target_has_bert: bool) -> str:
+    """A checkpoint key as our model names it: fix the ``bert.`` prefix and TF-era LayerNorm names."""
+    if key.endswith(".gamma"):
+        key = key[: -len("gamma")] + "weight"
+    elif key.endswith(".beta"):
+        key = key[: -len("beta")] + "bias"
+    has_bert = key.startswith("bert.")
+    if target_has_bert and not has_bert and key.startswith(("embeddings.", "encoder.", "pooler.")):
+        return "bert." + key
+    if not target_has_bert and has_bert:
+        return key[len("bert.") :]
+    return key
+
+
+def load_weights(model: nn.Module, path: str | os.PathLike) -> tuple[list[str], list[str]]:
+    """Load a Hugging Face BERT checkpoint (directory or .safetensors file) into ``model``.
+
+    Any BERT checkpoint fits any of our models: a bare encoder into a pretraining or classification
+    model, or the encoder of one of those into a bare ``BertModel``. Return ``(missing,
+    unexpected)``: missing parameters (heads and pooler only) keep their initialisation;
+    unexpected tensors are ignored. Raise UserError when the encoder is incomplete or a shape
+    differs. A model with a padded vocab takes the file's vocab_size rows; its padded rows are zero.
+    """
+    model = unwrap(model)
+    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    path = Path(path)
+    file = path / WEIGHTS_NAME if path.is_dir() else path
+    if not file.is_file():
+        if (path / "pytorch_model.bin").is_file():
+            raise UserError(
+                f"{path} holds only pytorch_model.bin, a pickle that can run code when loaded; "
+                "convert it to model.safetensors first (in transformers: from_pretrained, then save_pretrained)"
+            )
+        raise UserError(f"no {WEIGHTS_NAME} in {path}")
+    try:
+        loaded = load_file(file)
+    except (SafetensorError, OSError) as e:
+        raise UserError(f"{file}: cannot read safetensors weights ({e})") from None
+
+    target_has_bert = isinstance(getattr(model, "bert", None), nn.Module)
+    named = {_map_key(key, target_has_bert): key for key in loaded}
+    # A tied alias stands for its source: it fills the source only when the file lacks it.
+    aliases: dict[str, str] = getattr(model, "tied_weights", {})
+    for alias, source in aliases.items():
+        if alias in named:
+            key = named.pop(alias)
+            named.setdefault(source, key)
+    own = model.state_dict()
+    state: dict[str, torch.Tensor] = {}
+    unexpected = []
+    for name, key in named.items():
+        if name.endswith(_IGNORED_BUFFERS):
+            continue
+        if name not in own:
+            unexpected.append(key)
+            continue
+        tensor = loaded[key]
+        if _is_vocab_rows(name) and _fills_padded_rows(tensor, own[name], vocab_size):
+            padded = torch.zeros(own[name].shape, dtype=tensor.dtype)  # padded rows stay zero
+            padded[:vocab_size] = tensor
+            tensor = padded
+        if tensor.shape != own[name].shape:
+            raise UserError(
+                f"{file}: tensor {key} has shape {list(tensor.shape)}, the model expects {list(own[name].shape)} "
+                f"for {name} (does config.json match these weights?)"
+            )
+        state[name] = tensor
+
+    missing = [k for k in own if k not in state and k not in aliases]
+    encoder_prefix = "bert." if target_has_bert else ""
+    required = [k for k in missing if k.startswith((encoder_prefix + "embeddings.", encoder_prefix + "encoder."))]
+    if required:
+        raise UserError(
+            f"{file}: not a checkpoint for this model, {len(required)} encoder weights missing (first: {required[0]})"
+        )
+    # Copies in place, so tied parameters stay one tensor.
+    model.load_state_dict(state, strict=False)
+    return missing, unexpected
+
+
+def _fills_padded_rows(tensor: torch.Tensor, own: torch.Tensor, vocab_size: int | None) -> bool:
+    """A file's vocab_size rows for a model whose vocab is padded past vocab_size."""
+    return vocab_size is not None and tensor.shape[0] == vocab_size < own.shape[0] and tensor.shape[1:] == own.shape[1:]
+
+
+def load_pretrained(
+    path: str | os.PathLike, model_cls: type[nn.Module], config_overrides: dict[str, Any] | None = None
+) -> nn.Module:
+    """Build ``model_cls`` from the directory's config.json (with overrides) and load its weights."""
+    config = ModelConfig.load(path)
+    if config_overrides:
+        config = dataclasses.replace(config, **config_overrides)
+    model = model_cls(config)
+    load_weights(model, path)
+    return model
