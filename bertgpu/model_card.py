@@ -42,6 +42,7 @@ def render(
             ("data", data["data"]),
             ("model", cfg["model"]),
             ("objective", objective),
+            ("recipe", _recipe(cfg)),
             ("masking", masking),
             ("sequence length", data["max_seq_length"]),
             ("steps", f"{step:,} of {optim['steps']:,}"),
@@ -127,3 +128,10 @@ def render(
         "",
     ]
     return "\n".join(lines)
+
+
+def _recipe(cfg: dict[str, Any]) -> str:
+    """``fast: packed sequences, dropout 0`` (docs/pretrain.md: The fast recipe)."""
+    layout = "packed sequences" if cfg["data"].get("pack") else "one document per sequence"
+    dropout = "as the model config" if cfg.get("dropout") is None else f"{cfg['dropout']:g}"
+    return f"{cfg.get('recipe', 'bert')}: {layout}, dropout {dropout}"

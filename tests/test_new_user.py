@@ -127,8 +127,8 @@ def test_label_counts_and_label_typos(tmp_path, uncased_vocab):
 def classifier(tmp_path_factory, uncased_vocab):
     import torch
 
-    from bertgpu.checkpoint import save_pretrained
     from bertgpu.config import ModelConfig
+    from bertgpu.hf_dir import save_pretrained
     from bertgpu.model import BertForSequenceClassification
 
     root = tmp_path_factory.mktemp("clf")
@@ -261,6 +261,7 @@ def test_summary_eta_and_model_card_of_pretraining(pretrained):
     assert "mlm_loss " in summary and f"-> {last['mlm_loss']:.4f}" in summary and "checkpoint: " in summary
     card = (run / "checkpoints" / "step-0000004" / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers") and "| steps | 4 of 4 |" in card
+    assert "| recipe | bert: one document per sequence, dropout as the model config |" in card
     assert f"| mlm_loss | {last['mlm_loss']:.4g} |" in card
     assert "bertgpu fill-mask PATH" in card
 
