@@ -130,7 +130,7 @@ def test_torchrun_restarts_a_killed_worker_and_the_run_completes_identically(
 SLOW_WRITER = """
 import sys, time, torch
 from pathlib import Path
-from bertgpu import checkpoint, hf_dir
+from bertgpu import checkpoint
 from bertgpu.config import ModelConfig, PretrainConfig
 from bertgpu.model import BertForPreTraining
 run, vocab, marker = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
@@ -140,12 +140,12 @@ optimizer = torch.optim.AdamW(model.parameters())
 save = lambda step: checkpoint.save_checkpoint(run, step, model, optimizer, model.config, {"position": {}}, cfg,
                                                vocab_path=vocab, do_lower_case=True, keep=3)
 save(1)
-real = hf_dir.write_pretrained
+real = checkpoint.write_pretrained  # the name checkpoint calls (imported from hf_dir)
 def slow(*args, **kwargs):
     real(*args, **kwargs)
     marker.write_text("writing")
     time.sleep(600)  # killed here, mid-checkpoint
-hf_dir.write_pretrained = slow
+checkpoint.write_pretrained = slow
 with torch.no_grad():
     model.bert.embeddings.word_embeddings.weight.add_(1.0)
 save(2)
