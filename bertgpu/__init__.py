@@ -6,7 +6,7 @@ The Python API mirrors the commands::
     from bertgpu import finetune, FinetuneConfig, Classifier
     train_vocab(["corpus/"], size=30522, out="vocab.txt")
     prepare(["corpus/"], vocab="vocab.txt", out_dir="data")
-    pretrain(PretrainConfig(model="tiny", out="run", data=DataConfig(data="data")))
+    pretrain(PretrainConfig(model="tiny", out="run", data=DataConfig(data="data")))  # run=RunConfig(nproc=2)
     finetune(FinetuneConfig(model="run/checkpoints/step-0001000", train="train.csv", out="clf"))
     Classifier.load("clf/best")("a text")   # {"label": ..., "score": ...}
 
@@ -20,6 +20,7 @@ _EXPORTS = {
     "PretrainConfig": "bertgpu.config",
     "DataConfig": "bertgpu.config",
     "OptimConfig": "bertgpu.config",
+    "RunConfig": "bertgpu.config",
     "FinetuneConfig": "bertgpu.config",
     "AdapterConfig": "bertgpu.config",
     "UserError": "bertgpu.errors",
@@ -59,7 +60,7 @@ def prepare(*args, **kwargs):
 
 
 def pretrain(cfg):
-    """Run `bertgpu pretrain` from Python with a PretrainConfig (starts cfg.nproc workers if asked)."""
+    """Run `bertgpu pretrain` from Python with a PretrainConfig (starts cfg.run.nproc workers if asked)."""
     from .parallel.launch import refuse_when_reimported
     from .tasks.pretrain import run
 
@@ -68,7 +69,7 @@ def pretrain(cfg):
 
 
 def finetune(cfg):
-    """Run `bertgpu finetune` from Python with a FinetuneConfig (starts cfg.nproc workers if asked)."""
+    """Run `bertgpu finetune` from Python with a FinetuneConfig (starts cfg.run.nproc workers if asked)."""
     from .parallel.launch import refuse_when_reimported
     from .tasks.finetune import run_finetune
 

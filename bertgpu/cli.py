@@ -121,8 +121,11 @@ def read_config_file(path: str, command: str, cls: type) -> dict[str, Any]:
         except json.JSONDecodeError as e:
             raise UserError(f"--config {path}: not valid JSON ({e}); YAML files end in .yaml or .yml") from None
     if isinstance(data, dict) and isinstance(data.get("config"), dict) and "step" in data:
-        # A checkpoint's bertgpu.json: re-run that run. Whether to resume or start afresh is the caller's choice.
+        # A checkpoint's bertgpu.json: re-run that run. Whether to resume or start afresh is the caller's choice
+        # (in the run section, or at the top level in a run saved before there was one).
         data = {k: v for k, v in data["config"].items() if k not in ("resume", "overwrite")}
+        if isinstance(data.get("run"), dict):
+            data["run"] = {k: v for k, v in data["run"].items() if k not in ("resume", "overwrite")}
     if not isinstance(data, dict):
         raise UserError(f"--config {path}: expected a mapping of field names to values")
     names = _flag_fields(cls)

@@ -15,6 +15,7 @@ Field metadata used by the CLI generator:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -466,6 +467,73 @@ class HeldOutConfig:
 
 
 @dataclass
+class RunConfig:
+    """How a training run runs, whatever it trains: processes, device, precision, seed, batches,
+    checkpoints, logs and restarts. The defaults and help here are pretraining's; fine-tuning's are
+    ``FinetuneRunConfig``'s (the same fields, so ``TrainingRun`` reads either)."""
+
+    nproc: int = _nproc()
+    device: str = opt("auto", "where to train", choices=_DEVICE_CHOICES)
+    batch_size: int | tuple[int, ...] = _batch_size(32, "sequences")
+    grad_accum: int = opt(1, "micro-steps per optimizer step")
+    precision: str = _precision()
+    seed: int = _pretrain_seed()
+    save_every: int = opt(1000, "write a checkpoint every N steps (and at the end)")
+    log_every: int = opt(10, "log every K steps")
+    keep: int = opt(3, "checkpoints to keep (the newest)")
+    resume: bool = _resume()
+    overwrite: bool = _overwrite()
+    max_restarts: int = _max_restarts()
+    max_bad_steps: int = _max_bad_steps()
+    compile: bool = opt(False, "torch.compile the model (static shapes: fixed prediction slots per sequence)")
+
+    def __post_init__(self) -> None:
+        # The checks of --save-every and --log-every stay with each command: their messages differ.
+        self.batch_size = parse_batch_sizes(self.batch_size)
+        if self.grad_accum < 1:
+            raise UserError(f"--grad-accum must be at least 1, got {self.grad_accum}")
+        if self.resume and self.overwrite:
+            raise UserError("--resume and --overwrite contradict each other: choose one")
+
+
+def accepts_flat_fields(cls: type) -> type:
+    """Let ``cls(...)`` take, besides its own fields, the fields of its sections marked ``flat`` (those
+    the command has as flags) as plain keywords: they were once fields of ``cls`` itself, and Python
+    callers still write ``PretrainConfig(..., nproc=2)`` or ``FinetuneConfig(..., lr=3e-5)``."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        for name, section, fields in _flat_sections(cls):
+            moved = {key: kwargs.pop(key) for key in list(kwargs) if key in fields}
+            if moved:
+                given = kwargs.get(name)
+                kwargs[name] = dataclasses.replace(given, **moved) if given is not None else section(**moved)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+def _flat_sections(cls: type) -> list[tuple[str, type, set[str]]]:
+    """(field name, section class, the section's fields the command has as flags) of each ``flat`` section."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    own = {f.name for f in dataclasses.fields(cls)}
+    return [
+        (
+            f.name,
+            hints[f.name],
+            {g.name for g in dataclasses.fields(hints[f.name])} - set(f.metadata.get("skip", ())) - own,
+        )
+        for f in dataclasses.fields(cls)
+        if f.metadata.get("flat")
+    ]
+
+
+@accepts_flat_fields
+@dataclass
 class PretrainConfig:
     """`bertgpu pretrain`: masked LM + next-sentence prediction, data parallel over processes."""
 
@@ -479,21 +547,8 @@ class PretrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     heldout: HeldOutConfig = field(default_factory=HeldOutConfig)
-    nproc: int = _nproc()
-    device: str = opt("auto", "where to train", choices=_DEVICE_CHOICES)
-    batch_size: int | tuple[int, ...] = _batch_size(32, "sequences")
-    grad_accum: int = opt(1, "micro-steps per optimizer step")
-    precision: str = _precision()
-    seed: int = _pretrain_seed()
+    run: RunConfig = field(default_factory=RunConfig, metadata={"flat": True})
     dropout: float | None = opt(None, "set the model's dropout probabilities (0 makes parity checks exact)")
-    save_every: int = opt(1000, "write a checkpoint every N steps (and at the end)")
-    log_every: int = opt(10, "log every K steps")
-    keep: int = opt(3, "checkpoints to keep (the newest)")
-    resume: bool = _resume()
-    overwrite: bool = _overwrite()
-    max_restarts: int = _max_restarts()
-    max_bad_steps: int = _max_bad_steps()
-    compile: bool = opt(False, "torch.compile the model (static shapes: fixed prediction slots per sequence)")
     pad_vocab_multiple: int = opt(
         64,
         "pad the vocab inside the model to a multiple of this, for faster GPU "
@@ -511,15 +566,10 @@ class PretrainConfig:
     def __post_init__(self) -> None:
         if self.recipe == "fast":
             apply_fast_recipe(self)
-        self.batch_size = parse_batch_sizes(self.batch_size)
-        if self.grad_accum < 1:
-            raise UserError(f"--grad-accum must be at least 1, got {self.grad_accum}")
-        if self.save_every < 1 or self.log_every < 1:
+        if self.run.save_every < 1 or self.run.log_every < 1:
             raise UserError("--save-every and --log-every must be at least 1")
         if self.dropout is not None and not 0 <= self.dropout < 1:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}")
-        if self.resume and self.overwrite:
-            raise UserError("--resume and --overwrite contradict each other: choose one")
         if self.pad_vocab_multiple < 1:
             raise UserError(f"--pad-vocab-multiple must be at least 1, got {self.pad_vocab_multiple}")
 
@@ -620,10 +670,17 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 def from_dict(cls: type, d: dict[str, Any]) -> Any:
-    """Rebuild a (nested) config dataclass from ``to_dict`` output."""
+    """Rebuild a (nested) config dataclass from ``to_dict`` output. A config saved before its command's
+    run settings (and fine-tuning's optimizer) became sections has them at the top level: they move
+    into their section."""
     import typing
 
     hints = typing.get_type_hints(cls)
+    d = dict(d)
+    for name, _, fields in _flat_sections(cls):
+        flat = {key: d.pop(key) for key in list(d) if key in fields}
+        if flat:
+            d[name] = {**d.get(name, {}), **flat}
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name not in d:
@@ -731,6 +788,43 @@ def _check_length(max_seq_length: int, allow_auto: bool) -> None:
 
 
 @dataclass
+class FinetuneOptimConfig(OptimConfig):
+    """Fine-tuning's optimizer: AdamW with transformers' Trainer defaults. Only the learning rate, its
+    scaling, warm-up and weight decay are flags; the number of steps follows from --epochs."""
+
+    lr: float = opt(2e-5, "peak learning rate (AdamW; before --lr-scaling)")
+    warmup: float = opt(0.0, "linear warmup: steps if >= 1, else a fraction of all steps")
+    weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)")
+    clip: float = opt(1.0, "clip the global gradient norm to this (0: no clipping)")
+    adam_eps: float = opt(1e-8, "AdamW/LAMB/RMSprop epsilon")
+
+
+# The optimizer fields fine-tuning keeps at their defaults (no flag).
+_FINETUNE_OPTIM_FIXED = ["optimizer", "steps", "clip", "adam_beta1", "adam_beta2", "adam_eps", "rmsprop_alpha"]
+
+
+@dataclass
+class FinetuneRunConfig(RunConfig):
+    """``RunConfig`` with fine-tuning's defaults and help (transformers' Trainer's batch of 8)."""
+
+    batch_size: int | tuple[int, ...] = _batch_size(8, "examples")
+    grad_accum: int = opt(
+        1,
+        "micro-steps per optimizer step (gradient accumulation): the global batch is "
+        "--batch-size x data-parallel processes x this",
+    )
+    seed: int = opt(42, "seed for the head's (and adapters') initialisation, data order, dropout and --eval-split")
+    save_every: int = opt(
+        500,
+        "also write a resumable checkpoint every N steps (one is always written at the "
+        "end of each epoch and on SIGINT/SIGTERM; only the newest is kept)",
+    )
+    log_every: int = opt(50, "log the training loss every K steps")
+    keep: int = opt(1, "resumable checkpoints to keep (the newest); --save-total-limit keeps the epochs'")
+
+
+@accepts_flat_fields
+@dataclass
 class FinetuneConfig:
     """`bertgpu finetune`: train a sequence classifier on labelled text, data parallel over processes."""
 
@@ -754,14 +848,8 @@ class FinetuneConfig:
         required=True,
     )
     epochs: int = opt(3, "passes over the training data; evaluated and saved after each")
-    lr: float = opt(2e-5, "peak learning rate (AdamW; before --lr-scaling)")
-    lr_scaling: str = _lr_scaling()
-    reference_batch: int = _reference_batch()
-    batch_size: int | tuple[int, ...] = _batch_size(8, "examples")
-    grad_accum: int = opt(
-        1,
-        "micro-steps per optimizer step (gradient accumulation): the global batch is "
-        "--batch-size x data-parallel processes x this",
+    optim: FinetuneOptimConfig = field(
+        default_factory=FinetuneOptimConfig, metadata={"flat": True, "skip": _FINETUNE_OPTIM_FIXED}
     )
     group_by_length: bool = opt(
         True,
@@ -771,37 +859,18 @@ class FinetuneConfig:
         flag="--no-group-by-length",
     )
     max_seq_length: int = opt(128, "tokens per example at most, [CLS] and [SEP]s included (longest-first truncation)")
-    weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)")
-    warmup: float = opt(0.0, "linear warmup: steps if >= 1, else a fraction of all steps")
     metric: str = opt("accuracy", "the evaluation metric that picks the best checkpoint", choices=["accuracy", "f1"])
     save_total_limit: int = opt(3, "checkpoints to keep: the best and the newest (0: keep all)")
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    nproc: int = _nproc()
-    device: str = opt("auto", "where to train", choices=_DEVICE_CHOICES)
-    precision: str = _precision()
-    seed: int = opt(42, "seed for the head's (and adapters') initialisation, data order, dropout and --eval-split")
-    log_every: int = opt(50, "log the training loss every K steps")
-    save_every: int = opt(
-        500,
-        "also write a resumable checkpoint every N steps (one is always written at the "
-        "end of each epoch and on SIGINT/SIGTERM; only the newest is kept)",
+    run: FinetuneRunConfig = field(
+        default_factory=FinetuneRunConfig, metadata={"flat": True, "skip": ["keep", "compile"]}
     )
-    resume: bool = _resume()
-    overwrite: bool = _overwrite()
-    max_restarts: int = _max_restarts()
-    max_bad_steps: int = _max_bad_steps()
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
             raise UserError(f"--epochs must be at least 1, got {self.epochs}")
-        if self.lr <= 0:
-            raise UserError(f"--lr must be positive, got {self.lr}")
-        _check_lr_scaling(self.reference_batch)
-        self.batch_size = parse_batch_sizes(self.batch_size)
-        if self.grad_accum < 1:
-            raise UserError(f"--grad-accum must be at least 1, got {self.grad_accum}")
-        if self.save_total_limit < 0 or self.log_every < 1:
+        if self.save_total_limit < 0 or self.run.log_every < 1:
             raise UserError("--save-total-limit must be at least 0 and --log-every at least 1")
         if self.eval and self.eval_split is not None:
             raise UserError("--eval and --eval-split contradict each other: choose one")
@@ -813,10 +882,8 @@ class FinetuneConfig:
                 "fine-tuning evaluates every epoch to choose best/; give --eval FILE to hold out nothing "
                 "of --train"
             )
-        if self.resume and self.overwrite:
-            raise UserError("--resume and --overwrite contradict each other: choose one")
-        if self.save_every < 1:
-            raise UserError(f"--save-every must be at least 1, got {self.save_every}")
+        if self.run.save_every < 1:
+            raise UserError(f"--save-every must be at least 1, got {self.run.save_every}")
         _check_length(self.max_seq_length, allow_auto=False)
 
 

@@ -23,6 +23,7 @@ def render(
     """The card's Markdown. ``task`` is ``pretrain`` or ``finetune``; ``metrics`` the figures to show
     (the last log window's for pretraining, the epoch's evaluation for fine-tuning)."""
     cfg = dataclasses.asdict(run_config)
+    run = cfg["run"]
     m = model_config
     shape = (
         f"{m.num_hidden_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
@@ -46,16 +47,16 @@ def render(
             ("masking", masking),
             ("sequence length", data["max_seq_length"]),
             ("steps", f"{step:,} of {optim['steps']:,}"),
-            ("batch size per rank", cfg["batch_size"]),
-            ("accumulation", cfg["grad_accum"]),
+            ("batch size per rank", run["batch_size"]),
+            ("accumulation", run["grad_accum"]),
             (
                 "optimizer",
                 f"{optim['optimizer']}, peak lr {optim['lr']:g}, warmup {optim['warmup']:g}, "
                 f"weight decay {optim['weight_decay']:g}, clip {optim['clip']:g}",
             ),
-            ("precision", cfg["precision"]),
+            ("precision", run["precision"]),
             ("layout", layout),
-            ("seed", cfg["seed"]),
+            ("seed", run["seed"]),
         ]
         load = (
             "from transformers import BertForPreTraining, BertTokenizer\n"
@@ -73,13 +74,17 @@ def render(
             ("evaluation data", cfg["eval"] or f"{cfg['eval_split'] or 0.1:g} of the training data"),
             ("epochs", cfg["epochs"]),
             ("sequence length", cfg["max_seq_length"]),
-            ("batch size per rank", cfg["batch_size"]),
-            ("accumulation", cfg["grad_accum"]),
-            ("learning rate", f"{cfg['lr']:g} (AdamW), warmup {cfg['warmup']:g}, weight decay {cfg['weight_decay']:g}"),
+            ("batch size per rank", run["batch_size"]),
+            ("accumulation", run["grad_accum"]),
+            (
+                "learning rate",
+                f"{cfg['optim']['lr']:g} (AdamW), warmup {cfg['optim']['warmup']:g}, "
+                f"weight decay {cfg['optim']['weight_decay']:g}",
+            ),
             ("LoRA rank", cfg["adapter"]["lora_rank"] or "none (full fine-tuning)"),
-            ("precision", cfg["precision"]),
+            ("precision", run["precision"]),
             ("layout", layout),
-            ("seed", cfg["seed"]),
+            ("seed", run["seed"]),
         ]
         load = (
             "from transformers import pipeline\n"

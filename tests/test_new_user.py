@@ -304,7 +304,7 @@ def test_config_file_with_flags_overriding_it_and_rerunning_a_saved_run(tmp_path
     run_cli("pretrain", "--config", config, "--steps", "2")  # the flag wins over the file's 5
     saved = json.loads((tmp_path / "a" / "checkpoints" / "step-0000002" / "bertgpu.json").read_text())
     assert saved["config"]["optim"]["steps"] == 2 and saved["config"]["optim"]["lr"] == 0.0005
-    assert saved["config"]["batch_size"] == 3 and saved["config"]["data"]["max_seq_length"] == 64
+    assert saved["config"]["run"]["batch_size"] == 3 and saved["config"]["data"]["max_seq_length"] == 64
     # The saved bertgpu.json runs the same run again (here into another directory)
     run_cli(
         "pretrain",

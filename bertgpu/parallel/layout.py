@@ -20,9 +20,9 @@ from .dims import ParallelDims
 def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
     """The run's degrees of parallelism, every mistake in them a one-line error (before any process
     starts, and again in each process)."""
-    dims = ParallelDims(launch.world_size(cfg.nproc, cfg.device), cfg.parallel.tp, cfg.parallel.strategy)
+    dims = ParallelDims(launch.world_size(cfg.run.nproc, cfg.run.device), cfg.parallel.tp, cfg.parallel.strategy)
     dims.check_model(model_config)
-    precision = resolve_precision(cfg.precision, torch.device(cfg.device))
+    precision = resolve_precision(cfg.run.precision, torch.device(cfg.run.device))
     if precision == "fp16" and (dims.tp > 1 or dims.fsdp):
         raise UserError(
             "--precision fp16 works with --strategy ddp only (its gradient scaler cannot see sharded "
@@ -59,5 +59,5 @@ def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
                 "hold bitsandbytes' 8/4-bit weights): use --strategy ddp, every process holding the "
                 "quantised encoder"
             )
-    per_rank_sizes(cfg.batch_size, dims.dp)
+    per_rank_sizes(cfg.run.batch_size, dims.dp)
     return dims

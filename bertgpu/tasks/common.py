@@ -14,6 +14,7 @@ skipped non-finite steps, and saving and restoring resumable checkpoints. The lo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -68,7 +69,7 @@ def announce_resume(
     scratch (no checkpoint yet), nothing (the run is finished: return True), or train to a changed
     length (``length_flag``: the learning-rate schedule is stretched to it, so a rate that had decayed
     rises again)."""
-    if not cfg.resume or launch.restart_count() > 0 or int(os.environ.get("RANK", 0)) != 0:
+    if not cfg.run.resume or launch.restart_count() > 0 or int(os.environ.get("RANK", 0)) != 0:
         return False
     latest = checkpoint.latest_checkpoint(cfg.out)
     if latest is None:
@@ -100,14 +101,21 @@ def announce_resume(
     return False
 
 
+def resolve_device(cfg: Any) -> Any:
+    """``cfg`` with --device auto made cpu or cuda, before any process starts (every worker sees the same)."""
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device=launch.resolve_device(cfg.run.device)))
+
+
 def run_workers(train: Callable[[Any], Any], cfg: Any) -> None:
-    """Run ``train(cfg)`` here (one process, or one worker of torchrun) or in ``cfg.nproc`` local
-    workers started by torch's elastic launcher (restarted ``cfg.max_restarts`` times on a failure)."""
-    max_restarts = getattr(cfg, "max_restarts", 0)
+    """Run ``train(cfg)`` here (one process, or one worker of torchrun) or in ``nproc`` local workers
+    started by torch's elastic launcher (restarted ``max_restarts`` times on a failure). The training
+    commands keep those settings in ``cfg.run``; evaluate's config has them at its top level."""
+    settings = getattr(cfg, "run", cfg)
+    max_restarts = getattr(settings, "max_restarts", 0)
     if launch.launched_externally():
         launch.worker_main(train, cfg)
         return
-    nproc = launch.resolve_nproc(cfg.nproc, cfg.device)
+    nproc = launch.resolve_nproc(settings.nproc, settings.device)
     if nproc == 1 and max_restarts == 0:
         launch.worker_main(train, cfg)
     else:
@@ -117,26 +125,26 @@ def run_workers(train: Callable[[Any], Any], cfg: Any) -> None:
 class TrainingRun:
     """One worker's side of a training run: everything around the loop that pretrain and finetune share.
 
-    ``cfg`` is the task's config (``out``, ``resume``, ``overwrite``, ``device``, ``nproc``,
-    ``parallel``, ``precision``, ``seed``, ``max_bad_steps``). A restart by torchrun --max-restarts
-    (or our --max-restarts) resumes by itself.
+    ``cfg`` is the task's config: ``out``, ``parallel`` and ``run`` (a ``RunConfig``: ``resume``,
+    ``overwrite``, ``device``, ``nproc``, ``precision``, ``seed``, ``max_bad_steps``). A restart by
+    torchrun --max-restarts (or our --max-restarts) resumes by itself.
     """
 
     def __init__(self, cfg: Any, model_config: ModelConfig):
         self.cfg = cfg
         self.task = "finetune" if hasattr(cfg, "epochs") else "pretrain"
-        self.env = launch.init(cfg.device)
+        self.env = launch.init(cfg.run.device)
         self.device = self.env.device
         self.is_main = self.env.is_main
-        self.precision = resolve_precision(cfg.precision, self.device)
+        self.precision = resolve_precision(cfg.run.precision, self.device)
         self.dims = check_layout(cfg, model_config)
         self.dims.build_mesh(self.device.type)
         allow_tf32(self.device)
 
-        self.resume = cfg.resume or launch.restart_count() > 0
+        self.resume = cfg.run.resume or launch.restart_count() > 0
         self.out = Path(cfg.out)
         if self.is_main:
-            checkpoint.open_run_dir(self.out, start_afresh=cfg.overwrite and not self.resume)
+            checkpoint.open_run_dir(self.out, start_afresh=cfg.run.overwrite and not self.resume)
         launch.barrier()
         self.resume_from = checkpoint.latest_checkpoint(self.out) if self.resume else None
         # The plain values of the checkpoint (data position, records, RNGs); the loop reads its own.
@@ -171,9 +179,9 @@ class TrainingRun:
             activation_checkpointing=parallel.activation_checkpointing,
             compile=compile,
             compression=compression,
-            seed=self.cfg.seed,
+            seed=self.cfg.run.seed,
         )
-        torch.manual_seed(self.cfg.seed + 1 + self.dims.dp_rank)
+        torch.manual_seed(self.cfg.run.seed + 1 + self.dims.dp_rank)
         return net
 
     def restore(
@@ -201,7 +209,7 @@ class TrainingRun:
                     "PowerSGD starts afresh (warm-up included): the checkpoint was written by another layout "
                     "or without PowerSGD"
                 )
-        anew = hash((self.cfg.seed, self.dims.dp_rank, self.start_step)) % 2**63
+        anew = hash((self.cfg.run.seed, self.dims.dp_rank, self.start_step)) % 2**63
         restore_rng_state(self.state["rng"], self.env.rank, self.layout, self.device, anew)
 
     def start(self, line: str, total_steps: int) -> None:
@@ -290,7 +298,7 @@ class TrainingRun:
             self.skipped += 1
             self.bad_in_a_row += 1
             self.write(f"step {flag_step}: non-finite loss or gradient, step skipped ({self.skipped} so far)")
-            if self.precision != "fp16" and self.bad_in_a_row >= self.cfg.max_bad_steps:
+            if self.precision != "fp16" and self.bad_in_a_row >= self.cfg.run.max_bad_steps:
                 self.flags.flush()  # the steps after it are skipped too: nothing is lost by not reading them
                 path = save()
                 raise UserError(

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from .. import atomic, checkpoint, hf_dir, lora, model_card
 from ..classifier import model_lowercase, model_vocab
-from ..config import FinetuneConfig, ModelConfig, OptimConfig, per_rank_sizes, scaled_lr
+from ..config import FinetuneConfig, ModelConfig, per_rank_sizes
 from ..data.classification import (
     ClassificationDataset,
     Examples,
@@ -53,13 +53,12 @@ from ..training import (
     format_rate,
     optimizer_step,
 )
-from .common import TrainingRun, announce_resume, check_out_dir, run_workers
+from .common import TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
 from .predict import check_model_dir, compute_metrics, predict_logits
 
-# transformers' Trainer defaults that have no flag here.
+# transformers' Trainer defaults that have no flag here (its Adam epsilon and gradient clipping are
+# config.FinetuneOptimConfig's).
 DEFAULT_EVAL_SPLIT = 0.1
-ADAM_EPS = 1e-8
-MAX_GRAD_NORM = 1.0
 ARCHITECTURE = "BertForSequenceClassification"
 METRICS_NAME = "metrics.json"
 # What the log sums between two log lines, and over an epoch (summed over the data-parallel ranks).
@@ -89,7 +88,7 @@ def check(cfg: FinetuneConfig) -> Plan:
             f"--max-seq-length {cfg.max_seq_length} is beyond the model's "
             f"{base.max_position_embeddings} positions (max_position_embeddings in {model_dir})"
         )
-    dims = check_layout(dataclasses.replace(cfg, device=launch.resolve_device(cfg.device)), base)
+    dims = check_layout(resolve_device(cfg), base)
     if cfg.adapter.enabled:
         lora.check(cfg.adapter, base)
     columns = dict(
@@ -104,7 +103,7 @@ def check(cfg: FinetuneConfig) -> Plan:
         check_labels(evaluation, names, f"the training data {cfg.train}")
         warnings.append(evaluation.skipped_warning())
     else:
-        train, evaluation = split_examples(train, cfg.eval_split or DEFAULT_EVAL_SPLIT, cfg.seed)
+        train, evaluation = split_examples(train, cfg.eval_split or DEFAULT_EVAL_SPLIT, cfg.run.seed)
     id2label = dict(enumerate(names))
     config = dataclasses.replace(base, id2label=id2label)
     return Plan(
@@ -122,7 +121,7 @@ def check(cfg: FinetuneConfig) -> Plan:
 
 def run_finetune(cfg: FinetuneConfig) -> None:
     """Check, then fine-tune here or in local workers."""
-    cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device))
+    cfg = resolve_device(cfg)
     plan = check(cfg)
     if plan.model_dir != Path(cfg.model):
         print(
@@ -131,7 +130,7 @@ def run_finetune(cfg: FinetuneConfig) -> None:
         )
         cfg = dataclasses.replace(cfg, model=str(plan.model_dir))
     if launch.restart_count() == 0:
-        check_out_dir(cfg.out, cfg.overwrite, cfg.resume)
+        check_out_dir(cfg.out, cfg.run.overwrite, cfg.run.resume)
         if int(os.environ.get("RANK", 0)) == 0:
             print(plan.labels_line, flush=True)
     if announce_resume(
@@ -142,14 +141,14 @@ def run_finetune(cfg: FinetuneConfig) -> None:
         lambda state: state["position"]["epoch"] > cfg.epochs,
     ):
         return
-    resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.resume else None
+    resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.run.resume else None
     if resume_from is not None:  # refused here, before any process starts (each worker checks again)
         _check_resumable(
             checkpoint.load_training_state(resume_from),
             resume_from,
             list(plan.model_config.id2label.values()),
             len(plan.train),
-            sum(per_rank_sizes(cfg.batch_size, plan.dp)) * cfg.grad_accum,
+            sum(per_rank_sizes(cfg.run.batch_size, plan.dp)) * cfg.run.grad_accum,
             cfg.group_by_length,
             _adapter_record(cfg, plan),
         )
@@ -171,26 +170,19 @@ def train(cfg: FinetuneConfig) -> Path:
     label2id = {name: i for i, name in id2label.items()}
     train_set = ClassificationDataset(plan.train, tokenizer, cfg.max_seq_length, label2id)
     eval_set = ClassificationDataset(plan.eval, tokenizer, cfg.max_seq_length, label2id)
-    sizes, accum = per_rank_sizes(cfg.batch_size, dims.dp), cfg.grad_accum  # per data-parallel rank
+    sizes, accum = per_rank_sizes(cfg.run.batch_size, dims.dp), cfg.run.grad_accum  # per data-parallel rank
     global_batch = sum(sizes) * accum
     lengths = train_set.lengths if cfg.group_by_length else None  # batches of similar length pad little
 
     def epoch_batches(epoch: int) -> list[tuple[list[int], int]]:
         return train_batches(
-            len(train_set), [s * accum for s in sizes], dims.dp, dims.dp_rank, cfg.seed, epoch, lengths
+            len(train_set), [s * accum for s in sizes], dims.dp, dims.dp_rank, cfg.run.seed, epoch, lengths
         )
 
     steps_per_epoch = len(epoch_batches(1))
     if steps_per_epoch == 0:
         raise UserError(f"{len(train_set)} training example(s) cannot be shared by {dims.dp} data-parallel ranks")
-    optim = OptimConfig(
-        lr=scaled_lr(cfg.lr, global_batch, cfg.lr_scaling, cfg.reference_batch),
-        warmup=cfg.warmup,
-        steps=cfg.epochs * steps_per_epoch,
-        weight_decay=cfg.weight_decay,
-        clip=MAX_GRAD_NORM,
-        adam_eps=ADAM_EPS,
-    )
+    optim = dataclasses.replace(cfg.optim, lr=cfg.optim.peak_lr(global_batch), steps=cfg.epochs * steps_per_epoch)
     adapter = _adapter_record(cfg, plan)
     if run.state is not None:
         _check_resumable(
@@ -206,7 +198,7 @@ def train(cfg: FinetuneConfig) -> Path:
     # Model: the pretrained encoder; a fresh head unless the directory has one for these very labels.
     # On resume, the checkpoint's whole classifier; with LoRA, the frozen base from --model again and the
     # checkpoint's adapter and head.
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.run.seed)
     model = BertForSequenceClassification(plan.model_config)
     if run.resume_from is not None and not cfg.adapter.enabled:
         hf_dir.load_weights(model, run.resume_from)
@@ -258,7 +250,7 @@ def train(cfg: FinetuneConfig) -> Path:
         f"bertgpu finetune: {what}, {dims.describe()}, on {device.type}, "
         f"{run.precision}, {len(train_set):,} training and {len(eval_set):,} evaluation examples, "
         f"labels {', '.join(id2label.values())}, global batch {global_batch} = {describe_batch(sizes, accum)}, "
-        f"{describe_lr(cfg.lr, optim.lr, cfg.lr_scaling, global_batch, cfg.reference_batch)}, "
+        f"{describe_lr(cfg.optim.lr, optim.lr, cfg.optim.lr_scaling, global_batch, cfg.optim.reference_batch)}, "
         f"{optim.steps} steps in {cfg.epochs} epoch(s){how}",
         optim.steps,
     )
@@ -318,16 +310,16 @@ def train(cfg: FinetuneConfig) -> Path:
                             examples=len(part),
                             tokens=batch["attention_mask"].sum(),
                         )
-                bad = optimizer_step(net, optimizer, scaler, schedule, MAX_GRAD_NORM, run.precision)
+                bad = optimizer_step(net, optimizer, scaler, schedule, optim.clip, run.precision)
                 step, in_epoch, steps_in_window = step + 1, in_epoch + 1, steps_in_window + 1
                 comm_bytes += net.comm_bytes_per_step(step)
                 run.bar.update(1)
                 sums = torch.where(bad > 0, 0.0, step_sums)  # a skipped step's loss is not counted
                 window.add(sums)
                 epoch_sums.add(sums)
-                save_due = step % cfg.save_every == 0 and in_epoch < len(batches)  # the epoch's end saves anyway
+                save_due = step % cfg.run.save_every == 0 and in_epoch < len(batches)  # the epoch's end saves anyway
                 stop_now = run.end_step(step, bad, flush=save_due, save=lambda: save_state(epoch, in_epoch))  # noqa: B023 (called at once)
-                if step % cfg.log_every == 0:
+                if step % cfg.run.log_every == 0:
                     s = window.read(dims)
                     rates = meter.rates(steps_in_window, int(s["examples"]), int(s["tokens"]))
                     rates_steps, steps_in_window = steps_in_window, 0

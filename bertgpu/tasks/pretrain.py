@@ -59,7 +59,7 @@ from ..training import (
     optimizer_step,
     peak_flops,
 )
-from .common import TrainingRun, announce_resume, check_out_dir, run_workers
+from .common import TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
 
 # What the log sums between two log lines (summed over the data-parallel ranks).
 LOG_SUMS = ("mlm_loss", "mlm_correct", "masked", "nsp_loss", "nsp_correct", "sequences", "tokens")
@@ -119,7 +119,7 @@ def check(cfg: PretrainConfig) -> Plan:
         mcfg = dataclasses.replace(mcfg, hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
     dims = check_layout(cfg, mcfg)
     heldout_split(cfg, corpus, None, dims.dp)
-    resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.resume else None
+    resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.run.resume else None
     if resume_from is not None:
         _check_same_vocab(resume_from, corpus, cfg.data.data)
     return Plan(mcfg, init_from, corpus)
@@ -135,7 +135,7 @@ def heldout_split(
     if state is not None and state.get("heldout_documents") is not None:
         documents = state["heldout_documents"].numpy()
     elif h.eval_fraction:
-        documents = heldout_documents(corpus.num_documents, h.eval_fraction, cfg.seed)
+        documents = heldout_documents(corpus.num_documents, h.eval_fraction, cfg.run.seed)
     if documents is not None:
         train_text, eval_text = split_documents(corpus, documents)
         where = f"{len(documents):,} held-out documents of {cfg.data.data}"
@@ -155,17 +155,17 @@ def heldout_split(
             check_nsp_possible(eval_text)
     else:
         return corpus, None, None
-    eval_set = EvalSet(eval_text, cfg.data, cfg.seed, h.eval_instances, where)
+    eval_set = EvalSet(eval_text, cfg.data, cfg.run.seed, h.eval_instances, where)
     eval_set.check_enough(dp)
     return train_text, eval_set, documents
 
 
 def run(cfg: PretrainConfig) -> None:
     """Check, then train here (one process, or one worker of torchrun) or in local workers."""
-    cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device))
+    cfg = resolve_device(cfg)
     corpus = check(cfg).corpus
     if launch.restart_count() == 0:
-        check_out_dir(cfg.out, cfg.overwrite, cfg.resume)
+        check_out_dir(cfg.out, cfg.run.overwrite, cfg.run.resume)
         if int(os.environ.get("RANK", 0)) == 0:  # once per run: not again in every torchrun worker
             warn_wwm_fallback(corpus, cfg.data)
             warn_if_unknown(corpus.meta, cfg.data.data)
@@ -191,8 +191,8 @@ def train(cfg: PretrainConfig) -> Path:
     # Data: one global order per epoch; each data-parallel rank reads only its share of each global batch.
     # Held-out text (--eval-fraction, --eval-data) becomes a fixed evaluation set, never trained on.
     train_text, eval_set, heldout = heldout_split(cfg, corpus, run.state, dims.dp)
-    dataset = PretrainingDataset(train_text, cfg.data, cfg.seed, load_vocab(corpus.vocab_path))
-    sizes, accum = per_rank_sizes(cfg.batch_size, dims.dp), cfg.grad_accum  # per data-parallel rank
+    dataset = PretrainingDataset(train_text, cfg.data, cfg.run.seed, load_vocab(corpus.vocab_path))
+    sizes, accum = per_rank_sizes(cfg.run.batch_size, dims.dp), cfg.run.grad_accum  # per data-parallel rank
     global_batch = sum(sizes) * accum
     if len(dataset) < global_batch:
         raise UserError(
@@ -201,14 +201,14 @@ def train(cfg: PretrainConfig) -> Path:
         )
 
     # Model: the same initial weights on every process (same seed, or the checkpoint's), then spread.
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.run.seed)
     model = BertForPreTraining(plan.model_config, pad_vocab_multiple=cfg.pad_vocab_multiple)
     if run.resume_from is not None or plan.init_from is not None:
         hf_dir.load_weights(model, run.resume_from or plan.init_from)
     if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
         for unused in (model.bert.pooler, model.cls.seq_relationship):
             unused.requires_grad_(False)
-    net = run.parallelize(model, cfg.optim.steps, compile=cfg.compile)
+    net = run.parallelize(model, cfg.optim.steps, compile=cfg.run.compile)
     optim = dataclasses.replace(cfg.optim, lr=cfg.optim.peak_lr(global_batch))
     optimizer = build_optimizer(model, optim, device)
     scaler = torch.amp.GradScaler(device.type, enabled=run.precision == "fp16")
@@ -270,7 +270,7 @@ def train(cfg: PretrainConfig) -> Path:
             plan.model_config,
             vocab_path=corpus.vocab_path,
             do_lower_case=plan.lowercase,
-            keep=cfg.keep,
+            keep=cfg.run.keep,
             metrics=run.log.last(*card_keys),
         )
 
@@ -290,7 +290,7 @@ def train(cfg: PretrainConfig) -> Path:
     try:
         while step < cfg.optim.steps:
             dataset.set_epoch(epoch)
-            sampler = GlobalBatchSampler(len(dataset), sizes, dims.dp_rank, accum, cfg.seed, epoch, instance)
+            sampler = GlobalBatchSampler(len(dataset), sizes, dims.dp_rank, accum, cfg.run.seed, epoch, instance)
             loader = torch.utils.data.DataLoader(
                 dataset,
                 batch_sampler=sampler,
@@ -300,7 +300,7 @@ def train(cfg: PretrainConfig) -> Path:
                 worker_init_fn=ignore_stop_signals if cfg.data.loader_workers else None,
                 # Its own generator: creating the iterator must not draw from the dropout RNG stream,
                 # or a resumed run would drift from the uninterrupted one.
-                generator=torch.Generator().manual_seed(cfg.seed),
+                generator=torch.Generator().manual_seed(cfg.run.seed),
             )
             batches = iter(loader)
             for _ in range(min(sampler.steps, cfg.optim.steps - step)):
@@ -311,9 +311,9 @@ def train(cfg: PretrainConfig) -> Path:
                 comm_bytes += net.comm_bytes_per_step(step)
                 run.bar.update(1)
                 sums.add(torch.where(bad > 0, 0.0, step_sums))  # a skipped step's loss is not logged
-                checkpoint_due = step % cfg.save_every == 0 or step == cfg.optim.steps
+                checkpoint_due = step % cfg.run.save_every == 0 or step == cfg.optim.steps
                 stop_now = run.end_step(step, bad, flush=checkpoint_due, save=save)
-                if step % cfg.log_every == 0 or step == cfg.optim.steps:
+                if step % cfg.run.log_every == 0 or step == cfg.optim.steps:
                     s = sums.read(dims)
                     values = {
                         **log_values(s, cfg.data.nsp),
