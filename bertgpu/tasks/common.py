@@ -7,9 +7,12 @@ Before any process starts (in the command's process):
 - ``run_workers``: train here (one process, or a worker of torchrun) or in local workers.
 
 Inside every worker, a ``TrainingRun``: the process group and its mesh, the run directory, the
-checkpoint to resume from, the dropout RNG, the model spread over the processes, stop signals,
-skipped non-finite steps, and saving and restoring resumable checkpoints. The loops themselves
-(``pretrain.train``, ``finetune.train``) keep only what is theirs: data, model, loss and records.
+checkpoint to resume from, the dropout RNG, the model spread over the processes, its optimizer,
+stop signals, skipped non-finite steps, saving and restoring resumable checkpoints, and the tail of
+every optimizer step (``after_step``: the step itself, then log, evaluation and checkpoint when
+``due``). Where a loop is lives in a ``LoopState`` (step, epoch, data position, counters), which a
+checkpoint saves and a resumed run loads. The loops themselves (``pretrain.train``,
+``finetune.train``) keep only what is theirs: data, model, loss and records.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,19 +32,26 @@ import torch
 from tqdm import tqdm
 
 from .. import checkpoint, model_card
-from ..config import ModelConfig
+from ..config import ModelConfig, OptimConfig
 from ..errors import UserError
 from ..parallel import ParallelModel, launch, parallelize
+from ..parallel.balance import Balancer
+from ..parallel.balance import describe as describe_balance
 from ..parallel.compression import Compression
 from ..parallel.layout import check_layout
 from ..training import (
     LaggedFlags,
     RunLog,
     StopSignal,
+    Sums,
+    Throughput,
     allow_tf32,
+    build_optimizer,
+    build_schedule,
     console_is_tty,
     format_duration,
     gather_rng_states,
+    optimizer_step,
     peak_memory_mb,
     resolve_precision,
     restore_rng_state,
@@ -122,16 +133,64 @@ def run_workers(train: Callable[[Any], Any], cfg: Any) -> None:
         launch.launch(launch.worker_main, (train, cfg), nproc, max_restarts=max_restarts)
 
 
+@dataclass
+class LoopState:
+    """Where a training loop is, and what it counted since its last log line. Each task's subclass adds
+    its data position and records; ``state_dict`` is what a checkpoint keeps of it (under the keys
+    checkpoints have always had, so that older runs resume) and ``load_state_dict`` reads it back."""
+
+    sizes: list[int]  # each data-parallel rank's batch size (--balance auto may change them)
+    step: int = 0  # optimizer steps done
+    epoch: int = 0
+    steps_in_window: int = 0  # steps since the last log line
+    comm_bytes: int = 0  # gradient bytes this process exchanged since the last log line
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batch_sizes": self.sizes}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.step = state["step"]
+
+
+@dataclass
+class Due:
+    """What follows an optimizer step (``TrainingRun.due``)."""
+
+    log: bool
+    save: bool
+    evaluate: bool
+
+
+@dataclass
+class Records:
+    """What a task logs (``TrainingRun.start``): the values of its log window and their console line;
+    the run adds the values every task logs (learning rate, rates, memory, ...)."""
+
+    values: Callable[[dict[str, float]], dict[str, Any]]  # the window's sums -> the task's values
+    line: Callable[[int, dict[str, Any]], str]  # (step, every value) -> the console line
+    unit: str  # what a batch holds ("sequence", "example"): the balancer's word, and the sums' key plus s
+    extra: dict[str, Any] = field(default_factory=dict)  # logged after the learning rates (pretraining's batch)
+    card_keys: tuple[str, ...] = ()  # the last logged values a checkpoint's model card shows
+    evaluate: Callable[[int], None] | None = None  # the held-out evaluation of a step (pretraining)
+    eval_every: int = 0  # evaluate every N steps (0: with every checkpoint)
+
+
 class TrainingRun:
     """One worker's side of a training run: everything around the loop that pretrain and finetune share.
 
-    ``cfg`` is the task's config: ``out``, ``parallel`` and ``run`` (a ``RunConfig``: ``resume``,
-    ``overwrite``, ``device``, ``nproc``, ``precision``, ``seed``, ``max_bad_steps``). A restart by
-    torchrun --max-restarts (or our --max-restarts) resumes by itself.
+    ``cfg`` is the task's config: ``out``, ``parallel`` and ``run`` (a ``RunConfig``: device, nproc,
+    precision, seed, save/log cadence, resume, overwrite, max_bad_steps). A restart by torchrun
+    --max-restarts (or our --max-restarts) resumes by itself.
+
+    The loop calls, in order: ``parallelize`` (the model), ``build_optimizer`` (optimizer, scaler and
+    schedule, restored on resume), ``track`` (its log sums), ``resume_loop`` (its ``LoopState``),
+    ``checkpoints`` (what a checkpoint holds), ``start``, then ``after_step`` after the forward and
+    backward passes of every step, and ``close``.
     """
 
     def __init__(self, cfg: Any, model_config: ModelConfig):
         self.cfg = cfg
+        self.run_cfg = cfg.run
         self.task = "finetune" if hasattr(cfg, "epochs") else "pretrain"
         self.env = launch.init(cfg.run.device)
         self.device = self.env.device
@@ -155,8 +214,10 @@ class TrainingRun:
 
         self.stop = StopSignal()
         self.flags = LaggedFlags(self.device)
+        self.balancer = Balancer(self.device, enabled=cfg.parallel.balance == "auto")
         self.skipped = 0
         self.bad_in_a_row = 0
+        self.sums: dict[str, Sums] = {}  # the loop's running sums by their checkpoint key; the first is the log's
         self.log: RunLog | None = None
         self.bar: tqdm | None = None
 
@@ -171,7 +232,7 @@ class TrainingRun:
         compression = Compression(
             parallel.grad_compression, parallel.powersgd_rank, parallel.powersgd_warmup or max(2, total_steps // 10)
         )
-        net = parallelize(
+        self.net = parallelize(
             model,
             self.dims,
             self.device,
@@ -179,26 +240,29 @@ class TrainingRun:
             activation_checkpointing=parallel.activation_checkpointing,
             compile=compile,
             compression=compression,
-            seed=self.cfg.run.seed,
+            seed=self.run_cfg.seed,
         )
-        torch.manual_seed(self.cfg.run.seed + 1 + self.dims.dp_rank)
-        return net
+        torch.manual_seed(self.run_cfg.seed + 1 + self.dims.dp_rank)
+        return self.net
 
-    def restore(
-        self,
-        net: ParallelModel,
-        optimizer: torch.optim.Optimizer,
-        scaler: torch.amp.GradScaler,
-        sample_forward: Callable[[], Any],
-    ) -> None:
+    def build_optimizer(self, optim: OptimConfig, sample_forward: Callable[[], Any]) -> None:
+        """The optimizer of the parallelized model (``optim``: its peak rate and steps already this run's),
+        the gradient scaler and the schedule, all restored on resume."""
+        self.optim = optim
+        self.optimizer = build_optimizer(self.net.model, optim, self.device)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
+        self.restore(sample_forward)
+        self.schedule = build_schedule(self.optimizer, optim, self.start_step)
+
+    def restore(self, sample_forward: Callable[[], Any]) -> None:
         """On resume: the optimizer state (whatever layout wrote it), the gradient scaler, this
         process's RNG and PowerSGD's state (same layout only). ``sample_forward`` runs the model on a
-        batch, for PowerSGD's silent first step (``ParallelModel.settle_buckets``). The loop restores
-        its own fields from ``self.state``."""
+        batch, for PowerSGD's silent first step (``ParallelModel.settle_buckets``)."""
         if self.state is None:
             return
-        checkpoint.load_optimizer_state(net.model, optimizer, self.resume_from)
-        scaler.load_state_dict(self.state["scaler"])
+        net = self.net
+        checkpoint.load_optimizer_state(net.model, self.optimizer, self.resume_from)
+        self.scaler.load_state_dict(self.state["scaler"])
         if net.powersgd is not None:
             same_layout = list(self.state.get("layout", ())) == list(self.layout)
             saved = checkpoint.load_rank_tensors(self.resume_from, self.env.rank)
@@ -209,11 +273,53 @@ class TrainingRun:
                     "PowerSGD starts afresh (warm-up included): the checkpoint was written by another layout "
                     "or without PowerSGD"
                 )
-        anew = hash((self.cfg.run.seed, self.dims.dp_rank, self.start_step)) % 2**63
+        anew = hash((self.run_cfg.seed, self.dims.dp_rank, self.start_step)) % 2**63
         restore_rng_state(self.state["rng"], self.env.rank, self.layout, self.device, anew)
 
-    def start(self, line: str, total_steps: int) -> None:
-        """Print the start line (rank 0), open the log and the progress bar."""
+    def track(self, names: tuple[str, ...], *keys: str) -> list[Sums]:
+        """Running sums of ``names``, one for each checkpoint key in ``keys`` (the first: the log window's),
+        restored on resume; ``after_step`` adds every step's values to each."""
+        for key in keys:
+            self.sums[key] = Sums(self.device, *names)
+            if self.state is not None:
+                self.sums[key].restore(self.state[key], self.dims)
+        return [self.sums[key] for key in keys]
+
+    def resume_loop(self, loop: LoopState, same_batches: bool = True) -> None:
+        """``loop`` where the checkpoint left it, and the per-rank batch sizes --balance auto chose
+        (unless the global batch changed: ``same_batches`` False)."""
+        loop.step = self.start_step
+        state = self.state
+        if state is None:
+            return
+        loop.load_state_dict(state)
+        balanced = state.get("balanced") and len(state.get("batch_sizes", ())) == self.dims.dp
+        if same_batches and self.balancer.enabled and balanced:
+            loop.sizes, self.balancer.enabled = list(state["batch_sizes"]), False
+
+    def checkpoints(
+        self,
+        model_config: ModelConfig,
+        *,
+        vocab_path: str | Path,
+        do_lower_case: bool,
+        fixed: dict[str, Any],
+        architecture: str | None = None,
+    ) -> None:
+        """What every checkpoint of the run holds besides the loop's state: the model's config and vocab,
+        and ``fixed``, the state that stays the same for the whole run."""
+        self.model_config, self.vocab_path, self.do_lower_case = model_config, vocab_path, do_lower_case
+        self.fixed, self.architecture = fixed, architecture
+
+    def start(self, line: str, total_steps: int, meter: Throughput, records: Records, loop: LoopState) -> None:
+        """Print the start line (rank 0), open the log and the progress bar; the throughput ``meter``
+        leaves out what the restored log window counted before this process started."""
+        self.meter, self.records = meter, records
+        if self.state is not None:
+            key, window = next(iter(self.sums.items()))
+            carried = dict(zip(window.names, self.state[key].tolist()))
+            meter.carry(loop.steps_in_window, int(carried[f"{records.unit}s"]), int(carried["tokens"]))
+        self.total_steps = total_steps
         self.started = time.perf_counter()
         if self.is_main:
             print(line, flush=True)
@@ -231,64 +337,123 @@ class TrainingRun:
         else:
             print(line, flush=True)
 
-    def save(
-        self,
-        step: int,
-        net: ParallelModel,
-        optimizer: torch.optim.Optimizer,
-        scaler: torch.amp.GradScaler,
-        state: dict[str, Any],
-        model_config: ModelConfig,
-        *,
-        vocab_path: str | Path,
-        do_lower_case: bool,
-        keep: int,
-        architecture: str | None = None,
-        metrics: dict[str, Any] | None = None,
-    ) -> Path:
-        """A resumable checkpoint of step ``step``: the loop's ``state`` plus the scaler, every
-        process's RNG and the layout. Every process calls this."""
-        full = {
-            **state,
-            "scaler": scaler.state_dict(),
+    def due(self, step: int, epoch_end: bool = False) -> Due:
+        """What follows optimizer step ``step``: a log line every --log-every steps, a checkpoint every
+        --save-every steps, the held-out evaluation (pretraining's) every --eval-every steps or else with
+        each checkpoint; all three after the run's last step. At an ``epoch_end`` (fine-tuning), the
+        epoch's evaluation and its checkpoint follow instead, so none is forced and no checkpoint due."""
+        last = step == self.total_steps and not epoch_end
+        save = not epoch_end and (last or step % self.run_cfg.save_every == 0)
+        records = self.records
+        every = records.eval_every
+        evaluate = records.evaluate is not None and (last or (step % every == 0 if every else save))
+        return Due(log=last or step % self.run_cfg.log_every == 0, save=save, evaluate=evaluate)
+
+    def after_step(self, loop: LoopState, step_sums: torch.Tensor, epoch_end: bool = False) -> Path | None:
+        """The tail of every optimizer step, once the loop's forward and backward passes are done and its
+        data position moved on: the optimizer step, then the step's records, and what is ``due``: log,
+        evaluate (before the checkpoint, whose model card shows it), save. Raise ``launch.Interrupted``
+        (a checkpoint saved) when a signal reached some process. Return the checkpoint written, if one."""
+        net = self.net
+        bad = optimizer_step(net, self.optimizer, self.scaler, self.schedule, self.optim.clip, self.precision)
+        loop.step, loop.steps_in_window = loop.step + 1, loop.steps_in_window + 1
+        loop.comm_bytes += net.comm_bytes_per_step(loop.step)
+        self.bar.update(1)
+        kept = torch.where(bad > 0, 0.0, step_sums)  # a skipped step's loss is not logged
+        for sums in self.sums.values():
+            sums.add(kept)
+        due = self.due(loop.step, epoch_end)
+        stop_now = self.end_step(loop, bad, flush=due.save)
+        if due.log:
+            self._log(loop)
+        if due.evaluate:
+            self.meter.pause()  # the rates cover training steps only
+            self.records.evaluate(loop.step)
+            self.meter.resume()
+        saved = self.save(loop) if due.save or stop_now else None
+        if stop_now:
+            raise self.interrupted(loop.step, saved)
+        return saved
+
+    def _log(self, loop: LoopState) -> None:
+        """A log line of the window since the last one: the task's values, then every task's."""
+        key, window = next(iter(self.sums.items()))
+        s = window.read(self.dims)
+        records = self.records
+        rates = self.meter.rates(loop.steps_in_window, int(s[f"{records.unit}s"]), int(s["tokens"]))
+        values = {
+            **records.values(s),
+            "lr": self.schedule.get_last_lr()[0],
+            "peak_lr": self.optim.lr,
+            **records.extra,
+            "epoch": loop.epoch,
+            "skipped_steps": self.skipped,
+            "layout": self.dims.describe(),
+            "peak_memory_mb": self.peak_memory_mb(),
+            "comm_bytes_per_step": loop.comm_bytes / max(loop.steps_in_window, 1),
+            **rates,
+        }
+        loop.steps_in_window = loop.comm_bytes = 0
+        self.log.log(loop.step, values, records.line(loop.step, values), write=self.write)
+
+    def rebalance(self, loop: LoopState) -> bool:
+        """After the balancer's timed steps (--balance auto): each rank's new batch size, said on the
+        console. Return whether the sizes changed (the loop then shares its batches anew)."""
+        balanced = self.balancer.end_step(loop.sizes)
+        if balanced is None or balanced[0] == loop.sizes:
+            return False
+        self.write(describe_balance(loop.sizes, *balanced, self.records.unit))
+        loop.sizes = balanced[0]
+        return True
+
+    def save(self, loop: LoopState) -> Path:
+        """A resumable checkpoint of the loop's step: its state, the run's fixed state and running sums,
+        the scaler, every process's RNG and the layout. Every process calls this."""
+        state = {
+            **loop.state_dict(),
+            **{key: sums.gathered(self.dims) for key, sums in self.sums.items()},
+            **self.fixed,
+            "balanced": self.cfg.parallel.balance == "auto" and not self.balancer.enabled,
+            "scaler": self.scaler.state_dict(),
             "rng": gather_rng_states(self.device, self.layout),
             "layout": list(self.layout),
         }
-        card = model_card.render(self.task, self.cfg, step, model_config, self.dims.describe(), metrics)
+        metrics = self.log.last(*self.records.card_keys) if self.records.card_keys else None
+        card = model_card.render(self.task, self.cfg, loop.step, self.model_config, self.dims.describe(), metrics)
         return checkpoint.save_checkpoint(
             self.out,
-            step,
-            net.model,
-            optimizer,
-            model_config,
-            full,
+            loop.step,
+            self.net.model,
+            self.optimizer,
+            self.model_config,
+            state,
             self.cfg,
-            vocab_path=vocab_path,
-            do_lower_case=do_lower_case,
-            keep=keep,
-            architecture=architecture,
-            rank_tensors=net.rank_state_dict(),
+            vocab_path=self.vocab_path,
+            do_lower_case=self.do_lower_case,
+            keep=self.run_cfg.keep,
+            architecture=self.architecture,
+            rank_tensors=self.net.rank_state_dict(),
             card=card,
         )
 
-    def end_step(self, step: int, bad: torch.Tensor, *, flush: bool, save: Callable[[], Path]) -> bool:
+    def end_step(self, loop: LoopState, bad: torch.Tensor, *, flush: bool) -> bool:
         """After every optimizer step: queue its flags (was it skipped; was any process asked to stop)
         and act on those due, which are the previous step's on a GPU (no wait) and all of them when
         ``flush`` (a checkpoint follows, which must account for every step it holds). Return whether
         to stop now (a signal reached some process)."""
         asked = launch.all_reduce_sum(torch.full((), float(self.stop.signum > 0), device=self.device))
-        due = self.flags.push(step, torch.stack([asked, bad]))
+        due = self.flags.push(loop.step, torch.stack([asked, bad]))
         if flush or any(values[0] for _, values in due):
             due += self.flags.flush()
-        return self._act_on(due, save)
+        return self._act_on(due, loop)
 
-    def flush(self, save: Callable[[], Path]) -> bool:
+    def flush(self, loop: LoopState) -> bool:
         """Act on every queued step's flags (at the end of an epoch); return whether to stop now."""
-        return self._act_on(self.flags.flush(), save)
+        return self._act_on(self.flags.flush(), loop)
 
-    def _act_on(self, due: list[tuple[int, list[float]]], save: Callable[[], Path]) -> bool:
+    def _act_on(self, due: list[tuple[int, list[float]]], loop: LoopState) -> bool:
         """Count and report skipped steps; after ``max_bad_steps`` in a row stop the run, the last good
-        weights saved first (``save``). Return whether a process was asked to stop."""
+        weights saved first. Return whether a process was asked to stop."""
         stop_now = False
         for flag_step, (stop_flag, was_bad) in due:
             stop_now |= stop_flag > 0
@@ -298,9 +463,9 @@ class TrainingRun:
             self.skipped += 1
             self.bad_in_a_row += 1
             self.write(f"step {flag_step}: non-finite loss or gradient, step skipped ({self.skipped} so far)")
-            if self.precision != "fp16" and self.bad_in_a_row >= self.cfg.run.max_bad_steps:
+            if self.precision != "fp16" and self.bad_in_a_row >= self.run_cfg.max_bad_steps:
                 self.flags.flush()  # the steps after it are skipped too: nothing is lost by not reading them
-                path = save()
+                path = self.save(loop)
                 raise UserError(
                     f"the loss was not finite for {self.bad_in_a_row} steps in a row (up to step "
                     f"{flag_step}); stopped with the last good weights in {path}; lower --lr or check "

@@ -2,18 +2,20 @@
 
 ``run_finetune`` checks everything a user can get wrong before any process starts, then works in
 this process or in ``nproc`` workers. ``train`` is the whole fine-tuning loop of one worker, top to
-bottom: data-parallel steps (spread over the processes by ``bertgpu.parallel``, as pretraining is),
-an evaluation after every epoch (``tasks.predict``), checkpoints kept by the chosen metric, and the
-best one as the final output. What every training task does around its loop (resume, checkpoints,
-stop signals, skipped steps) is ``tasks.common.TrainingRun``'s.
+bottom: data-parallel steps (``train_step``: spread over the processes by ``bertgpu.parallel``, as
+pretraining is), an evaluation after every epoch (``end_epoch``, with ``tasks.predict``), checkpoints
+kept by the chosen metric, and the best one as the final output. What every training task does
+around its loop (resume, checkpoints, stop signals, skipped steps, the tail of every step) is
+``tasks.common.TrainingRun``'s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ import torch.nn.functional as F
 
 from .. import atomic, checkpoint, hf_dir, lora, model_card
 from ..classifier import model_lowercase, model_vocab
-from ..config import FinetuneConfig, ModelConfig, per_rank_sizes
+from ..config import FinetuneConfig, ModelConfig, OptimConfig, per_rank_sizes
 from ..data.classification import (
     ClassificationDataset,
     Examples,
@@ -38,22 +40,18 @@ from ..data.tokenizer import Tokenizer
 from ..errors import UserError
 from ..model import BertForSequenceClassification
 from ..parallel import launch
-from ..parallel.balance import Balancer
-from ..parallel.balance import describe as describe_balance
+from ..parallel.dims import ParallelDims
 from ..parallel.layout import check_layout
 from ..training import (
     Sums,
     Throughput,
     autocast,
-    build_optimizer,
-    build_schedule,
     describe_batch,
     describe_lr,
     format_duration,
     format_rate,
-    optimizer_step,
 )
-from .common import TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
+from .common import LoopState, Records, TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
 from .predict import check_model_dir, compute_metrics, predict_logits
 
 # transformers' Trainer defaults that have no flag here (its Adam epsilon and gradient clipping are
@@ -159,45 +157,126 @@ def run_finetune(cfg: FinetuneConfig) -> None:
 # Fine-tuning
 
 
+@dataclass
+class Loop(LoopState):
+    """Where fine-tuning is (the epoch, from 1, and the steps done in it) and its records: every epoch's
+    evaluation, the best, and the epoch checkpoints kept (in the run directory ``out``)."""
+
+    out: Path = Path()
+    epoch: int = 1
+    step_in_epoch: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    best: dict[str, Any] | None = None
+    kept: list[Path] = field(default_factory=list)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "position": {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch},
+            "steps_in_window": self.steps_in_window,
+            "history": self.history,
+            "best": self.best,
+            "kept": [str(p.relative_to(self.out)) for p in self.kept],
+            **super().state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.epoch, self.step_in_epoch = state["position"]["epoch"], state["position"]["step_in_epoch"]
+        self.steps_in_window, self.history, self.best = state["steps_in_window"], state["history"], state["best"]
+        self.kept = [self.out / p for p in state["kept"]]
+
+
 def train(cfg: FinetuneConfig) -> Path:
     plan = check(cfg)
     run = TrainingRun(cfg, plan.model_config)
-    dims, device, out = run.dims, run.device, run.out
+    dims, device, out, accum = run.dims, run.device, run.out, cfg.run.grad_accum
 
     # Data: encoded once; every epoch a fresh order, cut into global batches shared by the data-parallel ranks.
     tokenizer = Tokenizer(model_vocab(plan.model_dir), plan.lowercase)
-    id2label = plan.model_config.id2label
-    label2id = {name: i for i, name in id2label.items()}
+    label2id = {name: i for i, name in plan.model_config.id2label.items()}
     train_set = ClassificationDataset(plan.train, tokenizer, cfg.max_seq_length, label2id)
     eval_set = ClassificationDataset(plan.eval, tokenizer, cfg.max_seq_length, label2id)
-    sizes, accum = per_rank_sizes(cfg.run.batch_size, dims.dp), cfg.run.grad_accum  # per data-parallel rank
-    global_batch = sum(sizes) * accum
-    lengths = train_set.lengths if cfg.group_by_length else None  # batches of similar length pad little
-
-    def epoch_batches(epoch: int) -> list[tuple[list[int], int]]:
-        return train_batches(
-            len(train_set), [s * accum for s in sizes], dims.dp, dims.dp_rank, cfg.run.seed, epoch, lengths
-        )
-
-    steps_per_epoch = len(epoch_batches(1))
+    loop = Loop(per_rank_sizes(cfg.run.batch_size, dims.dp), out=out)  # the batch sizes per data-parallel rank
+    global_batch = sum(loop.sizes) * accum
+    steps_per_epoch = len(epoch_batches(cfg, train_set, loop.sizes, dims, 1))
     if steps_per_epoch == 0:
         raise UserError(f"{len(train_set)} training example(s) cannot be shared by {dims.dp} data-parallel ranks")
     optim = dataclasses.replace(cfg.optim, lr=cfg.optim.peak_lr(global_batch), steps=cfg.epochs * steps_per_epoch)
-    adapter = _adapter_record(cfg, plan)
+    fixed = {  # what a resumed run must share with the run it continues; every checkpoint records it
+        "labels": list(label2id),
+        "train_examples": len(train_set),
+        "global_batch": global_batch,
+        "group_by_length": cfg.group_by_length,
+        "adapter": _adapter_record(cfg, plan),
+    }
     if run.state is not None:
-        _check_resumable(
-            run.state,
-            run.resume_from,
-            list(id2label.values()),
-            len(train_set),
-            global_batch,
-            cfg.group_by_length,
-            adapter,
-        )
+        _check_resumable(run.state, run.resume_from, **fixed)
 
-    # Model: the pretrained encoder; a fresh head unless the directory has one for these very labels.
-    # On resume, the checkpoint's whole classifier; with LoRA, the frozen base from --model again and the
-    # checkpoint's adapter and head.
+    model = build_model(cfg, plan, run)
+    trainable, n_params = lora.parameter_counts(model)
+    net = run.parallelize(model, optim.steps)
+    run.build_optimizer(optim, sample_forward=lambda: net(**_sample_batch(train_set, device)))
+    window = run.track(LOG_SUMS, "window", "epoch_sums")[0]  # since the last log line, and in the epoch
+    run.resume_loop(loop)
+    run.checkpoints(
+        plan.model_config,
+        vocab_path=model_vocab(plan.model_dir),
+        do_lower_case=plan.lowercase,
+        fixed=fixed,
+        architecture=ARCHITECTURE,
+    )
+    for warning in plan.warnings:
+        run.warn(warning)
+    run.start(
+        start_line(cfg, run, loop, optim, len(train_set), len(eval_set), trainable, n_params),
+        optim.steps,
+        Throughput(0.0, None, dims.world_size),
+        Records(values=log_values, line=functools.partial(log_line, steps=optim.steps), unit="example"),
+        loop,
+    )
+
+    try:
+        while loop.epoch <= cfg.epochs:
+            net.train()
+            batches = epoch_batches(cfg, train_set, loop.sizes, dims, loop.epoch)
+            while loop.step_in_epoch < len(batches):  # on resume: straight to the next batch
+                indices, global_size = batches[loop.step_in_epoch]
+                micro = micro_batches(indices, global_size, [s * accum for s in loop.sizes], accum)
+                step_sums = train_step(run, train_set, micro, global_size, window)
+                loop.step_in_epoch += 1
+                # The optimizer step, then log and save when due; a stop signal raises.
+                run.after_step(loop, step_sums, epoch_end=loop.step_in_epoch == len(batches))
+                if run.rebalance(loop):
+                    batches = epoch_batches(cfg, train_set, loop.sizes, dims, loop.epoch)  # the same, shared anew
+            if run.flush(loop):
+                raise run.interrupted(loop.step, run.save(loop))  # resumes at this evaluation
+            end_epoch(cfg, run, loop, plan, eval_set, len(train_set))
+    finally:
+        run.close()
+    best = loop.best
+    run.summary(
+        loop.step,
+        {"loss": "min", "accuracy": "max", "eval_loss": "min", "eval_accuracy": "max", "eval_f1": "max"},
+        f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  "
+        f"(transformers.BertForSequenceClassification.from_pretrained('{out / 'best'}'), "
+        f"or bertgpu predict --model {out / 'best'} TEXT)",
+    )
+    return out / "best"
+
+
+def epoch_batches(
+    cfg: FinetuneConfig, train_set: ClassificationDataset, sizes: list[int], dims: ParallelDims, epoch: int
+) -> list[tuple[list[int], int]]:
+    """The epoch's global batches in a fresh order (each with this rank's indices and its global size)."""
+    lengths = train_set.lengths if cfg.group_by_length else None  # batches of similar length pad little
+    shares = [s * cfg.run.grad_accum for s in sizes]
+    return train_batches(len(train_set), shares, dims.dp, dims.dp_rank, cfg.run.seed, epoch, lengths)
+
+
+def build_model(cfg: FinetuneConfig, plan: Plan, run: TrainingRun) -> BertForSequenceClassification:
+    """The pretrained encoder; a fresh head unless the directory has one for these very labels. On
+    resume, the checkpoint's whole classifier; with LoRA, the frozen base from --model again and the
+    checkpoint's adapter and head."""
     torch.manual_seed(cfg.run.seed)
     model = BertForSequenceClassification(plan.model_config)
     if run.resume_from is not None and not cfg.adapter.enabled:
@@ -205,213 +284,129 @@ def train(cfg: FinetuneConfig) -> Path:
     else:
         hf_dir.load_weights(model if plan.keep_head else model.bert, plan.model_dir)
     if cfg.adapter.enabled:
-        lora.apply(model, cfg.adapter, device, run.precision, base_model=plan.model_dir)
+        lora.apply(model, cfg.adapter, run.device, run.precision, base_model=plan.model_dir)
         if run.resume_from is not None:
             lora.load_adapter(model, run.resume_from / lora.ADAPTER_DIR)
-    trainable, n_params = lora.parameter_counts(model)
-    net = run.parallelize(model, optim.steps)
-    optimizer = build_optimizer(model, optim, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=run.precision == "fp16")
-    run.restore(net, optimizer, scaler, sample_forward=lambda: net(**_sample_batch(train_set, device)))
+    return model
 
-    step = run.start_step
-    schedule = build_schedule(optimizer, optim, step)
-    window, epoch_sums = Sums(device, *LOG_SUMS), Sums(device, *LOG_SUMS)  # since the last log line / in the epoch
-    history: list[dict[str, Any]] = []  # every epoch's record
-    kept: list[Path] = []  # the epoch checkpoints kept
-    best: dict[str, Any] | None = None
-    steps_in_window = in_epoch = 0
-    first_epoch = 1
-    balancer = Balancer(device, enabled=cfg.parallel.balance == "auto")
-    if run.state is not None:
-        first_epoch, in_epoch = run.state["position"]["epoch"], run.state["position"]["step_in_epoch"]
-        if balancer.enabled and run.state.get("balanced") and len(run.state.get("batch_sizes", ())) == dims.dp:
-            sizes, balancer.enabled = list(run.state["batch_sizes"]), False  # the sizes --balance auto chose
-        history, best = run.state["history"], run.state["best"]
-        kept = [out / p for p in run.state["kept"]]
-        steps_in_window = run.state["steps_in_window"]
-        window.restore(run.state["window"], dims)
-        epoch_sums.restore(run.state["epoch_sums"], dims)
 
-    meter = Throughput(0.0, None, dims.world_size)
-    if run.state is not None:
-        carried = dict(zip(LOG_SUMS, run.state["window"].tolist()))
-        meter.carry(steps_in_window, int(carried["examples"]), int(carried["tokens"]))
-    for warning in plan.warnings:
-        run.warn(warning)
-    how = f"; resuming from {run.resume_from} at step {step}" if run.resume_from is not None else ""
+def start_line(
+    cfg: FinetuneConfig,
+    run: TrainingRun,
+    loop: Loop,
+    optim: OptimConfig,
+    train_examples: int,
+    eval_examples: int,
+    trainable: int,
+    n_params: int,
+) -> str:
+    how = f"; resuming from {run.resume_from} at step {loop.step}" if run.resume_from is not None else ""
     what = (
         f"{lora.describe(cfg.adapter)}: {trainable:,} of {n_params:,} parameters trainable "
         f"({100 * trainable / n_params:.2f}%)"
         if cfg.adapter.enabled
         else f"{n_params / 1e6:.1f}M parameters"
     )
-    run.start(
-        f"bertgpu finetune: {what}, {dims.describe()}, on {device.type}, "
-        f"{run.precision}, {len(train_set):,} training and {len(eval_set):,} evaluation examples, "
-        f"labels {', '.join(id2label.values())}, global batch {global_batch} = {describe_batch(sizes, accum)}, "
-        f"{describe_lr(cfg.optim.lr, optim.lr, cfg.optim.lr_scaling, global_batch, cfg.optim.reference_batch)}, "
-        f"{optim.steps} steps in {cfg.epochs} epoch(s){how}",
-        optim.steps,
+    global_batch = sum(loop.sizes) * cfg.run.grad_accum
+    o = cfg.optim
+    return (
+        f"bertgpu finetune: {what}, {run.dims.describe()}, on {run.device.type}, "
+        f"{run.precision}, {train_examples:,} training and {eval_examples:,} evaluation examples, "
+        f"labels {', '.join(run.model_config.id2label.values())}, global batch {global_batch} = "
+        f"{describe_batch(loop.sizes, cfg.run.grad_accum)}, "
+        f"{describe_lr(o.lr, optim.lr, o.lr_scaling, global_batch, o.reference_batch)}, "
+        f"{optim.steps} steps in {cfg.epochs} epoch(s){how}"
     )
 
-    def save_state(epoch: int, in_epoch: int) -> Path:
-        """A resumable checkpoint (out/checkpoints/step-N, only the newest kept): the classifier plus
-        the optimizer, the data position and the run's records."""
-        state = {
-            "position": {"epoch": epoch, "step_in_epoch": in_epoch},
-            "window": window.gathered(dims),
-            "epoch_sums": epoch_sums.gathered(dims),
-            "steps_in_window": steps_in_window,
-            "history": history,
-            "best": best,
-            "kept": [str(p.relative_to(out)) for p in kept],
-            "labels": list(id2label.values()),
-            "train_examples": len(train_set),
-            "global_batch": global_batch,
-            "group_by_length": cfg.group_by_length,
-            "adapter": adapter,
-            "batch_sizes": sizes,
-            "balanced": cfg.parallel.balance == "auto" and not balancer.enabled,
-        }
-        return run.save(
-            step,
-            net,
-            optimizer,
-            scaler,
-            state,
-            plan.model_config,
-            vocab_path=model_vocab(plan.model_dir),
-            do_lower_case=plan.lowercase,
-            keep=1,
-            architecture=ARCHITECTURE,
+
+def train_step(
+    run: TrainingRun, dataset: ClassificationDataset, micro: list[list[int]], global_size: int, sums: Sums
+) -> torch.Tensor:
+    """The forward and backward passes of one optimizer step over this rank's micro-batches (example
+    indices) of a global batch of ``global_size`` examples; return the step's log sums (``LOG_SUMS``
+    order), still on the device. The loss is the global batch's mean cross-entropy."""
+    net, device, precision = run.net, run.device, run.precision
+    step_sums = torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device)
+    for i, part in enumerate(micro):
+        batch = {k: v.to(device, non_blocking=True) for k, v in dataset.batch(part).items()}
+        # Only the last micro-step all-reduces the gradients (DDP); FSDP reduces each.
+        with net.no_sync(i < len(micro) - 1), autocast(precision, device), run.balancer.forward(len(part)):
+            logits = net(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        loss_sum = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
+        run.scaler.scale(run.dims.backward_loss(loss_sum / global_size)).backward()
+        with torch.no_grad():
+            step_sums += sums.of(
+                loss=loss_sum.detach(),
+                correct=(logits.argmax(-1) == batch["labels"]).sum(),
+                examples=len(part),
+                tokens=batch["attention_mask"].sum(),
+            )
+    return step_sums
+
+
+def log_values(s: dict[str, float]) -> dict[str, float]:
+    """The training loss and accuracy from the sums of a log window."""
+    return {"loss": s["loss"] / max(s["examples"], 1), "accuracy": s["correct"] / max(s["examples"], 1)}
+
+
+def log_line(step: int, values: dict[str, Any], steps: int) -> str:
+    return (
+        f"epoch {values['epoch']} step {step}/{steps} | loss {values['loss']:.4f} | "
+        f"acc {values['accuracy']:.3f} | lr {values['lr']:.2e} | "
+        f"{format_rate(values['seq_per_s'])} examples/s | "
+        f"peak mem {values['peak_memory_mb'] / 1024:.2f} GiB | eta "
+        f"{format_duration((steps - step) / max(values['steps_per_s'], 1e-9))}"
+    )
+
+
+def end_epoch(
+    cfg: FinetuneConfig, run: TrainingRun, loop: Loop, plan: Plan, eval_set: ClassificationDataset, train_examples: int
+) -> None:
+    """After an epoch: evaluate, record, save the epoch's checkpoint and keep the best; then the resumable
+    checkpoint at the start of the next epoch."""
+    dims, sizes, epoch = run.dims, loop.sizes, loop.epoch
+    run.meter.pause()
+    s = run.sums["epoch_sums"].read(dims)
+    metrics = compute_metrics(
+        predict_logits(run.net, eval_set, max(sizes), dims, run.device, run.precision, sizes), eval_set.labels
+    )
+    record = {
+        "epoch": epoch,
+        "step": loop.step,
+        "train_loss": s["loss"] / max(s["examples"], 1),
+        "train_accuracy": s["correct"] / max(s["examples"], 1),
+        **{f"eval_{k}": v for k, v in metrics.items()},
+    }
+    loop.history.append(record)
+    is_best = loop.best is None or record[f"eval_{cfg.metric}"] > loop.best[f"eval_{cfg.metric}"]
+    loop.best = best = record if is_best else loop.best
+    line = (
+        f"epoch {epoch} eval | loss {metrics['loss']:.4f} | accuracy {metrics['accuracy']:.4f} | "
+        f"f1 {metrics['f1']:.4f} | {metrics['examples']} examples{' | best so far' if is_best else ''}"
+    )
+    run.log.log(loop.step, {k: v for k, v in record.items() if k != "step"}, line, write=run.write)
+    loop.kept = save_epoch(
+        run.out, epoch, run.net.model, plan, cfg, record, loop.kept, best, is_best, run.is_main, dims.describe()
+    )
+    if run.is_main:
+        atomic.write_json(
+            run.out / METRICS_NAME,
+            {
+                "metric": cfg.metric,
+                "best_epoch": best["epoch"],
+                "best_checkpoint": _epoch_dir(best["epoch"]),
+                "best": best,
+                "labels": list(plan.model_config.id2label.values()),
+                "train_examples": train_examples,
+                "eval_examples": len(eval_set),
+                "epochs": loop.history,
+            },
         )
-
-    comm_bytes = 0  # gradient bytes exchanged by this process since the last log line
-    try:
-        for epoch in range(first_epoch, cfg.epochs + 1):
-            net.train()
-            batches = epoch_batches(epoch)
-            while in_epoch < len(batches):  # on resume: straight to the next batch
-                indices, global_size = batches[in_epoch]
-                step_sums = torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device)
-                micro = micro_batches(indices, global_size, [s * accum for s in sizes], accum)
-                for i, part in enumerate(micro):
-                    batch = {k: v.to(device, non_blocking=True) for k, v in train_set.batch(part).items()}
-                    # Only the last micro-step all-reduces the gradients (DDP); FSDP reduces each.
-                    with net.no_sync(i < len(micro) - 1), autocast(run.precision, device), balancer.forward(len(part)):
-                        logits = net(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-                    loss_sum = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
-                    scaler.scale(dims.backward_loss(loss_sum / global_size)).backward()
-                    with torch.no_grad():
-                        step_sums += window.of(
-                            loss=loss_sum.detach(),
-                            correct=(logits.argmax(-1) == batch["labels"]).sum(),
-                            examples=len(part),
-                            tokens=batch["attention_mask"].sum(),
-                        )
-                bad = optimizer_step(net, optimizer, scaler, schedule, optim.clip, run.precision)
-                step, in_epoch, steps_in_window = step + 1, in_epoch + 1, steps_in_window + 1
-                comm_bytes += net.comm_bytes_per_step(step)
-                run.bar.update(1)
-                sums = torch.where(bad > 0, 0.0, step_sums)  # a skipped step's loss is not counted
-                window.add(sums)
-                epoch_sums.add(sums)
-                save_due = step % cfg.run.save_every == 0 and in_epoch < len(batches)  # the epoch's end saves anyway
-                stop_now = run.end_step(step, bad, flush=save_due, save=lambda: save_state(epoch, in_epoch))  # noqa: B023 (called at once)
-                if step % cfg.run.log_every == 0:
-                    s = window.read(dims)
-                    rates = meter.rates(steps_in_window, int(s["examples"]), int(s["tokens"]))
-                    rates_steps, steps_in_window = steps_in_window, 0
-                    values = {
-                        "loss": s["loss"] / max(s["examples"], 1),
-                        "accuracy": s["correct"] / max(s["examples"], 1),
-                        "lr": schedule.get_last_lr()[0],
-                        "peak_lr": optim.lr,
-                        "epoch": epoch,
-                        "skipped_steps": run.skipped,
-                        "layout": dims.describe(),
-                        "peak_memory_mb": run.peak_memory_mb(),
-                        "comm_bytes_per_step": comm_bytes / max(rates_steps, 1),
-                        **rates,
-                    }
-                    comm_bytes = 0
-                    run.log.log(
-                        step,
-                        values,
-                        f"epoch {epoch} step {step}/{optim.steps} | loss {values['loss']:.4f} | "
-                        f"acc {values['accuracy']:.3f} | lr {values['lr']:.2e} | "
-                        f"{format_rate(rates['seq_per_s'])} examples/s | "
-                        f"peak mem {values['peak_memory_mb'] / 1024:.2f} GiB | eta "
-                        f"{format_duration((optim.steps - step) / max(rates['steps_per_s'], 1e-9))}",
-                        write=run.write,
-                    )
-                if stop_now:
-                    raise run.interrupted(step, save_state(epoch, in_epoch))
-                if save_due:
-                    save_state(epoch, in_epoch)
-                balanced = balancer.end_step(sizes)
-                if balanced is not None and balanced[0] != sizes:
-                    run.write(describe_balance(sizes, *balanced, "example"))
-                    sizes = balanced[0]
-                    batches = epoch_batches(epoch)  # the same global batches, shared anew
-
-            if run.flush(save=lambda: save_state(epoch, in_epoch)):  # noqa: B023 (called at once)
-                raise run.interrupted(step, save_state(epoch, in_epoch))  # resumes at this evaluation
-            in_epoch = 0
-
-            # Evaluate, save, keep the best.
-            meter.pause()
-            s = epoch_sums.read(dims)
-            metrics = compute_metrics(
-                predict_logits(net, eval_set, max(sizes), dims, device, run.precision, sizes), eval_set.labels
-            )
-            record = {
-                "epoch": epoch,
-                "step": step,
-                "train_loss": s["loss"] / max(s["examples"], 1),
-                "train_accuracy": s["correct"] / max(s["examples"], 1),
-                **{f"eval_{k}": v for k, v in metrics.items()},
-            }
-            history.append(record)
-            is_best = best is None or record[f"eval_{cfg.metric}"] > best[f"eval_{cfg.metric}"]
-            best = record if is_best else best
-            line = (
-                f"epoch {epoch} eval | loss {metrics['loss']:.4f} | accuracy {metrics['accuracy']:.4f} | "
-                f"f1 {metrics['f1']:.4f} | {metrics['examples']} examples{' | best so far' if is_best else ''}"
-            )
-            run.log.log(step, {k: v for k, v in record.items() if k != "step"}, line, write=run.write)
-            kept = save_epoch(
-                out, epoch, net.model, plan, cfg, record, kept, best, is_best, run.is_main, dims.describe()
-            )
-            if run.is_main:
-                atomic.write_json(
-                    out / METRICS_NAME,
-                    {
-                        "metric": cfg.metric,
-                        "best_epoch": best["epoch"],
-                        "best_checkpoint": _epoch_dir(best["epoch"]),
-                        "best": best,
-                        "labels": list(id2label.values()),
-                        "train_examples": len(train_set),
-                        "eval_examples": len(eval_set),
-                        "epochs": history,
-                    },
-                )
-            path = save_state(epoch + 1, 0)
-            meter.resume()  # the rate covers training steps only, not this evaluation
-            if run.stop_requested():
-                raise run.interrupted(step, path)  # a signal during the evaluation: all of it is saved
-    finally:
-        run.close()
-    run.summary(
-        step,
-        {"loss": "min", "accuracy": "max", "eval_loss": "min", "eval_accuracy": "max", "eval_f1": "max"},
-        f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  "
-        f"(transformers.BertForSequenceClassification.from_pretrained('{out / 'best'}'), "
-        f"or bertgpu predict --model {out / 'best'} TEXT)",
-    )
-    return out / "best"
+    loop.epoch, loop.step_in_epoch = epoch + 1, 0
+    path = run.save(loop)
+    run.meter.resume()  # the rate covers training steps only, not this evaluation
+    if run.stop_requested():
+        raise run.interrupted(loop.step, path)  # a signal during the evaluation: all of it is saved
 
 
 def _sample_batch(dataset: ClassificationDataset, device: torch.device) -> dict[str, torch.Tensor]:

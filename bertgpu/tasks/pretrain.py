@@ -18,9 +18,11 @@ current step, write a checkpoint and exit non-zero.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,26 +42,21 @@ from ..data.shards import ShardedCorpus, warn_if_unknown
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
 from ..model import BertForPreTraining, training_flops_per_sequence
-from ..parallel import ParallelModel, launch
-from ..parallel.balance import Balancer
-from ..parallel.balance import describe as describe_balance
+from ..parallel import launch
 from ..parallel.compression import describe as describe_compression
 from ..parallel.layout import check_layout
 from ..training import (
     Sums,
     Throughput,
     autocast,
-    build_optimizer,
-    build_schedule,
     describe_batch,
     describe_lr,
     format_duration,
     format_rate,
     ignore_stop_signals,
-    optimizer_step,
     peak_flops,
 )
-from .common import TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
+from .common import LoopState, Records, TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
 
 # What the log sums between two log lines (summed over the data-parallel ranks).
 LOG_SUMS = ("mlm_loss", "mlm_correct", "masked", "nsp_loss", "nsp_correct", "sequences", "tokens")
@@ -180,172 +177,86 @@ def run(cfg: PretrainConfig) -> None:
     run_workers(train, cfg)
 
 
+@dataclass
+class Loop(LoopState):
+    """Where pretraining is: the epoch and how many of its instances are trained (its data position)."""
+
+    instance: int = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"position": {"epoch": self.epoch, "instance": self.instance}, **super().state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.epoch, self.instance = state["position"]["epoch"], state["position"]["instance"]
+
+
 def train(cfg: PretrainConfig) -> Path:
     plan = check(cfg)
     run = TrainingRun(cfg, plan.model_config)
-    corpus = plan.corpus
+    corpus, dims, device, seed = plan.corpus, run.dims, run.device, cfg.run.seed
     if run.resume_from is not None:
         _check_same_vocab(run.resume_from, corpus, cfg.data.data)
-    dims, device = run.dims, run.device
 
     # Data: one global order per epoch; each data-parallel rank reads only its share of each global batch.
     # Held-out text (--eval-fraction, --eval-data) becomes a fixed evaluation set, never trained on.
     train_text, eval_set, heldout = heldout_split(cfg, corpus, run.state, dims.dp)
-    dataset = PretrainingDataset(train_text, cfg.data, cfg.run.seed, load_vocab(corpus.vocab_path))
-    sizes, accum = per_rank_sizes(cfg.run.batch_size, dims.dp), cfg.run.grad_accum  # per data-parallel rank
-    global_batch = sum(sizes) * accum
+    dataset = PretrainingDataset(train_text, cfg.data, seed, load_vocab(corpus.vocab_path))
+    loop = Loop(per_rank_sizes(cfg.run.batch_size, dims.dp))  # the batch sizes per data-parallel rank
+    accum, global_batch = cfg.run.grad_accum, sum(loop.sizes) * cfg.run.grad_accum
     if len(dataset) < global_batch:
         raise UserError(
             f"{cfg.data.data} gives {len(dataset)} instances per epoch, fewer than one global batch "
-            f"of {global_batch} ({describe_batch(sizes, accum)})"
+            f"of {global_batch} ({describe_batch(loop.sizes, accum)})"
         )
 
     # Model: the same initial weights on every process (same seed, or the checkpoint's), then spread.
-    torch.manual_seed(cfg.run.seed)
-    model = BertForPreTraining(plan.model_config, pad_vocab_multiple=cfg.pad_vocab_multiple)
-    if run.resume_from is not None or plan.init_from is not None:
-        hf_dir.load_weights(model, run.resume_from or plan.init_from)
-    if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
-        for unused in (model.bert.pooler, model.cls.seq_relationship):
-            unused.requires_grad_(False)
+    model = build_model(cfg, plan, run.resume_from)
     net = run.parallelize(model, cfg.optim.steps, compile=cfg.run.compile)
     optim = dataclasses.replace(cfg.optim, lr=cfg.optim.peak_lr(global_batch))
-    optimizer = build_optimizer(model, optim, device)
-    scaler = torch.amp.GradScaler(device.type, enabled=run.precision == "fp16")
-    run.restore(net, optimizer, scaler, sample_forward=lambda: net(**_sample_batch(dataset, device)))
-
-    step, epoch, instance = run.start_step, 0, 0  # instance: how many of the epoch's instances are trained
-    schedule = build_schedule(optimizer, optim, step)
-    sums = Sums(device, *LOG_SUMS)
-    moved = ""
-    balancer = Balancer(device, enabled=cfg.parallel.balance == "auto")
-    if run.state is not None:
-        epoch, instance = run.state["position"]["epoch"], run.state["position"]["instance"]
-        sums.restore(run.state["log_sums"], dims)
-        if run.state["global_batch"] != global_batch:
-            moved = (
-                f"; the global batch changed from {run.state['global_batch']} to {global_batch}: continuing at "
-                f"instance {instance:,} of epoch {epoch}"
-            )
-        elif balancer.enabled and run.state.get("balanced") and len(run.state["batch_sizes"]) == dims.dp:
-            sizes, balancer.enabled = list(run.state["batch_sizes"]), False  # the sizes --balance auto chose
-
-    meter = Throughput(
-        training_flops_per_sequence(plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions),
-        peak_flops(device, run.precision),
-        dims.world_size,
-    )
-    if run.state is not None:
-        carried = dict(zip(LOG_SUMS, run.state["log_sums"].tolist()))
-        meter.carry(0, int(carried["sequences"]), int(carried["tokens"]))  # the window counts steps since resume
-    n_params = sum(p.numel() for p in model.parameters())
-    how = f"resuming from {run.resume_from} at step {step}{moved}" if run.resume_from else "starting"
-    held = f", evaluated on {len(eval_set):,} instances of {eval_set.where}" if eval_set is not None else ""
-    compressed = (
-        f", gradients {describe_compression(net.compression)}" if dims.dp > 1 and net.compression.kind != "none" else ""
+    run.build_optimizer(optim, sample_forward=lambda: net(**_sample_batch(dataset, device)))
+    sums = run.track(LOG_SUMS, "log_sums")[0]
+    # Another global batch continues at the same instance, with the sizes it gives (not --balance auto's).
+    same_batch = run.state is None or run.state["global_batch"] == global_batch
+    run.resume_loop(loop, same_batches=same_batch)
+    run.checkpoints(
+        plan.model_config,
+        vocab_path=corpus.vocab_path,
+        do_lower_case=plan.lowercase,
+        fixed={
+            "global_batch": global_batch,
+            "heldout_documents": None if heldout is None else torch.from_numpy(heldout),
+        },
     )
     run.start(
-        f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {dims.describe()}{compressed}, on {device.type}, "
-        f"{run.precision}, global batch {global_batch} = {describe_batch(sizes, accum)}, "
-        f"{describe_lr(cfg.optim.lr, optim.lr, cfg.optim.lr_scaling, global_batch, cfg.optim.reference_batch)}, "
-        f"{len(dataset):,} instances in epoch {epoch}{held}; {how}",
+        start_line(cfg, run, plan, eval_set, loop, global_batch, optim.lr, len(dataset)),
         cfg.optim.steps,
+        Throughput(
+            training_flops_per_sequence(plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions),
+            peak_flops(device, run.precision),
+            dims.world_size,
+        ),
+        records(cfg, run, eval_set, global_batch, max(loop.sizes)),
+        loop,
     )
 
-    def save() -> Path:
-        state = {
-            "position": {"epoch": epoch, "instance": instance},
-            "global_batch": global_batch,
-            "batch_sizes": sizes,
-            "balanced": cfg.parallel.balance == "auto" and not balancer.enabled,
-            "log_sums": sums.gathered(dims),
-            "heldout_documents": None if heldout is None else torch.from_numpy(heldout),
-        }
-        return run.save(
-            step,
-            net,
-            optimizer,
-            scaler,
-            state,
-            plan.model_config,
-            vocab_path=corpus.vocab_path,
-            do_lower_case=plan.lowercase,
-            keep=cfg.run.keep,
-            metrics=run.log.last(*card_keys),
-        )
-
-    card_keys = ["mlm_loss", "mlm_acc"] + ["nsp_loss", "nsp_acc"] * cfg.data.nsp + list(evaluation.SUMMARY_KEYS)
-    eval_batch = cfg.heldout.eval_batch_size or max(sizes)
-
-    def evaluate() -> None:
-        meter.pause()  # the rates cover training steps only
-        metrics = evaluation.evaluate_mlm(net, eval_set, dims, device, eval_batch, cfg.data.nsp, run.precision)
-        run.log.log(step, metrics, evaluation.describe(step, metrics, len(eval_set)), write=run.write)
-        meter.resume()
-
-    window = 0  # steps since the last log line
-    comm_bytes = 0  # gradient bytes exchanged by this process since the last log line
-    saved = run.resume_from
-    batches = None
+    saved, batches = run.resume_from, None
     try:
-        while step < cfg.optim.steps:
-            dataset.set_epoch(epoch)
-            sampler = GlobalBatchSampler(len(dataset), sizes, dims.dp_rank, accum, cfg.run.seed, epoch, instance)
-            loader = torch.utils.data.DataLoader(
-                dataset,
-                batch_sampler=sampler,
-                num_workers=cfg.data.loader_workers,
-                pin_memory=device.type == "cuda",
-                prefetch_factor=4 if cfg.data.loader_workers else None,
-                worker_init_fn=ignore_stop_signals if cfg.data.loader_workers else None,
-                # Its own generator: creating the iterator must not draw from the dropout RNG stream,
-                # or a resumed run would drift from the uninterrupted one.
-                generator=torch.Generator().manual_seed(cfg.run.seed),
-            )
-            batches = iter(loader)
-            for _ in range(min(sampler.steps, cfg.optim.steps - step)):
+        while loop.step < cfg.optim.steps:
+            dataset.set_epoch(loop.epoch)
+            sampler = GlobalBatchSampler(len(dataset), loop.sizes, dims.dp_rank, accum, seed, loop.epoch, loop.instance)
+            batches = iter(data_loader(dataset, sampler, cfg, device))
+            for _ in range(min(sampler.steps, cfg.optim.steps - loop.step)):
                 micro = [{k: v.to(device, non_blocking=True) for k, v in next(batches).items()} for _ in range(accum)]
-                step_sums = train_step(net, micro, global_batch, cfg.data.nsp, scaler, run.precision, sums, balancer)
-                bad = optimizer_step(net, optimizer, scaler, schedule, cfg.optim.clip, run.precision)
-                step, instance, window = step + 1, instance + global_batch, window + 1
-                comm_bytes += net.comm_bytes_per_step(step)
-                run.bar.update(1)
-                sums.add(torch.where(bad > 0, 0.0, step_sums))  # a skipped step's loss is not logged
-                checkpoint_due = step % cfg.run.save_every == 0 or step == cfg.optim.steps
-                stop_now = run.end_step(step, bad, flush=checkpoint_due, save=save)
-                if step % cfg.run.log_every == 0 or step == cfg.optim.steps:
-                    s = sums.read(dims)
-                    values = {
-                        **log_values(s, cfg.data.nsp),
-                        "lr": schedule.get_last_lr()[0],
-                        "peak_lr": optim.lr,
-                        "global_batch": global_batch,
-                        "epoch": epoch,
-                        "skipped_steps": run.skipped,
-                        "layout": dims.describe(),
-                        "peak_memory_mb": run.peak_memory_mb(),
-                        "comm_bytes_per_step": comm_bytes / max(window, 1),
-                        **meter.rates(window, int(s["sequences"]), int(s["tokens"])),
-                    }
-                    window = comm_bytes = 0
-                    run.log.log(step, values, log_line(step, cfg.optim.steps, values, cfg.data.nsp), write=run.write)
-                if eval_set is not None and (
-                    step == cfg.optim.steps
-                    or (step % cfg.heldout.eval_every == 0 if cfg.heldout.eval_every else checkpoint_due)
-                ):
-                    evaluate()  # before the checkpoint, whose model card shows it
-                if checkpoint_due or stop_now:
-                    saved = save()
-                if stop_now:
-                    raise run.interrupted(step, saved)
-                balanced = balancer.end_step(sizes)
-                if balanced is not None and balanced[0] != sizes:
-                    run.write(describe_balance(sizes, *balanced, "sequence"))
-                    sizes = balanced[0]
+                step_sums = train_step(run, micro, global_batch, cfg.data.nsp, sums)
+                loop.instance += global_batch
+                # The optimizer step, then log, evaluate and save when due; a stop signal raises.
+                saved = run.after_step(loop, step_sums) or saved
+                if run.rebalance(loop):
                     break  # a new sampler, from this instance on, with the new sizes
-            batches = loader = None  # let this epoch's DataLoader workers go
-            if len(dataset) - instance < global_batch:
-                epoch, instance = epoch + 1, 0
+            batches = None  # let this epoch's DataLoader workers go
+            if len(dataset) - loop.instance < global_batch:
+                loop.epoch, loop.instance = loop.epoch + 1, 0
     finally:
         if batches is not None and hasattr(batches, "_shutdown_workers"):
             batches._shutdown_workers()  # stop DataLoader workers now, not during interpreter exit
@@ -357,7 +268,7 @@ def train(cfg: PretrainConfig) -> Path:
         **evaluation.SUMMARY_KEYS,
     }
     run.summary(
-        step,
+        loop.step,
         keys,
         f"checkpoint: {saved}  (a Hugging Face BERT directory: "
         f"transformers.BertForPreTraining.from_pretrained('{saved}'); bertgpu fill-mask {saved} TEXT)",
@@ -365,15 +276,92 @@ def train(cfg: PretrainConfig) -> Path:
     return saved
 
 
-def train_step(
-    net: ParallelModel,
-    micro: list[dict[str, torch.Tensor]],
+def build_model(cfg: PretrainConfig, plan: Plan, resume_from: Path | None) -> BertForPreTraining:
+    """The model with the same initial weights on every process: the seed's, or those of the checkpoint
+    resumed or the model continued from."""
+    torch.manual_seed(cfg.run.seed)
+    model = BertForPreTraining(plan.model_config, pad_vocab_multiple=cfg.pad_vocab_multiple)
+    if resume_from is not None or plan.init_from is not None:
+        hf_dir.load_weights(model, resume_from or plan.init_from)
+    if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
+        for unused in (model.bert.pooler, model.cls.seq_relationship):
+            unused.requires_grad_(False)
+    return model
+
+
+def data_loader(
+    dataset: PretrainingDataset, sampler: GlobalBatchSampler, cfg: PretrainConfig, device: torch.device
+) -> torch.utils.data.DataLoader:
+    workers = cfg.data.loader_workers
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=workers,
+        pin_memory=device.type == "cuda",
+        prefetch_factor=4 if workers else None,
+        worker_init_fn=ignore_stop_signals if workers else None,
+        # Its own generator: creating the iterator must not draw from the dropout RNG stream,
+        # or a resumed run would drift from the uninterrupted one.
+        generator=torch.Generator().manual_seed(cfg.run.seed),
+    )
+
+
+def start_line(
+    cfg: PretrainConfig,
+    run: TrainingRun,
+    plan: Plan,
+    eval_set: EvalSet | None,
+    loop: Loop,
     global_batch: int,
-    nsp: bool,
-    scaler: torch.amp.GradScaler,
-    precision: str,
-    sums: Sums,
-    balancer: Balancer,
+    peak_lr: float,
+    instances: int,
+) -> str:
+    dims, net = run.dims, run.net
+    n_params = sum(p.numel() for p in net.model.parameters())
+    moved = ""
+    if run.state is not None and run.state["global_batch"] != global_batch:
+        moved = (
+            f"; the global batch changed from {run.state['global_batch']} to {global_batch}: continuing at "
+            f"instance {loop.instance:,} of epoch {loop.epoch}"
+        )
+    how = f"resuming from {run.resume_from} at step {loop.step}{moved}" if run.resume_from else "starting"
+    held = f", evaluated on {len(eval_set):,} instances of {eval_set.where}" if eval_set is not None else ""
+    compressed = (
+        f", gradients {describe_compression(net.compression)}" if dims.dp > 1 and net.compression.kind != "none" else ""
+    )
+    o = cfg.optim
+    return (
+        f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {dims.describe()}{compressed}, on {run.device.type}, "
+        f"{run.precision}, global batch {global_batch} = {describe_batch(loop.sizes, cfg.run.grad_accum)}, "
+        f"{describe_lr(o.lr, peak_lr, o.lr_scaling, global_batch, o.reference_batch)}, "
+        f"{instances:,} instances in epoch {loop.epoch}{held}; {how}"
+    )
+
+
+def records(cfg: PretrainConfig, run: TrainingRun, eval_set: EvalSet | None, global_batch: int, batch: int) -> Records:
+    """What pretraining logs: MLM (and NSP) losses and accuracies, and the held-out evaluation."""
+    nsp = cfg.data.nsp
+    return Records(
+        values=functools.partial(log_values, nsp=nsp),
+        line=functools.partial(log_line, steps=cfg.optim.steps, nsp=nsp),
+        unit="sequence",
+        extra={"global_batch": global_batch},
+        card_keys=("mlm_loss", "mlm_acc", *("nsp_loss", "nsp_acc") * nsp, *evaluation.SUMMARY_KEYS),
+        evaluate=None
+        if eval_set is None
+        else functools.partial(evaluate, run, eval_set, cfg.heldout.eval_batch_size or batch, nsp),
+        eval_every=cfg.heldout.eval_every,
+    )
+
+
+def evaluate(run: TrainingRun, eval_set: EvalSet, batch: int, nsp: bool, step: int) -> None:
+    """The held-out evaluation at ``step``, logged."""
+    metrics = evaluation.evaluate_mlm(run.net, eval_set, run.dims, run.device, batch, nsp, run.precision)
+    run.log.log(step, metrics, evaluation.describe(step, metrics, len(eval_set)), write=run.write)
+
+
+def train_step(
+    run: TrainingRun, micro: list[dict[str, torch.Tensor]], global_batch: int, nsp: bool, sums: Sums
 ) -> torch.Tensor:
     """The forward and backward passes of one optimizer step over this rank's micro-batches; return
     the step's log sums (``LOG_SUMS`` order), still on the device.
@@ -383,12 +371,12 @@ def train_step(
     collective of a step outside the gradients), the NSP loss by its sentence pairs. Gradient
     reduction averages over the data-parallel ranks, hence the factor dp.
     """
-    device = micro[0]["input_ids"].device
-    dims = net.dims
+    net, scaler, precision = run.net, run.scaler, run.precision
+    device, dims = micro[0]["input_ids"].device, net.dims
     n_masked = dims.dp_sum(sum((mb["mlm_labels"] != IGNORE_INDEX).sum() for mb in micro).float())
     step_sums = torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device)
     for i, mb in enumerate(micro):
-        with net.no_sync(i < len(micro) - 1), autocast(precision, device), balancer.forward(len(mb["input_ids"])):
+        with net.no_sync(i < len(micro) - 1), autocast(precision, device), run.balancer.forward(len(mb["input_ids"])):
             mlm_logits, nsp_logits = net(
                 mb["input_ids"], mb["token_type_ids"], mb["attention_mask"], mb["mlm_positions"]
             )
@@ -434,7 +422,7 @@ def log_values(s: dict[str, float], nsp: bool) -> dict[str, float]:
     }
 
 
-def log_line(step: int, steps: int, values: dict, nsp: bool) -> str:
+def log_line(step: int, values: dict, steps: int, nsp: bool) -> str:
     line = f"step {step}/{steps} | loss {values['loss']:.4f} | mlm {values['mlm_loss']:.4f} acc {values['mlm_acc']:.3f}"
     if nsp:
         line += f" | nsp {values['nsp_loss']:.4f} acc {values['nsp_acc']:.3f}"
