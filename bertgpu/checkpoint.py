@@ -12,6 +12,7 @@ torch.distributed.checkpoint.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
 import os
@@ -104,10 +105,13 @@ def save_checkpoint(
     architecture: str | None = None,
     rank_tensors: dict[str, torch.Tensor] | None = None,
     card: str | None = None,
+    saver: BackgroundSaver | None = None,
 ) -> Path:
     """Write the resumable checkpoint ``run_dir/checkpoints/step-NNNNNNN`` atomically and keep the
     newest ``keep``. Every process calls this, together; ``rank_tensors`` is state of this process's
-    own (PowerSGD's error feedback), saved beside its optimizer shard (``load_rank_tensors``).
+    own (PowerSGD's error feedback), saved beside its optimizer shard (``load_rank_tensors``). With a
+    ``saver`` the state is staged in memory and written in the background while training goes on
+    (``BackgroundSaver``): the directory appears when it is complete, as ever.
 
     The directory is a Hugging Face BERT directory that transformers loads as it is (the weights
     gathered from every process's shard, written by rank 0); beside the weights lie the optimizer
@@ -134,11 +138,18 @@ def save_checkpoint(
         if card:
             (tmp / CARD_NAME).write_text(card, encoding="utf-8")
 
+    def prune() -> None:
+        if _is_main():
+            for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
+                shutil.rmtree(old, ignore_errors=True)
+
     kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+    if saver is not None:
+        state = copy.deepcopy(state)  # the loop goes on changing what it handed over
+        saver.save(path, model, write, optimizer, kept, rank_tensors, prune)
+        return path
     _save_collectively(path, model, write, optimizer, kept, rank_tensors)
-    if _is_main():
-        for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
+    prune()
     return path
 
 
@@ -189,37 +200,132 @@ def _save_collectively(
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
 
+    weights, tensors, tmp = _stage(final, model, optimizer, rank_tensors)
+
+    def write_shards() -> None:
+        if tensors is not None:
+            with _single_process_is_meant():
+                dcp.save(
+                    tensors, storage_writer=dcp.FileSystemWriter(tmp / OPTIMIZER_DIR), no_dist=not dist.is_initialized()
+                )
+
+    failed = _finish(final, tmp, weights, write, write_shards, group=None)
+    if failed:
+        raise UserError(f"could not write checkpoint {final} ({failed}); {kept}")
+
+
+def _stage(
+    final: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, rank_tensors: dict | None
+) -> tuple[dict[str, torch.Tensor] | None, dict[str, Any] | None, Path]:
+    """What every rank does at the step of a save: the whole weights gathered to rank 0, this rank's
+    optimizer tensors, and the temporary directory rank 0 made for them (collectives on the training's
+    process group, so they run in the training's order)."""
+    import torch.distributed as dist
+
     from .parallel import launch
 
     weights = full_state_dict(model)
     tensors = optimizer_tensors(model, optimizer) if optimizer is not None else None
     if tensors is not None and rank_tensors:
         tensors["rank"] = {str(dist.get_rank() if dist.is_initialized() else 0): rank_tensors}
-    is_main = _is_main()
+    tmp = launch.broadcast_object(atomic.new_temporary(final) if _is_main() else None)
+    return weights, tensors, tmp
+
+
+def _finish(final: Path, tmp: Path, weights: Any, write: Any, write_shards: Any, group: Any) -> str:
+    """Write the shards (every rank) and rank 0's files into ``tmp``, then rename it to ``final`` once every
+    rank has succeeded; on a failure anywhere remove it. Return the first failure ('' for none). The
+    collectives run on ``group`` (a background save's own, or the default)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
     reason = ""
-    tmp = atomic.new_temporary(final) if is_main else None
-    tmp = launch.broadcast_object(tmp)
     try:
-        if tensors is not None:
-            with _single_process_is_meant():
-                dcp.save(
-                    tensors, storage_writer=dcp.FileSystemWriter(tmp / OPTIMIZER_DIR), no_dist=not dist.is_initialized()
-                )
-        if is_main:
+        write_shards()
+        if _is_main():
             write(tmp, weights)
     except (OSError, SafetensorError, RuntimeError, dcp.api.CheckpointException) as e:
         # safetensors, torch.save and torch.distributed.checkpoint wrap the OS's write errors
         reason = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[-1]
-    reasons = launch.all_gather_object(reason) if dist.is_initialized() else [reason]
+    reasons = [reason]
+    if dist.is_initialized():
+        reasons = [None] * dist.get_world_size(group)
+        dist.all_gather_object(reasons, reason, group=group)
     failed = [r for r in reasons if r]
-    if is_main:
+    if _is_main():
         if failed:
             shutil.rmtree(tmp, ignore_errors=True)
         else:
             atomic.commit(tmp, final)
-    launch.barrier()
-    if failed:
-        raise UserError(f"could not write checkpoint {final} ({failed[0]}); {kept}")
+    if dist.is_initialized():
+        dist.barrier(group=group)
+    return failed[0] if failed else ""
+
+
+class BackgroundSaver:
+    """Checkpoints written while training goes on, one at a time, as torchtitan's async checkpointing does.
+
+    At the step of a save every rank stages what it holds (the weights gathered to rank 0 and copied, the
+    optimizer's tensors copied by torch.distributed.checkpoint's ``async_save``); the files are then
+    written by a background thread, whose collectives run on a gloo process group of their own so that
+    they never interleave with training's. The next save, the end of the run and an interruption wait
+    for the one in flight. The directory is renamed into place only when every rank has written its
+    part, so a crash during a background write leaves the previous checkpoint the latest.
+    """
+
+    def __init__(self) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        # One process saving alone is meant: torch.distributed.checkpoint says otherwise from the writer thread,
+        # outside any catch_warnings of ours.
+        warnings.filterwarnings("ignore", message="torch.distributed is .*single process")
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertgpu-save")
+        self.pending: Any = None  # (future, final path, what is kept on failure)
+        self.group: Any = None
+
+    def save(self, final: Path, model: nn.Module, write: Any, optimizer: Any, kept: str, rank_tensors, prune) -> None:
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+
+        self.wait()
+        if dist.is_initialized() and self.group is None:
+            self.group = dist.new_group(backend="gloo")  # every rank reaches its first save together
+        weights, tensors, tmp = _stage(final, model, optimizer, rank_tensors)
+        if weights is not None:
+            weights = {k: v.detach().to("cpu", copy=True) for k, v in weights.items()}
+        shards = None
+        if tensors is not None:
+            with _single_process_is_meant():
+                shards = dcp.async_save(
+                    tensors,
+                    storage_writer=dcp.FileSystemWriter(tmp / OPTIMIZER_DIR),
+                    process_group=self.group,
+                    no_dist=not dist.is_initialized(),
+                )
+
+        def job() -> str:
+            failed = _finish(final, tmp, weights, write, lambda: shards is not None and shards.result(), self.group)
+            if not failed:
+                prune()
+            return failed
+
+        self.pending = (self.pool.submit(job), final, kept)
+
+    def wait(self) -> None:
+        """Block until the save in flight is written; a failed one is a UserError (on every rank)."""
+        if self.pending is None:
+            return
+        future, final, kept = self.pending
+        self.pending = None
+        failed = future.result()
+        if failed:
+            raise UserError(f"could not write checkpoint {final} ({failed}); {kept}")
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            self.pool.shutdown(wait=True)
 
 
 @contextlib.contextmanager

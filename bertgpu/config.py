@@ -163,6 +163,108 @@ def _max_restarts() -> Any:
     )
 
 
+def _global_batch() -> Any:
+    return opt(
+        0,
+        "the global batch the recipe means (0: --batch-size x data-parallel processes x --grad-accum): the "
+        "accumulation steps are derived from it for the layout the run has, so a restart on fewer or more "
+        "processes (elastic --nnodes, or a resume) trains the same global batches",
+    )
+
+
+def _save_every_minutes() -> Any:
+    return opt(
+        0.0,
+        "also write a checkpoint when this many minutes have passed since the last one (0: off), so the "
+        "work a lost machine takes with it is bounded in time whatever the step time",
+    )
+
+
+def _async_save() -> Any:
+    return opt(
+        False,
+        "write checkpoints in the background: staged in memory at the step of the save, then written while "
+        "training goes on (the next save waits for it); the save's own step stalls only for the copy",
+    )
+
+
+def _nnodes() -> Any:
+    return opt(
+        "1",
+        "machines: N, or MIN:MAX for an elastic run that goes on when machines are lost and grows when they "
+        "come back (each machine runs the same command; needs --rdzv-endpoint); under torchrun use its own",
+    )
+
+
+def _rdzv_endpoint() -> Any:
+    return opt("", "HOST:PORT where the machines of a --nnodes run meet (torch elastic's c10d rendezvous)")
+
+
+def _rdzv_id() -> Any:
+    return opt("", "the rendezvous id that the machines of one run share (default: derived from --out)")
+
+
+def check_run_flags(cfg: Any) -> None:
+    """The flags of the training run's own mechanics (elastic, wall-clock checkpoints), shared by pretrain
+    and finetune."""
+    if cfg.global_batch < 0:
+        raise UserError(f"--global-batch must be positive, got {cfg.global_batch}")
+    if cfg.global_batch and cfg.grad_accum != 1:
+        raise UserError(
+            f"--global-batch {cfg.global_batch} and --grad-accum {cfg.grad_accum}: give one of them (the "
+            "accumulation steps are derived from --global-batch)"
+        )
+    if cfg.save_every_minutes < 0:
+        raise UserError(f"--save-every-minutes must be at least 0, got {cfg.save_every_minutes:g}")
+    low, high = parse_nnodes(cfg.nnodes)
+    if high > 1 and not cfg.rdzv_endpoint:
+        raise UserError(
+            f"--nnodes {cfg.nnodes} needs --rdzv-endpoint HOST:PORT: the address (one of the machines, a port free "
+            "there) where the machines of the run meet, the same on every machine"
+        )
+    if cfg.rdzv_endpoint and ":" not in cfg.rdzv_endpoint:
+        raise UserError(f"--rdzv-endpoint {cfg.rdzv_endpoint}: give HOST:PORT, e.g. node1:29500")
+
+
+def parse_nnodes(value: str) -> tuple[int, int]:
+    """--nnodes N or MIN:MAX as (min, max)."""
+    try:
+        parts = [int(p) for p in str(value).split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1:
+        parts *= 2
+    if len(parts) != 2 or not 1 <= parts[0] <= parts[1]:
+        raise UserError(f"--nnodes {value}: give a number of machines, or MIN:MAX with 1 <= MIN <= MAX (1:4)")
+    return parts[0], parts[1]
+
+
+def accumulation(cfg: Any, dp: int) -> tuple[list[int], int]:
+    """(each data-parallel rank's batch, micro-steps per optimizer step) for ``dp`` ranks: --grad-accum, or
+    what makes --global-batch with this layout; a global batch the layout cannot make is a UserError that
+    names the layouts that can."""
+    sizes = per_rank_sizes(cfg.batch_size, dp)
+    goal, micro = cfg.global_batch, sum(sizes)
+    if not goal:
+        return sizes, cfg.grad_accum
+    if goal % micro == 0:
+        return sizes, goal // micro
+    near = sorted({max(micro, goal // micro * micro), (goal // micro + 1) * micro})
+    hint = f"--global-batch {' or '.join(map(str, near))}"
+    if isinstance(cfg.batch_size, int):
+        batches = [b for b in range(1, goal + 1) if goal % (b * dp) == 0]
+        if batches:
+            closest = sorted(batches, key=lambda b: abs(b - cfg.batch_size))[:3]
+            hint += f", or --batch-size {' or '.join(map(str, sorted(closest)))} on these {dp} data-parallel rank(s)"
+        ranks = [d for d in range(1, goal + 1) if goal % (cfg.batch_size * d) == 0]
+        if ranks:
+            hint += f", or --batch-size {cfg.batch_size} on {' or '.join(map(str, ranks))} data-parallel rank(s)"
+    raise UserError(
+        f"--global-batch {goal} is not a multiple of the {micro} examples of one micro-step "
+        f"({'+'.join(map(str, sizes))} on {dp} data-parallel rank(s)): use {hint}"
+    )
+
+
 def _max_bad_steps() -> Any:
     return opt(10, "stop after this many non-finite losses in a row (each is skipped), the last good weights saved")
 
@@ -486,6 +588,12 @@ class RunConfig:
     max_restarts: int = _max_restarts()
     max_bad_steps: int = _max_bad_steps()
     compile: bool = opt(False, "torch.compile the model (static shapes: fixed prediction slots per sequence)")
+    global_batch: int = _global_batch()
+    save_every_minutes: float = _save_every_minutes()
+    async_save: bool = _async_save()
+    nnodes: str = _nnodes()
+    rdzv_endpoint: str = _rdzv_endpoint()
+    rdzv_id: str = _rdzv_id()
 
     def __post_init__(self) -> None:
         # The checks of --save-every and --log-every stay with each command: their messages differ.
@@ -494,6 +602,7 @@ class RunConfig:
             raise UserError(f"--grad-accum must be at least 1, got {self.grad_accum}")
         if self.resume and self.overwrite:
             raise UserError("--resume and --overwrite contradict each other: choose one")
+        check_run_flags(self)
 
 
 def accepts_flat_fields(cls: type) -> type:

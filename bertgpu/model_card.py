@@ -48,7 +48,7 @@ def render(
             ("sequence length", data["max_seq_length"]),
             ("steps", f"{step:,} of {optim['steps']:,}"),
             ("batch size per rank", run["batch_size"]),
-            ("accumulation", run["grad_accum"]),
+            ("accumulation", _accumulation(run)),
             (
                 "optimizer",
                 f"{optim['optimizer']}, peak lr {optim['lr']:g}, warmup {optim['warmup']:g}, "
@@ -75,7 +75,7 @@ def render(
             ("epochs", cfg["epochs"]),
             ("sequence length", cfg["max_seq_length"]),
             ("batch size per rank", run["batch_size"]),
-            ("accumulation", run["grad_accum"]),
+            ("accumulation", _accumulation(run)),
             (
                 "learning rate",
                 f"{cfg['optim']['lr']:g} (AdamW), warmup {cfg['optim']['warmup']:g}, "
@@ -140,3 +140,9 @@ def _recipe(cfg: dict[str, Any]) -> str:
     layout = "packed sequences" if cfg["data"].get("pack") else "one document per sequence"
     dropout = "as the model config" if cfg.get("dropout") is None else f"{cfg['dropout']:g}"
     return f"{cfg.get('recipe', 'bert')}: {layout}, dropout {dropout}"
+
+
+def _accumulation(run: dict[str, Any]) -> Any:
+    """--grad-accum, or what --global-batch made of it (it depends on the layout of each start)."""
+    goal = run.get("global_batch")
+    return f"derived from the global batch {goal}" if goal else run["grad_accum"]

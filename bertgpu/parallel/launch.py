@@ -14,9 +14,11 @@ import logging
 import os
 import sys
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -73,6 +75,33 @@ def restart_count() -> int:
     return _generation
 
 
+JOB_FILE = ".bertgpu-job"  # in the run directory: the elastic run id of the job training there
+
+
+def job_started(out: str | os.PathLike) -> bool:
+    """Whether this worker's job has already trained in ``out``: a worker group started again by an elastic
+    agent, after a failure or because machines left or joined, which must resume. The agents' restart
+    counts cannot tell: a machine whose group restarts because another's failed does not count it, and a
+    machine that joins late counts from 0; the run directory, shared by all machines, can."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    try:
+        return bool(run_id) and (Path(out) / JOB_FILE).read_text() == run_id
+    except OSError:
+        return False
+
+
+def restarted(out: str | os.PathLike) -> bool:
+    """Whether this worker group is a restart of a job that has trained in ``out`` (it resumes)."""
+    return restart_count() > 0 or job_started(out)
+
+
+def mark_job(out: str | os.PathLike) -> None:
+    """Record this worker group's job in ``out`` (rank 0, once the run directory is open)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id:
+        (Path(out) / JOB_FILE).write_text(run_id)
+
+
 def _job_store() -> dist.TCPStore:
     """The elastic agents' store, kept for the whole job (across restarts of the worker group)."""
     return dist.TCPStore(
@@ -107,12 +136,25 @@ def resolve_nproc(nproc: int, device: str) -> int:
     return nproc or 1
 
 
-def launch(fn: Callable[..., Any], args: tuple, nproc: int, max_restarts: int = 0) -> None:
+def launch(
+    fn: Callable[..., Any],
+    args: tuple,
+    nproc: int,
+    max_restarts: int = 0,
+    nnodes: tuple[int, int] = (1, 1),
+    rdzv_endpoint: str = "",
+    run_id: str = "",
+) -> None:
     """Run ``fn(*args)`` in ``nproc`` local worker processes with torch's elastic launcher.
 
     A worker that failed on a user error, or stopped on a signal, has already printed its one line;
     any other failure is reported with the failing rank and its exit code. With ``max_restarts``
     the whole group is restarted after a failure (the workers resume from the latest checkpoint).
+
+    With ``nnodes`` (min, max) above 1 this is one machine's agent of a multi-machine run, as torchrun
+    is: the agents meet at ``rdzv_endpoint`` (c10d rendezvous) under ``run_id``; when a machine is
+    lost the others restart their workers on the smaller world, and when one joins the next restart
+    takes it in (elastic membership, torch's own).
     """
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -122,13 +164,18 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, max_restarts: int = 
     extra = (
         {"shutdown_timeout": 120} if "shutdown_timeout" in {f.name for f in dataclasses.fields(LaunchConfig)} else {}
     )
+    if nnodes[1] > 1:
+        # A store of its own for every worker group (rank 0's worker hosts it), instead of one the agents keep:
+        # that one has no per-group prefix for a world that changes size, and a machine joining a later round
+        # would wait for its address forever.
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
+        min_nodes=nnodes[0],
+        max_nodes=nnodes[1],
         nproc_per_node=nproc,
-        run_id=f"bertgpu-{uuid.uuid4().hex[:8]}",
+        run_id=run_id or f"bertgpu-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",  # like torchrun --standalone: a free port on this machine
+        rdzv_endpoint=rdzv_endpoint or "localhost:0",  # like torchrun --standalone: a free port on this machine
         max_restarts=max_restarts,
         monitor_interval=0.1,
         start_method="spawn",
@@ -162,6 +209,11 @@ def launch(fn: Callable[..., Any], args: tuple, nproc: int, max_restarts: int = 
     finally:
         for log, level in zip(quiet, levels):
             log.setLevel(level)
+
+
+def elastic_run_id(out: str) -> str:
+    """The rendezvous id of a multi-machine run: the same on every machine that runs the same command."""
+    return f"bertgpu-{zlib.crc32(os.path.normpath(out).encode()):08x}"
 
 
 def refuse_when_reimported() -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig, per_rank_sizes
+from ..config import ModelConfig, accumulation
 from ..errors import UserError
 from ..training import resolve_precision
 from . import launch
@@ -59,5 +59,5 @@ def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
                 "hold bitsandbytes' 8/4-bit weights): use --strategy ddp, every process holding the "
                 "quantised encoder"
             )
-    per_rank_sizes(cfg.run.batch_size, dims.dp)
+    accumulation(cfg.run, dims.dp)  # the batch sizes, and --global-batch, fit this layout
     return dims

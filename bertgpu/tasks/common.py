@@ -32,7 +32,7 @@ import torch
 from tqdm import tqdm
 
 from .. import checkpoint, model_card
-from ..config import ModelConfig, OptimConfig
+from ..config import ModelConfig, OptimConfig, parse_nnodes
 from ..errors import UserError
 from ..parallel import ParallelModel, launch, parallelize
 from ..parallel.balance import Balancer
@@ -127,10 +127,51 @@ def run_workers(train: Callable[[Any], Any], cfg: Any) -> None:
         launch.worker_main(train, cfg)
         return
     nproc = launch.resolve_nproc(settings.nproc, settings.device)
-    if nproc == 1 and max_restarts == 0:
+    nnodes = parse_nnodes(getattr(settings, "nnodes", "1"))  # training only: evaluate and predict run on one machine
+    if nproc == 1 and max_restarts == 0 and nnodes == (1, 1):
         launch.worker_main(train, cfg)
     else:
-        launch.launch(launch.worker_main, (train, cfg), nproc, max_restarts=max_restarts)
+        launch.launch(
+            launch.worker_main,
+            (train, cfg),
+            nproc,
+            max_restarts=max_restarts,
+            nnodes=nnodes,
+            rdzv_endpoint=getattr(settings, "rdzv_endpoint", ""),
+            run_id=getattr(settings, "rdzv_id", "") or (launch.elastic_run_id(cfg.out) if nnodes[1] > 1 else ""),
+        )
+
+
+def check_shared(out: Path, rank: int, world_size: int) -> None:
+    """On many machines the run directory must be one that all of them share: every restart resumes from
+    the checkpoints there. Rank 0 leaves a token in it; a rank that cannot read it back is on a machine
+    with a directory of its own, and would resume from nothing (every rank calls this, together)."""
+    if world_size == 1:
+        return
+    import socket
+    import uuid
+
+    token = launch.broadcast_object(uuid.uuid4().hex)
+    probe = out / ".bertgpu-shared"
+    if rank == 0:
+        probe.write_text(token)
+    launch.barrier()
+    try:
+        seen = probe.read_text() == token
+    except OSError:
+        seen = False
+    answers = launch.all_gather_object((seen, socket.gethostname()))
+    launch.barrier()
+    if rank == 0:
+        probe.unlink(missing_ok=True)
+    missing = [(rank, host) for rank, (ok, host) in enumerate(answers) if not ok]
+    if missing:
+        who = ", ".join(f"{rank} ({host})" for rank, host in missing[:4]) + (" ..." if len(missing) > 4 else "")
+        raise UserError(
+            f"--out {out} is not shared: rank(s) {who} do not see what rank 0 ({answers[0][1]}) wrote there; "
+            "on many machines the run directory must be on a file system every machine mounts (NFS, Lustre, ...), "
+            "or a restart would resume from nothing"
+        )
 
 
 @dataclass
@@ -200,11 +241,26 @@ class TrainingRun:
         self.dims.build_mesh(self.device.type)
         allow_tf32(self.device)
 
-        self.resume = cfg.run.resume or launch.restart_count() > 0
+        # A restarted group resumes (rank 0's view, so that every rank decides alike); a first start on many
+        # machines checks --out here, where one rank does it for all.
+        restarted = launch.broadcast_object(launch.restarted(cfg.out))
+        self.resume = cfg.run.resume or restarted
         self.out = Path(cfg.out)
+        refused = ""
+        if self.is_main and not restarted:
+            try:
+                check_out_dir(cfg.out, cfg.run.overwrite, cfg.run.resume)
+            except UserError as e:
+                refused = str(e)
+        refused = launch.broadcast_object(refused)
+        if refused:
+            raise UserError(refused)
         if self.is_main:
             checkpoint.open_run_dir(self.out, start_afresh=cfg.run.overwrite and not self.resume)
         launch.barrier()
+        check_shared(self.out, self.env.rank, self.env.world_size)
+        if self.is_main:
+            launch.mark_job(self.out)
         self.resume_from = checkpoint.latest_checkpoint(self.out) if self.resume else None
         # The plain values of the checkpoint (data position, records, RNGs); the loop reads its own.
         self.state: dict[str, Any] | None = None
@@ -217,6 +273,11 @@ class TrainingRun:
         self.balancer = Balancer(self.device, enabled=cfg.parallel.balance == "auto")
         self.skipped = 0
         self.bad_in_a_row = 0
+        # --save-every-minutes: rank 0's clock decides, shared through the per-step flags, so all ranks agree.
+        self.save_interval_s = 60 * cfg.run.save_every_minutes
+        self.last_save = time.monotonic()
+        self.time_due = False  # a checkpoint is due by the clock
+        self.saver = checkpoint.BackgroundSaver() if cfg.run.async_save else None
         self.sums: dict[str, Sums] = {}  # the loop's running sums by their checkpoint key; the first is the log's
         self.log: RunLog | None = None
         self.bar: tqdm | None = None
@@ -224,6 +285,14 @@ class TrainingRun:
     @property
     def layout(self) -> tuple[int, int, int]:
         return self.dims.world_size, self.dims.dp, self.dims.tp
+
+    def layout_change(self) -> str:
+        """For the resume line: the layout now and the checkpoint's, when they differ (a restart on fewer or
+        more machines, or a resume by hand with another --nproc)."""
+        if self.state is None or list(self.state.get("layout", ())) == list(self.layout):
+            return ""
+        was = self.state.get("layout_name") or f"{self.state['layout'][0]} process(es)"
+        return f" on {self.dims.describe()} (was {was})"
 
     def parallelize(self, model: torch.nn.Module, total_steps: int, compile: bool = False) -> ParallelModel:
         """Spread ``model`` (the same weights on every process) over the processes; seed dropout: the
@@ -337,13 +406,14 @@ class TrainingRun:
         else:
             print(line, flush=True)
 
-    def due(self, step: int, epoch_end: bool = False) -> Due:
+    def due(self, step: int, epoch_end: bool = False, clock: bool = False) -> Due:
         """What follows optimizer step ``step``: a log line every --log-every steps, a checkpoint every
         --save-every steps, the held-out evaluation (pretraining's) every --eval-every steps or else with
         each checkpoint; all three after the run's last step. At an ``epoch_end`` (fine-tuning), the
-        epoch's evaluation and its checkpoint follow instead, so none is forced and no checkpoint due."""
+        epoch's evaluation and its checkpoint follow instead, so none is forced and no checkpoint due.
+        ``clock``: --save-every-minutes says a checkpoint is due."""
         last = step == self.total_steps and not epoch_end
-        save = not epoch_end and (last or step % self.run_cfg.save_every == 0)
+        save = not epoch_end and (last or clock or step % self.run_cfg.save_every == 0)
         records = self.records
         every = records.eval_every
         evaluate = records.evaluate is not None and (last or (step % every == 0 if every else save))
@@ -364,6 +434,8 @@ class TrainingRun:
             sums.add(kept)
         due = self.due(loop.step, epoch_end)
         stop_now = self.end_step(loop, bad, flush=due.save)
+        if self.time_due and not due.save:
+            due = self.due(loop.step, epoch_end, clock=True)
         if due.log:
             self._log(loop)
         if due.evaluate:
@@ -417,7 +489,9 @@ class TrainingRun:
             "scaler": self.scaler.state_dict(),
             "rng": gather_rng_states(self.device, self.layout),
             "layout": list(self.layout),
+            "layout_name": self.dims.describe(),
         }
+        self.last_save, self.time_due = time.monotonic(), False
         metrics = self.log.last(*self.records.card_keys) if self.records.card_keys else None
         card = model_card.render(self.task, self.cfg, loop.step, self.model_config, self.dims.describe(), metrics)
         return checkpoint.save_checkpoint(
@@ -434,17 +508,26 @@ class TrainingRun:
             architecture=self.architecture,
             rank_tensors=self.net.rank_state_dict(),
             card=card,
+            saver=self.saver,
         )
+
+    def wait_for_saves(self) -> None:
+        """Block until the checkpoint being written in the background is complete (a failure is a UserError)."""
+        if self.saver is not None:
+            self.saver.wait()
 
     def end_step(self, loop: LoopState, bad: torch.Tensor, *, flush: bool) -> bool:
         """After every optimizer step: queue its flags (was it skipped; was any process asked to stop)
         and act on those due, which are the previous step's on a GPU (no wait) and all of them when
         ``flush`` (a checkpoint follows, which must account for every step it holds). Return whether
         to stop now (a signal reached some process)."""
-        asked = launch.all_reduce_sum(torch.full((), float(self.stop.signum > 0), device=self.device))
-        due = self.flags.push(loop.step, torch.stack([asked, bad]))
-        if flush or any(values[0] for _, values in due):
-            due += self.flags.flush()
+        clock = self.is_main and self.save_interval_s > 0 and time.monotonic() - self.last_save >= self.save_interval_s
+        asked = launch.all_reduce_sum(
+            torch.stack([torch.full((), float(v), device=self.device) for v in (self.stop.signum > 0, clock)])
+        )
+        due = self.flags.push(loop.step, torch.cat([asked, bad.reshape(1)]))
+        if flush or any(values[0] or values[1] for _, values in due):
+            due += self.flags.flush()  # a checkpoint follows: it must account for every step it holds
         return self._act_on(due, loop)
 
     def flush(self, loop: LoopState) -> bool:
@@ -455,8 +538,9 @@ class TrainingRun:
         """Count and report skipped steps; after ``max_bad_steps`` in a row stop the run, the last good
         weights saved first. Return whether a process was asked to stop."""
         stop_now = False
-        for flag_step, (stop_flag, was_bad) in due:
+        for flag_step, (stop_flag, clock_flag, was_bad) in due:
             stop_now |= stop_flag > 0
+            self.time_due |= clock_flag > 0
             if not was_bad:
                 self.bad_in_a_row = 0
                 continue
@@ -466,6 +550,7 @@ class TrainingRun:
             if self.precision != "fp16" and self.bad_in_a_row >= self.run_cfg.max_bad_steps:
                 self.flags.flush()  # the steps after it are skipped too: nothing is lost by not reading them
                 path = self.save(loop)
+                self.wait_for_saves()
                 raise UserError(
                     f"the loss was not finite for {self.bad_in_a_row} steps in a row (up to step "
                     f"{flag_step}); stopped with the last good weights in {path}; lower --lr or check "
@@ -478,6 +563,7 @@ class TrainingRun:
         return bool(launch.all_reduce_sum(torch.full((1,), float(self.stop.signum > 0), device=self.device)).item())
 
     def interrupted(self, step: int, path: Path) -> launch.Interrupted:
+        self.wait_for_saves()  # the checkpoint the message names is complete
         signum = self.stop.signum
         name = signal.Signals(signum).name if signum else "a signal on another rank"
         return launch.Interrupted(
@@ -506,8 +592,12 @@ class TrainingRun:
             print(f"bertgpu: warning: {message}", file=sys.stderr, flush=True)
 
     def close(self) -> None:
-        self.stop.restore()
-        if self.bar is not None:
-            self.bar.close()
-        if self.log is not None:
-            self.log.close()
+        try:
+            if self.saver is not None:
+                self.saver.close()  # the last checkpoint is written before the run ends
+        finally:
+            self.stop.restore()
+            if self.bar is not None:
+                self.bar.close()
+            if self.log is not None:
+                self.log.close()

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from .. import atomic, checkpoint, hf_dir, lora, model_card
 from ..classifier import model_lowercase, model_vocab
-from ..config import FinetuneConfig, ModelConfig, OptimConfig, per_rank_sizes
+from ..config import FinetuneConfig, ModelConfig, OptimConfig, accumulation, parse_nnodes
 from ..data.classification import (
     ClassificationDataset,
     Examples,
@@ -127,7 +127,7 @@ def run_finetune(cfg: FinetuneConfig) -> None:
             flush=True,
         )
         cfg = dataclasses.replace(cfg, model=str(plan.model_dir))
-    if launch.restart_count() == 0:
+    if not launch.restarted(cfg.out) and parse_nnodes(cfg.run.nnodes)[1] == 1:  # many machines: rank 0 checks it
         check_out_dir(cfg.out, cfg.run.overwrite, cfg.run.resume)
         if int(os.environ.get("RANK", 0)) == 0:
             print(plan.labels_line, flush=True)
@@ -141,12 +141,13 @@ def run_finetune(cfg: FinetuneConfig) -> None:
         return
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.run.resume else None
     if resume_from is not None:  # refused here, before any process starts (each worker checks again)
+        sizes, accum = accumulation(cfg.run, plan.dp)
         _check_resumable(
             checkpoint.load_training_state(resume_from),
             resume_from,
             list(plan.model_config.id2label.values()),
             len(plan.train),
-            sum(per_rank_sizes(cfg.run.batch_size, plan.dp)) * cfg.run.grad_accum,
+            sum(sizes) * accum,
             cfg.group_by_length,
             _adapter_record(cfg, plan),
         )
@@ -189,16 +190,17 @@ class Loop(LoopState):
 def train(cfg: FinetuneConfig) -> Path:
     plan = check(cfg)
     run = TrainingRun(cfg, plan.model_config)
-    dims, device, out, accum = run.dims, run.device, run.out, cfg.run.grad_accum
+    dims, device, out = run.dims, run.device, run.out
+    sizes, accum = accumulation(cfg.run, dims.dp)  # --grad-accum, or what makes --global-batch on this layout
 
     # Data: encoded once; every epoch a fresh order, cut into global batches shared by the data-parallel ranks.
     tokenizer = Tokenizer(model_vocab(plan.model_dir), plan.lowercase)
     label2id = {name: i for i, name in plan.model_config.id2label.items()}
     train_set = ClassificationDataset(plan.train, tokenizer, cfg.max_seq_length, label2id)
     eval_set = ClassificationDataset(plan.eval, tokenizer, cfg.max_seq_length, label2id)
-    loop = Loop(per_rank_sizes(cfg.run.batch_size, dims.dp), out=out)  # the batch sizes per data-parallel rank
+    loop = Loop(sizes, out=out)  # the batch sizes per data-parallel rank
     global_batch = sum(loop.sizes) * accum
-    steps_per_epoch = len(epoch_batches(cfg, train_set, loop.sizes, dims, 1))
+    steps_per_epoch = len(epoch_batches(cfg, train_set, loop.sizes, accum, dims, 1))
     if steps_per_epoch == 0:
         raise UserError(f"{len(train_set)} training example(s) cannot be shared by {dims.dp} data-parallel ranks")
     optim = dataclasses.replace(cfg.optim, lr=cfg.optim.peak_lr(global_batch), steps=cfg.epochs * steps_per_epoch)
@@ -228,7 +230,7 @@ def train(cfg: FinetuneConfig) -> Path:
     for warning in plan.warnings:
         run.warn(warning)
     run.start(
-        start_line(cfg, run, loop, optim, len(train_set), len(eval_set), trainable, n_params),
+        start_line(cfg, run, loop, accum, optim, len(train_set), len(eval_set), trainable, n_params),
         optim.steps,
         Throughput(0.0, None, dims.world_size),
         Records(values=log_values, line=functools.partial(log_line, steps=optim.steps), unit="example"),
@@ -238,7 +240,7 @@ def train(cfg: FinetuneConfig) -> Path:
     try:
         while loop.epoch <= cfg.epochs:
             net.train()
-            batches = epoch_batches(cfg, train_set, loop.sizes, dims, loop.epoch)
+            batches = epoch_batches(cfg, train_set, loop.sizes, accum, dims, loop.epoch)
             while loop.step_in_epoch < len(batches):  # on resume: straight to the next batch
                 indices, global_size = batches[loop.step_in_epoch]
                 micro = micro_batches(indices, global_size, [s * accum for s in loop.sizes], accum)
@@ -246,8 +248,8 @@ def train(cfg: FinetuneConfig) -> Path:
                 loop.step_in_epoch += 1
                 # The optimizer step, then log and save when due; a stop signal raises.
                 run.after_step(loop, step_sums, epoch_end=loop.step_in_epoch == len(batches))
-                if run.rebalance(loop):
-                    batches = epoch_batches(cfg, train_set, loop.sizes, dims, loop.epoch)  # the same, shared anew
+                if run.rebalance(loop):  # the same global batches, shared anew
+                    batches = epoch_batches(cfg, train_set, loop.sizes, accum, dims, loop.epoch)
             if run.flush(loop):
                 raise run.interrupted(loop.step, run.save(loop))  # resumes at this evaluation
             end_epoch(cfg, run, loop, plan, eval_set, len(train_set))
@@ -265,11 +267,11 @@ def train(cfg: FinetuneConfig) -> Path:
 
 
 def epoch_batches(
-    cfg: FinetuneConfig, train_set: ClassificationDataset, sizes: list[int], dims: ParallelDims, epoch: int
+    cfg: FinetuneConfig, train_set: ClassificationDataset, sizes: list[int], accum: int, dims: ParallelDims, epoch: int
 ) -> list[tuple[list[int], int]]:
     """The epoch's global batches in a fresh order (each with this rank's indices and its global size)."""
     lengths = train_set.lengths if cfg.group_by_length else None  # batches of similar length pad little
-    shares = [s * cfg.run.grad_accum for s in sizes]
+    shares = [s * accum for s in sizes]
     return train_batches(len(train_set), shares, dims.dp, dims.dp_rank, cfg.run.seed, epoch, lengths)
 
 
@@ -294,26 +296,27 @@ def start_line(
     cfg: FinetuneConfig,
     run: TrainingRun,
     loop: Loop,
+    accum: int,
     optim: OptimConfig,
     train_examples: int,
     eval_examples: int,
     trainable: int,
     n_params: int,
 ) -> str:
-    how = f"; resuming from {run.resume_from} at step {loop.step}" if run.resume_from is not None else ""
+    how = f"; resuming from {run.resume_from} at step {loop.step}{run.layout_change()}" if run.resume_from else ""
     what = (
         f"{lora.describe(cfg.adapter)}: {trainable:,} of {n_params:,} parameters trainable "
         f"({100 * trainable / n_params:.2f}%)"
         if cfg.adapter.enabled
         else f"{n_params / 1e6:.1f}M parameters"
     )
-    global_batch = sum(loop.sizes) * cfg.run.grad_accum
+    global_batch = sum(loop.sizes) * accum
     o = cfg.optim
     return (
         f"bertgpu finetune: {what}, {run.dims.describe()}, on {run.device.type}, "
         f"{run.precision}, {train_examples:,} training and {eval_examples:,} evaluation examples, "
         f"labels {', '.join(run.model_config.id2label.values())}, global batch {global_batch} = "
-        f"{describe_batch(loop.sizes, cfg.run.grad_accum)}, "
+        f"{describe_batch(loop.sizes, accum)}, "
         f"{describe_lr(o.lr, optim.lr, o.lr_scaling, global_batch, o.reference_batch)}, "
         f"{optim.steps} steps in {cfg.epochs} epoch(s){how}"
     )

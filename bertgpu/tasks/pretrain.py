@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import checkpoint, evaluation, hf_dir
-from ..config import PRESETS, ModelConfig, PretrainConfig, per_rank_sizes
+from ..config import PRESETS, ModelConfig, PretrainConfig, accumulation, parse_nnodes
 from ..data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
 from ..data.pretraining import (
     IGNORE_INDEX,
@@ -161,7 +161,7 @@ def run(cfg: PretrainConfig) -> None:
     """Check, then train here (one process, or one worker of torchrun) or in local workers."""
     cfg = resolve_device(cfg)
     corpus = check(cfg).corpus
-    if launch.restart_count() == 0:
+    if not launch.restarted(cfg.out) and parse_nnodes(cfg.run.nnodes)[1] == 1:  # many machines: rank 0 checks it
         check_out_dir(cfg.out, cfg.run.overwrite, cfg.run.resume)
         if int(os.environ.get("RANK", 0)) == 0:  # once per run: not again in every torchrun worker
             warn_wwm_fallback(corpus, cfg.data)
@@ -202,8 +202,9 @@ def train(cfg: PretrainConfig) -> Path:
     # Held-out text (--eval-fraction, --eval-data) becomes a fixed evaluation set, never trained on.
     train_text, eval_set, heldout = heldout_split(cfg, corpus, run.state, dims.dp)
     dataset = PretrainingDataset(train_text, cfg.data, seed, load_vocab(corpus.vocab_path))
-    loop = Loop(per_rank_sizes(cfg.run.batch_size, dims.dp))  # the batch sizes per data-parallel rank
-    accum, global_batch = cfg.run.grad_accum, sum(loop.sizes) * cfg.run.grad_accum
+    sizes, accum = accumulation(cfg.run, dims.dp)  # --grad-accum, or what makes --global-batch on this layout
+    loop = Loop(sizes)  # the batch sizes per data-parallel rank
+    global_batch = sum(loop.sizes) * accum
     if len(dataset) < global_batch:
         raise UserError(
             f"{cfg.data.data} gives {len(dataset)} instances per epoch, fewer than one global batch "
@@ -324,7 +325,9 @@ def start_line(
             f"; the global batch changed from {run.state['global_batch']} to {global_batch}: continuing at "
             f"instance {loop.instance:,} of epoch {loop.epoch}"
         )
-    how = f"resuming from {run.resume_from} at step {loop.step}{moved}" if run.resume_from else "starting"
+    how = "starting"
+    if run.resume_from:
+        how = f"resuming from {run.resume_from} at step {loop.step}{run.layout_change()}{moved}"
     held = f", evaluated on {len(eval_set):,} instances of {eval_set.where}" if eval_set is not None else ""
     compressed = (
         f", gradients {describe_compression(net.compression)}" if dims.dp > 1 and net.compression.kind != "none" else ""
@@ -332,7 +335,8 @@ def start_line(
     o = cfg.optim
     return (
         f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {dims.describe()}{compressed}, on {run.device.type}, "
-        f"{run.precision}, global batch {global_batch} = {describe_batch(loop.sizes, cfg.run.grad_accum)}, "
+        f"{run.precision}, global batch {global_batch} = "
+        f"{describe_batch(loop.sizes, global_batch // sum(loop.sizes))}, "
         f"{describe_lr(o.lr, peak_lr, o.lr_scaling, global_batch, o.reference_batch)}, "
         f"{instances:,} instances in epoch {loop.epoch}{held}; {how}"
     )

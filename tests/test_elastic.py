@@ -1,0 +1,266 @@
+"""Elastic multi-machine runs (issue #19): a run that loses a machine goes on with the ones left, a machine
+that comes back is taken in, and the training is the same run throughout because --global-batch keeps the
+global batch whatever the layout.
+
+Each "machine" is a bertgpu launcher of its own (`bertgpu pretrain --nnodes 1:2 --rdzv-endpoint ...`, one
+process each) on this machine, in a session of its own so that killing it kills its workers too, as a
+machine that is lost takes all its processes with it. The run directory is shared, as it must be. Every
+forward pass sleeps (tests/slow_rank.py), so that a run outlasts torch elastic's rendezvous rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, run_cli
+from test_communication import free_port, weights, worst_difference
+
+STEPS = 20
+RUN = [
+    "--model",
+    "tiny",
+    "--max-seq-length",
+    "64",
+    "--steps",
+    str(STEPS),
+    "--batch-size",
+    "4",
+    "--global-batch",
+    "8",  # 1 machine: 4 x 2 micro-steps; 2 machines: 4 x 2 ranks
+    "--lr",
+    "1e-4",
+    "--warmup",
+    "1",
+    "--log-every",
+    "1",
+    "--save-every",
+    "4",
+    "--device",
+    "cpu",
+    "--precision",
+    "fp32",
+    "--dropout",
+    "0",
+    "--loader-workers",
+    "0",
+]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, small_english_data) -> Path:
+    """The uninterrupted run: one process, global batch 8 as 2 micro-steps of 4."""
+    out = tmp_path_factory.mktemp("elastic") / "one"
+    run_cli("pretrain", "--data", small_english_data, "--out", out, *RUN)
+    return out
+
+
+def start_machine(data: Path, out: Path, port: int, output: Path, *extra: str) -> subprocess.Popen:
+    """One machine's `bertgpu pretrain --nnodes 1:2`, its output to a file the test can watch."""
+    cmd = [
+        sys.executable,
+        str(ROOT / "tests" / "slow_rank.py"),
+        "pretrain",
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        *RUN,
+        "--nproc",
+        "1",
+        "--nnodes",
+        "1:2",
+        "--rdzv-endpoint",
+        f"localhost:{port}",
+        "--max-restarts",
+        "3",
+        *extra,
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SLOW_RANK": "any", "SLOW_SECONDS": "0.03", "PYTHONUNBUFFERED": "1"}
+    with open(output, "w") as f:
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def wait_for(what: str, check, procs: list[subprocess.Popen], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if any(p.poll() is not None for p in procs):
+            raise AssertionError(f"a machine ended before {what}")
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("localhost", port)) == 0
+
+
+def logged_step(out: Path) -> int:
+    log = out / "log.jsonl"
+    lines = log.read_text().splitlines() if log.exists() else []
+    return max((int(line.split('"step": ')[1].split(",")[0]) for line in lines), default=0)
+
+
+def lose_a_machine(tmp_path: Path, data: Path) -> tuple[Path, int, subprocess.Popen, Path]:
+    """Two machines train; after the step-4 checkpoint the second is killed whole (SIGKILL to its launcher,
+    agent and worker). Return the run directory, the rendezvous port, the first machine and its output."""
+    out, port = tmp_path / "run", free_port()
+    first = start_machine(data, out, port, tmp_path / "first.txt")
+    wait_for("the rendezvous", lambda: listening(port), [first])  # the first machine hosts it, as a user's would
+    second = start_machine(data, out, port, tmp_path / "second.txt")
+    wait_for("step 5", lambda: logged_step(out) >= 5, [first, second])
+    os.killpg(second.pid, signal.SIGKILL)
+    second.wait()
+    return out, port, first, tmp_path / "first.txt"
+
+
+def test_losing_a_machine_the_other_finishes_alone_on_the_same_global_batch(tmp_path, small_english_data, one_process):
+    out, _, first, output = lose_a_machine(tmp_path, small_english_data)
+    assert first.wait(timeout=600) == 0, output.read_text()[-3000:]
+    text = output.read_text()
+    assert "2 processes = dp 2, ddp, on cpu, fp32, global batch 8 = 4 x 2 x 1" in text
+    assert "on 1 process (was 2 processes = dp 2, ddp)" in text, text[-3000:]  # the restart's one line
+    assert "global batch 8 = 4 x 1 x 2" in text  # the same global batch, now 2 micro-steps
+    worst = worst_difference(weights(one_process, STEPS), weights(out, STEPS))
+    assert worst <= 1e-6, f"max abs parameter difference {worst:.3g}"
+
+
+def test_a_machine_that_comes_back_is_taken_in(tmp_path, small_english_data, one_process):
+    out, port, first, output = lose_a_machine(tmp_path, small_english_data)
+    wait_for("the restart alone", lambda: "(was 2 processes" in output.read_text(), [first])
+    third = start_machine(small_english_data, out, port, tmp_path / "third.txt")
+    assert first.wait(timeout=600) == 0, output.read_text()[-3000:]
+    assert third.wait(timeout=600) == 0, (tmp_path / "third.txt").read_text()[-3000:]
+    text = output.read_text() + (tmp_path / "third.txt").read_text()
+    assert "on 2 processes = dp 2, ddp (was 1 process)" in text, text[-3000:]
+    worst = worst_difference(weights(one_process, STEPS), weights(out, STEPS))
+    assert worst <= 1e-6, f"max abs parameter difference {worst:.3g}"
+
+
+def test_a_run_directory_that_is_not_shared_is_refused(tmp_path, small_english_data):
+    """Two machines whose --out are different directories (as two machines' local disks are): one line."""
+    port = free_port()
+    procs = [
+        start_machine(
+            small_english_data,
+            tmp_path / name,
+            port,
+            tmp_path / f"{name}.txt",
+            "--rdzv-id",
+            "same-run",
+            "--nnodes",
+            "2",
+        )
+        for name in ("a", "b")
+    ]
+    for p in procs:
+        assert p.wait(timeout=600) == 2
+    text = (tmp_path / "a.txt").read_text() + (tmp_path / "b.txt").read_text()
+    errors = [line for line in text.splitlines() if line.startswith("bertgpu: error:")]
+    assert errors and all("is not shared: rank(s) 1 (" in e for e in errors), text[-3000:]
+    assert "Traceback" not in text
+
+
+def test_save_every_minutes_checkpoints_on_time(tmp_path, small_english_data):
+    """Slow steps (0.4 s each) and a checkpoint every 0.02 minutes: checkpoints at steps that --save-every
+    (1000) would never write; written in the background (--async-save), each complete."""
+    out = tmp_path / "run"
+    args = [*RUN[: RUN.index("--steps")], "--steps", "6", *RUN[RUN.index("--steps") + 2 :]]
+    args[args.index("--save-every") + 1] = "1000"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "slow_rank.py"), "pretrain", "--data", str(small_english_data)]
+        + ["--out", str(out), *args, "--save-every-minutes", "0.02", "--keep", "0", "--async-save"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "SLOW_RANK": "any", "SLOW_SECONDS": "0.05"},
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").iterdir())
+    assert len([s for s in steps if s < 6]) >= 2, steps  # on time, before the end
+    assert 6 in steps and "Traceback" not in proc.stderr and "warning" not in proc.stderr, proc.stderr
+    for step in steps:  # every one complete: weights and optimizer shards
+        assert (out / "checkpoints" / f"step-{step:07d}" / "optimizer" / ".metadata").is_file()
+        weights(out, step)
+
+
+def test_bad_elastic_flags_are_one_line(tmp_path, small_english_data):
+    cases = [
+        (["--global-batch", "10"], "--global-batch 10 is not a multiple of the 4 examples of one micro-step"),
+        (["--global-batch", "8", "--grad-accum", "2"], "give one of them"),
+        (["--nnodes", "1:2"], "--nnodes 1:2 needs --rdzv-endpoint HOST:PORT"),
+        (["--nnodes", "3:2"], "--nnodes 3:2: give a number of machines, or MIN:MAX"),
+        (["--save-every-minutes", "-1"], "--save-every-minutes must be at least 0"),
+    ]
+    for flags, needle in cases:
+        proc = run_cli(
+            "pretrain", "--data", small_english_data, "--out", tmp_path / "run", "--model", "tiny", "--batch-size", "4",
+            *flags, check=False,
+        )  # fmt: skip
+        assert proc.returncode == 2 and needle in proc.stderr, (flags, proc.stderr)
+        assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+BACKGROUND_WRITER = """
+import sys, time, torch
+from pathlib import Path
+from bertgpu import checkpoint
+from bertgpu.config import ModelConfig, PretrainConfig
+from bertgpu.model import BertForPreTraining
+run, vocab, marker = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+torch.manual_seed(0)
+model = BertForPreTraining(ModelConfig.preset("tiny", vocab_size=30522))
+cfg = PretrainConfig(model="tiny", out=str(run))
+optimizer = torch.optim.AdamW(model.parameters())
+saver = checkpoint.BackgroundSaver()
+save = lambda step: checkpoint.save_checkpoint(run, step, model, optimizer, model.config, {"position": {}}, cfg,
+                                               vocab_path=vocab, do_lower_case=True, keep=3, saver=saver)
+weight = model.bert.embeddings.word_embeddings.weight
+with torch.no_grad():
+    weight.fill_(1.0)
+    save(1)
+    weight.fill_(2.0)  # training goes on while step 1 is written: the checkpoint keeps what step 1 had
+    saver.wait()
+real = checkpoint.write_pretrained  # the name checkpoint calls (imported from hf_dir)
+def slow(*args, **kwargs):
+    real(*args, **kwargs)
+    marker.write_text("writing")
+    time.sleep(600)  # killed here, mid-write, in the background
+checkpoint.write_pretrained = slow
+with torch.no_grad():
+    save(2)
+    weight.fill_(3.0)
+time.sleep(600)
+"""
+
+
+def test_a_background_save_keeps_its_steps_state_and_a_kill_midway_keeps_the_previous_one(tmp_path, uncased_vocab):
+    import transformers
+
+    from bertgpu.checkpoint import latest_checkpoint
+
+    run, marker = tmp_path / "run", tmp_path / "writing"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BACKGROUND_WRITER, str(run), str(uncased_vocab), str(marker)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    deadline = time.monotonic() + 300
+    while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert marker.exists(), "the background writer never reached the middle of its second checkpoint"
+    proc.kill()
+    proc.wait()
+    latest = latest_checkpoint(run)
+    assert latest == run / "checkpoints" / "step-0000001"
+    model = transformers.BertForPreTraining.from_pretrained(latest)
+    assert (model.bert.embeddings.word_embeddings.weight == 1.0).all()  # step 1's state, not what came after
