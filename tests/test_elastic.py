@@ -158,6 +158,8 @@ def test_a_run_directory_that_is_not_shared_is_refused(tmp_path, small_english_d
             "same-run",
             "--nnodes",
             "2",
+            "--max-restarts",
+            "0",  # a restart would meet the same refusal (the agents cannot tell a user's error from a crash)
         )
         for name in ("a", "b")
     ]
