@@ -28,6 +28,7 @@ def in_process_error(capsys, *args) -> str:
     tests that use it keep the exit status and the whole stderr of a fresh interpreter covered.)"""
     from bertgpu.cli import main
 
+    capsys.readouterr()  # what the test printed before: not this command's
     with pytest.raises(SystemExit) as exit_info:
         main([str(a) for a in args])
     captured = capsys.readouterr()
