@@ -23,6 +23,30 @@ from bertgpu.errors import UserError  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The modules whose multi-process runs take most of the suite's time, heaviest first (measured with
+# --durations=0); the others follow in their own order. pytest-xdist (--dist loadscope, pyproject.toml)
+# hands out whole modules in this order, so that their module-scoped runs are made once and the two
+# workers finish close together.
+HEAVY_FIRST = [
+    "test_parallel.py",
+    "test_communication.py",
+    "test_resume.py",
+    "test_finetune.py",
+    "test_finetune_resume.py",
+    "test_lora.py",
+    "test_end_to_end.py",
+    "test_zh_wwm.py",
+    "test_new_user.py",
+    "test_heldout.py",
+    "test_finetune_workflow.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a module's tests keep their order
+
+
 def _package_file(package: str, *parts: str) -> Path:
     try:
         return samples.package_path(package, *parts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from conftest import run_cli, write_tiny_bert
@@ -20,6 +21,31 @@ def assert_one_line_error(proc, *needles: str) -> str:
     return lines[0]
 
 
+def in_process_error(capsys, *args) -> str:
+    """`bertgpu ARGS` run in this process, for mistakes found before any worker starts (no torch import
+    to pay for each): the one line it prints, after checking it is exactly one line and exit code 2,
+    with no traceback on either stream. (assert_one_line_error checks a real process's output: the
+    tests that use it keep the exit status and the whole stderr of a fresh interpreter covered.)"""
+    from bertgpu.cli import main
+
+    capsys.readouterr()  # what the test printed before: not this command's
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(a) for a in args])
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("bertgpu: error: "), err
+    assert "Traceback" not in captured.err and "Traceback" not in captured.out
+    return err
+
+
+def assert_one_line_error_in_process(capsys, args: list, *needles: str) -> str:
+    """``in_process_error`` of ``args``, holding every needle (as assert_one_line_error)."""
+    err = in_process_error(capsys, *args)
+    for needle in needles:
+        assert needle in err, err
+    return err
+
+
 def test_missing_corpus(tmp_path, uncased_vocab):
     out = tmp_path / "data"
     proc = run_cli("prepare", tmp_path / "nope.txt", "--vocab", uncased_vocab, "--out", out, check=False)
@@ -30,66 +56,46 @@ def test_missing_corpus(tmp_path, uncased_vocab):
     assert not (tmp_path / "v.txt").exists()
 
 
-def test_empty_corpus(tmp_path, uncased_vocab):
+def test_empty_corpus(tmp_path, uncased_vocab, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n   \n")
     out = tmp_path / "data"
-    proc = run_cli("prepare", empty, "--vocab", uncased_vocab, "--out", out, check=False)
-    assert_one_line_error(proc, "empty")
+    assert_one_line_error_in_process(capsys, ["prepare", empty, "--vocab", uncased_vocab, "--out", out], "empty")
     assert not out.exists() and list(tmp_path.iterdir()) == [empty]
-    proc = run_cli("vocab", empty, "--size", "300", "--out", tmp_path / "v.txt", check=False)
-    assert_one_line_error(proc, "empty")
+    assert_one_line_error_in_process(capsys, ["vocab", empty, "--size", "300", "--out", tmp_path / "v.txt"], "empty")
     assert list(tmp_path.iterdir()) == [empty]
 
 
 @pytest.mark.parametrize("missing", ["[CLS]", "[SEP]", "[MASK]"])
-def test_vocab_without_special_tokens(tmp_path, english_corpus, uncased_vocab, missing):
+def test_vocab_without_special_tokens(tmp_path, english_corpus, uncased_vocab, missing, capsys):
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(t for t in uncased_vocab.read_text().splitlines() if t != missing) + "\n")
-    proc = run_cli("prepare", english_corpus, "--vocab", vocab, "--out", tmp_path / "data", check=False)
-    assert_one_line_error(proc, missing, str(vocab))
+    args = ["prepare", english_corpus, "--vocab", vocab, "--out", tmp_path / "data"]
+    assert_one_line_error_in_process(capsys, args, missing, str(vocab))
     assert not (tmp_path / "data").exists()
 
 
-def test_data_from_another_vocab_than_the_model(tmp_path, english_corpus, minilm_dir):
-    vocab = tmp_path / "vocab.txt"
-    run_cli("vocab", english_corpus, "--size", "2000", "--out", vocab)
-    run_cli("prepare", english_corpus, "--vocab", vocab, "--out", tmp_path / "data")
+def test_data_from_another_vocab_than_the_model(tmp_path, small_english_data, minilm_dir, capsys):
+    """Data prepared with a vocab of its own (2,000 tokens trained on the corpus) and MiniLM's vocab."""
     run = tmp_path / "run"
-    proc = run_cli(
-        "pretrain", "--data", tmp_path / "data", "--model", minilm_dir, "--out", run, "--steps", "1", check=False
-    )
-    assert_one_line_error(proc, "another vocab")
+    args = ["pretrain", "--data", small_english_data, "--model", minilm_dir, "--out", run, "--steps", "1"]
+    assert_one_line_error_in_process(capsys, args, "another vocab")
     assert not run.exists()
 
 
-def test_max_seq_length_beyond_the_model_positions(tmp_path, english_data):
+def test_max_seq_length_beyond_the_model_positions(tmp_path, english_data, capsys):
     run = tmp_path / "run"
-    proc = run_cli(
-        "pretrain",
-        "--data",
-        english_data,
-        "--model",
-        "tiny",
-        "--out",
-        run,
-        "--max-seq-length",
-        "1024",
-        "--nproc",
-        "2",
-        check=False,
-    )
-    assert_one_line_error(proc, "--max-seq-length 1024", "512")
+    args = ["pretrain", "--data", english_data, "--model", "tiny", "--out", run, "--max-seq-length", "1024"]
+    assert_one_line_error_in_process(capsys, [*args, "--nproc", "2"], "--max-seq-length 1024", "512")
     assert not run.exists()
 
 
-def test_bad_flags(tmp_path, english_data):
+def test_bad_flags(tmp_path, english_data, capsys):
     for flags, needle in [(["--batch-size", "0"], "--batch-size"), (["--model", "huge"], "huge")]:
         args = ["pretrain", "--data", english_data, "--model", "tiny", "--out", tmp_path / "r", *flags]
-        proc = run_cli(*args, check=False)
-        assert_one_line_error(proc, needle)
-    proc = run_cli("pretrain", "--data", tmp_path / "nodata", "--model", "tiny", "--out", tmp_path / "r", check=False)
-    assert_one_line_error(proc, "nodata", "bertgpu prepare")
+        assert_one_line_error_in_process(capsys, args, needle)
+    args = ["pretrain", "--data", tmp_path / "nodata", "--model", "tiny", "--out", tmp_path / "r"]
+    assert_one_line_error_in_process(capsys, args, "nodata", "bertgpu prepare")
 
 
 @pytest.mark.parametrize(
@@ -114,18 +120,6 @@ def test_bad_layouts(tmp_path, english_data, minilm_dir, capsys, command, flags,
     err = in_process_error(capsys, *args, "--out", tmp_path / "run", "--device", "cpu", *flags)
     assert all(needle in err for needle in needles), err
     assert not (tmp_path / "run").exists()
-
-
-def in_process_error(capsys, *args) -> str:
-    """`bertgpu ARGS` run in this process, for mistakes found before any worker starts (no torch import
-    to pay for each): the one line it prints, after checking it is exactly one line and exit code 2."""
-    from bertgpu.cli import main
-
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(a) for a in args])
-    err = capsys.readouterr().err.strip()
-    assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("bertgpu: error: "), err
-    return err
 
 
 @pytest.mark.parametrize(
@@ -194,12 +188,13 @@ def test_fp16_with_sharded_gradients_is_refused(monkeypatch):
     check_layout(PretrainConfig(model="tiny", out="x", nproc=2, device="cuda", precision="fp16"), model)  # ddp: fine
 
 
-def test_non_empty_run_directory_needs_overwrite(tmp_path, english_data):
+def test_non_empty_run_directory_needs_overwrite(tmp_path, english_data, capsys):
     run = tmp_path / "run"
     run.mkdir()
     (run / "precious.txt").write_text("keep me")
-    proc = run_cli("pretrain", "--data", english_data, "--model", "tiny", "--out", run, check=False)
-    assert_one_line_error(proc, "--overwrite")
+    assert_one_line_error_in_process(
+        capsys, ["pretrain", "--data", english_data, "--model", "tiny", "--out", run], "--overwrite"
+    )
     assert (run / "precious.txt").read_text() == "keep me"
 
 
@@ -207,12 +202,12 @@ def test_non_empty_run_directory_needs_overwrite(tmp_path, english_data):
 # The bad-input catalogue of the resume issue: each a clear line, a non-zero exit, nothing half-written.
 
 
-def test_only_one_sentence_documents_suggests_no_nsp(tmp_path, uncased_vocab):
+def test_only_one_sentence_documents_suggests_no_nsp(tmp_path, uncased_vocab, capsys):
     corpus = tmp_path / "lines.txt"
     corpus.write_text("".join(f"Sentence number {i} stands alone.\n\n" for i in range(200)))
     run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "data")
-    proc = run_cli("pretrain", "--data", tmp_path / "data", "--model", "tiny", "--out", tmp_path / "run", check=False)
-    assert_one_line_error(proc, "single sentence", "--no-nsp")
+    args = ["pretrain", "--data", tmp_path / "data", "--model", "tiny", "--out", tmp_path / "run"]
+    assert_one_line_error_in_process(capsys, args, "single sentence", "--no-nsp")
     assert not (tmp_path / "run").exists()
     # MLM alone on 2 processes: DDP must not wait for gradients of the NSP head, which gets none.
     run_cli(
@@ -237,15 +232,16 @@ def test_only_one_sentence_documents_suggests_no_nsp(tmp_path, uncased_vocab):
     )
 
 
-def test_binary_file(tmp_path, uncased_vocab):
+def test_binary_file(tmp_path, uncased_vocab, capsys):
     blob = tmp_path / "model.bin"
     blob.write_bytes(bytes(range(256)) * 64)
-    proc = run_cli("prepare", blob, "--vocab", uncased_vocab, "--out", tmp_path / "data", check=False)
-    assert_one_line_error(proc, str(blob), "binary")
+    assert_one_line_error_in_process(
+        capsys, ["prepare", blob, "--vocab", uncased_vocab, "--out", tmp_path / "data"], str(blob), "binary"
+    )
     assert not (tmp_path / "data").exists()
 
 
-def test_non_utf8_is_replaced_and_warned_or_an_error_with_strict(tmp_path, uncased_vocab):
+def test_non_utf8_is_replaced_and_warned_or_an_error_with_strict(tmp_path, uncased_vocab, capsys):
     corpus = tmp_path / "latin1.txt"
     corpus.write_bytes(
         "A plain first line.\nCaf\xe9 au lait.\n\nAnother document here.\nWith two lines.\n".encode("latin-1")
@@ -253,32 +249,32 @@ def test_non_utf8_is_replaced_and_warned_or_an_error_with_strict(tmp_path, uncas
     proc = run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "data")
     warning = [line for line in proc.stderr.splitlines() if line.startswith("bertgpu: warning:")]
     assert len(warning) == 1 and f"{corpus}:2" in warning[0], proc.stderr
-    proc = run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "strict", "--strict", check=False)
-    assert_one_line_error(proc, f"{corpus}:2", "UTF-8")
+    args = ["prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "strict", "--strict"]
+    assert_one_line_error_in_process(capsys, args, f"{corpus}:2", "UTF-8")
     assert not (tmp_path / "strict").exists()
 
 
-def test_a_10mb_single_line(tmp_path, uncased_vocab):
+def test_a_10mb_single_line(tmp_path, uncased_vocab, capsys):
     corpus = tmp_path / "dump.txt"
     corpus.write_text("First document, first sentence.\nAnd its second.\n\n" + "word " * 2_097_152 + "\n")
     proc = run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "data")
     assert f"{corpus}:4" in proc.stderr and "one sentence per line" in proc.stderr
     meta = json.loads((tmp_path / "data" / "meta.json").read_text())
     assert meta["sentences"] == 3 and meta["tokens"] > 2_000_000
-    proc = run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "strict", "--strict", check=False)
-    assert_one_line_error(proc, f"{corpus}:4")
+    args = ["prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "strict", "--strict"]
+    assert_one_line_error_in_process(capsys, args, f"{corpus}:4")
 
 
-def test_duplicate_vocab_entries(tmp_path, english_corpus, uncased_vocab):
+def test_duplicate_vocab_entries(tmp_path, english_corpus, uncased_vocab, capsys):
     tokens = uncased_vocab.read_text().splitlines()
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(tokens + ["the"]) + "\n")
-    proc = run_cli("prepare", english_corpus, "--vocab", vocab, "--out", tmp_path / "data", check=False)
-    line = assert_one_line_error(proc, str(vocab), "the")
+    args = ["prepare", english_corpus, "--vocab", vocab, "--out", tmp_path / "data"]
+    line = assert_one_line_error_in_process(capsys, args, str(vocab), "the")
     assert str(tokens.index("the") + 1) in line and str(len(tokens) + 1) in line
 
 
-def test_model_and_data_disagree_on_vocab_size(tmp_path, english_data):
+def test_model_and_data_disagree_on_vocab_size(tmp_path, english_data, capsys):
     config = tmp_path / "config.json"
     config.write_text(
         json.dumps(
@@ -292,32 +288,19 @@ def test_model_and_data_disagree_on_vocab_size(tmp_path, english_data):
             }
         )
     )
-    proc = run_cli("pretrain", "--data", english_data, "--model", config, "--out", tmp_path / "run", check=False)
-    assert_one_line_error(proc, "1000", "30522")
+    args = ["pretrain", "--data", english_data, "--model", config, "--out", tmp_path / "run"]
+    assert_one_line_error_in_process(capsys, args, "1000", "30522")
 
 
-def test_no_gpu_or_too_few_gpus(tmp_path, english_data, monkeypatch):
+def test_no_gpu_or_too_few_gpus(tmp_path, english_data, monkeypatch, capsys):
     import torch
 
     from bertgpu.errors import UserError
     from bertgpu.parallel import launch
 
     if not torch.cuda.is_available():
-        proc = run_cli(
-            "pretrain",
-            "--data",
-            english_data,
-            "--model",
-            "tiny",
-            "--out",
-            tmp_path / "run",
-            "--device",
-            "cuda",
-            "--nproc",
-            "2",
-            check=False,
-        )
-        assert_one_line_error(proc, "no CUDA GPU")
+        args = ["pretrain", "--data", english_data, "--model", "tiny", "--out", tmp_path / "run", "--device", "cuda"]
+        assert_one_line_error_in_process(capsys, [*args, "--nproc", "2"], "no CUDA GPU")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(UserError, match="--nproc 4 is more than the 2 GPU"):
         launch.resolve_nproc(4, "cuda")
@@ -332,7 +315,31 @@ def _limit_file_size():
     resource.setrlimit(resource.RLIMIT_FSIZE, (2_000_000, 2_000_000))
 
 
-def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, english_data):
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory, english_data):
+    """A finished 2-step run (its checkpoint at step 2), which each test below copies and resumes or damages."""
+    run = tmp_path_factory.mktemp("two-steps") / "run"
+    run_cli(
+        "pretrain",
+        "--data",
+        english_data,
+        "--model",
+        "tiny",
+        "--out",
+        run,
+        "--batch-size",
+        "4",
+        "--device",
+        "cpu",
+        "--loader-workers",
+        "0",
+        "--steps",
+        "2",
+    )
+    return run
+
+
+def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, english_data, two_step_run):
     """A write that fails half-way (here: a file-size limit, as a full disk would) leaves the previous
     checkpoint the latest, removes the partial one, and says so in one line."""
     import subprocess
@@ -359,7 +366,7 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, e
         "--loader-workers",
         "0",
     ]
-    run_cli(*args, "--steps", "2")
+    shutil.copytree(two_step_run, run)  # `args` with --steps 2, run to its end
     proc = subprocess.run(
         [sys.executable, "-m", "bertgpu", *map(str, args), "--steps", "4", "--resume"],
         capture_output=True,
@@ -374,7 +381,7 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, e
 
 
 @pytest.mark.parametrize("damaged", ["model.safetensors", "training_state.pt"])
-def test_truncated_checkpoint_file(tmp_path, english_data, damaged):
+def test_truncated_checkpoint_file(tmp_path, english_data, two_step_run, damaged):
     run = tmp_path / "run"
     args = [
         "pretrain",
@@ -391,7 +398,7 @@ def test_truncated_checkpoint_file(tmp_path, english_data, damaged):
         "--loader-workers",
         "0",
     ]
-    run_cli(*args, "--steps", "2")
+    shutil.copytree(two_step_run, run)  # `args` with --steps 2, run to its end
     path = run / "checkpoints" / "step-0000002" / damaged
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     proc = run_cli(*args, "--steps", "4", "--resume", check=False)
@@ -453,24 +460,10 @@ def tiny_classifier_setup(tmp_path_factory, uncased_vocab):
         "quantize-with-fsdp",
     ],
 )
-def test_bad_lora_and_accumulation_flags(tmp_path, tiny_classifier_setup, flags, needles):
+def test_bad_lora_and_accumulation_flags(tmp_path, tiny_classifier_setup, flags, needles, capsys):
     model, reviews = tiny_classifier_setup
-    proc = run_cli(
-        "finetune",
-        "--model",
-        model,
-        "--train",
-        reviews,
-        "--text-column",
-        "review",
-        "--out",
-        tmp_path / "run",
-        "--device",
-        "cpu",
-        *flags,
-        check=False,
-    )
-    assert_one_line_error(proc, *needles)
+    args = ["finetune", "--model", model, "--train", reviews, "--text-column", "review", "--out", tmp_path / "run"]
+    assert_one_line_error_in_process(capsys, [*args, "--device", "cpu", *flags], *needles)
     assert not (tmp_path / "run").exists()
 
 
@@ -503,11 +496,12 @@ def test_quantize_without_bitsandbytes_says_what_to_install(tmp_path, tiny_class
     assert not (tmp_path / "run").exists()
 
 
-def test_a_finetune_run_without_best_yet(tmp_path):
+def test_a_finetune_run_without_best_yet(tmp_path, capsys):
     run = tmp_path / "clf"
     (run / "checkpoints").mkdir(parents=True)
-    proc = run_cli("predict", "--model", run, "some text", check=False)
-    assert_one_line_error(proc, str(run), "without a classifier yet", "best/")
+    assert_one_line_error_in_process(
+        capsys, ["predict", "--model", run, "some text"], str(run), "without a classifier yet", "best/"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -537,8 +531,9 @@ def test_zh_wwm_without_the_segmenter(tmp_path, uncased_vocab):
     assert not out.exists()
 
 
-def test_inspect_errors(tmp_path, english_data):
+def test_inspect_errors(tmp_path, english_data, capsys):
     proc = run_cli("inspect", tmp_path / "nodata", check=False)
     assert_one_line_error(proc, "nodata", "bertgpu prepare")
-    proc = run_cli("inspect", english_data, "--index", "100000", check=False)
-    assert_one_line_error(proc, "--index 100000", "instances")
+    assert_one_line_error_in_process(
+        capsys, ["inspect", english_data, "--index", "100000"], "--index 100000", "instances"
+    )

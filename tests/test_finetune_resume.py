@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 from pathlib import Path
 
@@ -82,13 +83,23 @@ def assert_same_run(reference: Path, out: Path) -> None:
     )
 
 
-def test_sigkill_at_a_random_step_then_resume_is_bitwise_identical(tmp_path, setup, uninterrupted):
-    kill_at = random.randint(6, STEPS - 2)  # after the first resumable checkpoint (step 5)
-    out = tmp_path / "run"
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory, setup) -> tuple[Path, int]:
+    """A 2-process run killed with SIGKILL at a random step after the first resumable checkpoint (step 5):
+    (its directory, the step it had reached at least). Each test below resumes a copy of its own."""
+    kill_at = random.randint(6, STEPS - 2)
+    out = tmp_path_factory.mktemp("killed") / "run"
     proc = start([*command(setup, out), "--nproc", "2"])
     wait_for_step(out, kill_at, proc)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    return out, kill_at
+
+
+def test_sigkill_at_a_random_step_then_resume_is_bitwise_identical(tmp_path, setup, uninterrupted, killed):
+    out = tmp_path / "run"
+    shutil.copytree(killed[0], out)
+    kill_at = killed[1]
     resumed_from = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step-*"))
 
     done = run_cli(*command(setup, out, "--nproc", "2", "--resume"))
@@ -129,12 +140,9 @@ def test_torchrun_restarts_a_killed_worker_and_the_run_completes_identically(tmp
     assert_same_run(uninterrupted, out)
 
 
-def test_resume_with_another_global_batch_is_a_clear_error(tmp_path, setup, uninterrupted):
+def test_resume_with_another_global_batch_is_a_clear_error(tmp_path, setup, killed):
     out = tmp_path / "run"
-    proc = start([*command(setup, out), "--nproc", "2"])
-    wait_for_step(out, 6, proc)
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+    shutil.copytree(killed[0], out)  # 2 processes x 8, killed past step 5
     done = run_cli(*command(setup, out, "--nproc", "1", "--resume"), check=False)
     assert done.returncode == 2, done.stderr
     assert "its global batch was 16" in done.stderr and "now 8" in done.stderr and "Traceback" not in done.stderr

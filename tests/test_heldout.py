@@ -5,12 +5,13 @@ input is one line. (The same figure in every layout is proved with the parity ru
 from __future__ import annotations
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 import torch
 from conftest import run_cli
-from test_cli_errors import assert_one_line_error
+from test_cli_errors import assert_one_line_error, assert_one_line_error_in_process
 
 TINY = [
     "--model",
@@ -70,21 +71,23 @@ def test_held_out_documents_never_reach_training(small_english_data):
     assert np.array_equal(evaluation.tokens(0, 1), tokens(first, first + 1))
 
 
-def test_resume_holds_out_the_same_documents(tmp_path, small_english_data):
+def held_out_run(data, run) -> list:
+    return ["pretrain", "--data", data, "--out", run, *TINY, "--save-every", "2", "--eval-instances", "8"]
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, small_english_data):
+    """2 steps holding out 20% of the documents, evaluated at step 2: (its directory, the finished command).
+    The resume test continues a copy of it; its step-2 checkpoint is the model the evaluation tests use."""
+    run = tmp_path_factory.mktemp("mlm") / "run"
+    return run, run_cli(*held_out_run(small_english_data, run), "--steps", "2", "--eval-fraction", "0.2")
+
+
+def test_resume_holds_out_the_same_documents(tmp_path, small_english_data, first_run):
     run = tmp_path / "run"
-    common = [
-        "pretrain",
-        "--data",
-        small_english_data,
-        "--out",
-        run,
-        *TINY,
-        "--save-every",
-        "2",
-        "--eval-instances",
-        "8",
-    ]
-    first = run_cli(*common, "--steps", "2", "--eval-fraction", "0.2")
+    shutil.copytree(first_run[0], run)
+    common = held_out_run(small_english_data, run)
+    first = first_run[1]  # `common` with --steps 2 --eval-fraction 0.2, into the directory copied to `run`
     held = torch.load(run / "checkpoints" / "step-0000002" / "training_state.pt", weights_only=True)[
         "heldout_documents"
     ]
@@ -100,10 +103,8 @@ def test_resume_holds_out_the_same_documents(tmp_path, small_english_data):
 
 
 @pytest.fixture(scope="module")
-def checkpoint_dir(tmp_path_factory, small_english_data):
-    run = tmp_path_factory.mktemp("mlm") / "run"
-    run_cli("pretrain", "--data", small_english_data, "--out", run, *TINY, "--steps", "3")
-    return run / "checkpoints" / "step-0000003"
+def checkpoint_dir(first_run):
+    return first_run[0] / "checkpoints" / "step-0000002"
 
 
 def _transformers_losses(model, eval_set, nsp: bool) -> dict[str, float]:
@@ -179,17 +180,22 @@ def test_evaluate_on_prepared_data_gives_what_transformers_computes(kind, checkp
     assert ours["eval_perplexity"] == pytest.approx(np.exp(theirs["eval_mlm_loss"]), rel=1e-5)
 
 
-def test_bad_evaluation_input_is_one_line(tmp_path, small_english_data, english_data, checkpoint_dir, minilm_dir):
+def test_bad_evaluation_input_is_one_line(
+    tmp_path, small_english_data, english_data, checkpoint_dir, minilm_dir, capsys
+):
+    """Each found before any worker starts: checked in this process (in_process_error), but the first,
+    which a real process runs."""
     common = ["pretrain", "--data", small_english_data, "--out", tmp_path / "run", *TINY, "--steps", "1"]
     proc = run_cli(*common, "--eval-data", english_data, check=False)
     assert_one_line_error(proc, f"--eval-data {english_data} was prepared with another vocab")
     for fraction in ("0.6", "-0.1"):
-        proc = run_cli(*common, "--eval-fraction", fraction, check=False)
-        assert_one_line_error(proc, "--eval-fraction must be in (0, 0.5]")
-    proc = run_cli(*common, "--eval-data", small_english_data, "--eval-instances", "1", "--nproc", "2", check=False)
-    assert_one_line_error(proc, "gives 1 instance(s), fewer than the 2 data-parallel processes")
+        assert_one_line_error_in_process(
+            capsys, [*common, "--eval-fraction", fraction], "--eval-fraction must be in (0, 0.5]"
+        )
+    args = [*common, "--eval-data", small_english_data, "--eval-instances", "1", "--nproc", "2"]
+    assert_one_line_error_in_process(capsys, args, "gives 1 instance(s), fewer than the 2 data-parallel processes")
     assert not (tmp_path / "run").exists()
-    proc = run_cli("evaluate", "--model", minilm_dir, "--data", english_data, check=False)
-    assert_one_line_error(proc, "has no masked-LM head")
-    proc = run_cli("evaluate", "--model", checkpoint_dir, "--data", english_data, check=False)
-    assert_one_line_error(proc, "was prepared with another vocab than the model's")
+    args = ["evaluate", "--model", minilm_dir, "--data", english_data]
+    assert_one_line_error_in_process(capsys, args, "has no masked-LM head")
+    args = ["evaluate", "--model", checkpoint_dir, "--data", english_data]
+    assert_one_line_error_in_process(capsys, args, "was prepared with another vocab than the model's")

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 from conftest import ROOT, run_cli, write_tiny_bert
-from test_cli_errors import assert_one_line_error
+from test_cli_errors import assert_one_line_error, assert_one_line_error_in_process
 
 TINY_RUN = ["--model", "tiny", "--batch-size", "4", "--max-seq-length", "64", "--device", "cpu", "--log-every", "1"]
 
@@ -50,11 +50,11 @@ def test_the_right_vocab_reports_its_unk_share_and_vocab_its_coverage(tmp_path, 
     assert 99 <= spelled <= 100  # a vocab trained on a corpus spells (nearly) all of it
 
 
-def test_vocab_refuses_to_overwrite_without_overwrite(tmp_path, english_corpus):
+def test_vocab_refuses_to_overwrite_without_overwrite(tmp_path, english_corpus, capsys):
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("precious\n")
-    proc = run_cli("vocab", english_corpus, "--size", "1500", "--out", vocab, check=False)
-    assert_one_line_error(proc, f"--out {vocab} already exists", "--overwrite")
+    args = ["vocab", english_corpus, "--size", "1500", "--out", vocab]
+    assert_one_line_error_in_process(capsys, args, f"--out {vocab} already exists", "--overwrite")
     assert vocab.read_text() == "precious\n"
     run_cli("vocab", english_corpus, "--size", "1500", "--out", vocab, "--overwrite")
     assert len(vocab.read_text().splitlines()) == 1500
@@ -148,15 +148,15 @@ def classifier(tmp_path_factory, uncased_vocab):
     return model, data
 
 
-def test_outputs_never_overwrite_their_inputs(tmp_path, classifier):
+def test_outputs_never_overwrite_their_inputs(tmp_path, classifier, capsys):
     model, data = classifier
     before = data.read_bytes()
-    proc = run_cli("evaluate", "--model", model, "--data", data, "--output", data, check=False)
-    assert_one_line_error(proc, f"--output {data} is the --data file")
+    args = ["evaluate", "--model", model, "--data", data, "--output", data]
+    assert_one_line_error_in_process(capsys, args, f"--output {data} is the --data file")
     link = tmp_path / "link.csv"
     link.symlink_to(data)
-    proc = run_cli("predict", "--model", model, "--input", data, "--output", link, check=False)
-    assert_one_line_error(proc, "is the --input file")
+    args = ["predict", "--model", model, "--input", data, "--output", link]
+    assert_one_line_error_in_process(capsys, args, "is the --input file")
     assert data.read_bytes() == before
     proc = run_cli("predict", "--model", model, " ", check=False)  # as a file's empty rows, nothing to classify
     assert_one_line_error(proc, "an empty text")
@@ -166,27 +166,35 @@ def test_outputs_never_overwrite_their_inputs(tmp_path, classifier):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
 
 
-def test_eval_split_zero_is_an_error(tmp_path, classifier):
+def test_eval_split_zero_is_an_error(tmp_path, classifier, capsys):
     model, data = classifier
-    proc = run_cli(
-        "finetune", "--model", model, "--train", data, "--out", tmp_path / "o", "--eval-split", "0", check=False
-    )
-    assert_one_line_error(proc, "--eval-split must be a fraction between 0 and 1", "--eval FILE")
+    args = ["finetune", "--model", model, "--train", data, "--out", tmp_path / "o", "--eval-split", "0"]
+    assert_one_line_error_in_process(capsys, args, "--eval-split must be a fraction between 0 and 1", "--eval FILE")
 
 
-def test_misleading_errors_say_what_is_wrong(tmp_path, english_corpus, classifier):
-    proc = run_cli("inspect", english_corpus, check=False)
-    assert_one_line_error(proc, "is a corpus file, not prepared data", "bertgpu prepare")
+def test_misleading_errors_say_what_is_wrong(tmp_path, english_corpus, classifier, capsys):
+    args = ["inspect", english_corpus]
+    assert_one_line_error_in_process(capsys, args, "is a corpus file, not prepared data", "bertgpu prepare")
     model, _ = classifier
-    proc = run_cli("finetune", "--model", model, "--train", tmp_path, "--out", tmp_path / "o", check=False)
-    assert_one_line_error(proc, f"{tmp_path} is a directory", ".csv, .tsv or .jsonl")
-    proc = run_cli("vocab", english_corpus, "--device", "cuda", check=False)
-    assert proc.returncode == 2
-    assert proc.stderr.startswith("usage: bertgpu vocab") and "unrecognized arguments: --device cuda" in proc.stderr
-    help_text = " ".join(run_cli("pretrain", "--help").stdout.split())
-    assert "--no-nsp drop next-sentence prediction" in help_text
-    help_text = " ".join(run_cli("finetune", "--help").stdout.split())
-    assert "--no-group-by-length random batches" in help_text
+    args = ["finetune", "--model", model, "--train", tmp_path, "--out", tmp_path / "o"]
+    assert_one_line_error_in_process(capsys, args, f"{tmp_path} is a directory", ".csv, .tsv or .jsonl")
+    # argparse's own exits, in this process: the exit code and what it prints
+    from bertgpu.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["vocab", str(english_corpus), "--device", "cuda"])
+    stderr = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert stderr.startswith("usage: bertgpu vocab") and "unrecognized arguments: --device cuda" in stderr
+    for command, needle in (
+        ("pretrain", "--no-nsp drop next-sentence prediction"),
+        ("finetune", "--no-group-by-length random batches"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--help"])
+        assert exit_info.value.code == 0  # run_cli's check: a zero exit
+        help_text = " ".join(capsys.readouterr().out.split())
+        assert needle in help_text
 
 
 def test_resume_says_what_it_does(tmp_path, small_english_data, classifier):
@@ -266,7 +274,7 @@ def test_summary_eta_and_model_card_of_pretraining(pretrained):
     assert "bertgpu fill-mask PATH" in card
 
 
-def test_fill_mask_gives_what_transformers_computes(pretrained, minilm_dir):
+def test_fill_mask_gives_what_transformers_computes(pretrained, minilm_dir, capsys):
     """Top-k tokens and probabilities for each [MASK], against transformers' BertForPreTraining and
     BertTokenizer on the same checkpoint (float32 softmax of the same logits: 1e-5)."""
     import torch
@@ -291,11 +299,10 @@ def test_fill_mask_gives_what_transformers_computes(pretrained, minilm_dir):
         assert mine["probabilities"] == pytest.approx(top.values.tolist(), abs=1e-5)
     proc = run_cli("fill-mask", minilm_dir, "a [MASK].", check=False)
     assert_one_line_error(proc, "has no masked-LM head")
-    proc = run_cli("fill-mask", run, "no mask here", check=False)
-    assert_one_line_error(proc, "no [MASK] in")
+    assert_one_line_error_in_process(capsys, ["fill-mask", run, "no mask here"], "no [MASK] in")
 
 
-def test_config_file_with_flags_overriding_it_and_rerunning_a_saved_run(tmp_path, small_english_data):
+def test_config_file_with_flags_overriding_it_and_rerunning_a_saved_run(tmp_path, small_english_data, capsys):
     config = tmp_path / "pretrain.yaml"
     config.write_text(
         f"model: tiny\nout: {tmp_path / 'a'}\nbatch-size: 3\ndevice: cpu\noptim:\n  steps: 5\n"
@@ -317,5 +324,6 @@ def test_config_file_with_flags_overriding_it_and_rerunning_a_saved_run(tmp_path
     assert {**again["config"], "out": None} == {**saved["config"], "out": None}
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"model": "tiny", "stepz": 3}))
-    proc = run_cli("pretrain", "--config", bad, check=False)
-    assert_one_line_error(proc, "'stepz' is not a field of `bertgpu pretrain`")
+    assert_one_line_error_in_process(
+        capsys, ["pretrain", "--config", bad], "'stepz' is not a field of `bertgpu pretrain`"
+    )

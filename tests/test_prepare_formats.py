@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 from conftest import run_cli
-from test_cli_errors import assert_one_line_error
+from test_cli_errors import assert_one_line_error_in_process
 
 from bertgpu import samples
 from bertgpu.data import corpus as corpus_module
@@ -367,7 +367,7 @@ def test_parquet_and_dependency_errors(uncased_vocab, tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
-def test_cli(paragraph_corpus, uncased_vocab, tmp_path):
+def test_cli(paragraph_corpus, uncased_vocab, tmp_path, capsys):
     """The command as the issue names it: the closing line's counts, --workers -1, --strict."""
     _, docs = paragraph_corpus
     path = _write_jsonl(tmp_path / "corpus.jsonl", ["\n\n".join(d) for d in docs[:30]])
@@ -400,6 +400,6 @@ def test_cli(paragraph_corpus, uncased_vocab, tmp_path):
     assert json.loads((tmp_path / "none" / "meta.json").read_text())["documents"] == 1
 
     for flags, needles in [(["--workers", "-1"], ["--workers", "-1"]), (["--strict"], [f"{path}:31: no 'text' field"])]:
-        proc = run_cli("prepare", path, "--vocab", uncased_vocab, "--out", tmp_path / "bad", *flags, check=False)
-        assert_one_line_error(proc, *needles)
+        args = ["prepare", path, "--vocab", uncased_vocab, "--out", tmp_path / "bad", *flags]
+        assert_one_line_error_in_process(capsys, args, *needles)
         assert not (tmp_path / "bad").exists()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -174,16 +175,10 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one_latest(tmp_pat
     assert model.bert.embeddings.word_embeddings.weight.abs().max() < 1  # the step-1 weights, not step 2's
 
 
-@pytest.mark.parametrize("target", ["training_state.pt", "pytorch_model.bin", "optimizer/.metadata"])
-def test_a_crafted_pickle_never_runs(tmp_path, small_english_data, target):
-    """A checkpoint file that would run code when unpickled is refused without running it."""
-    marker = tmp_path / "pwned"
-
-    class Exploit:
-        def __reduce__(self):
-            return os.system, (f"touch {marker}",)
-
-    run = tmp_path / "run"
+@pytest.fixture(scope="module")
+def two_step_run(tmp_path_factory, small_english_data) -> Path:
+    """A finished 2-step run (its step-2 checkpoint), which each crafted-pickle test copies and damages."""
+    run = tmp_path_factory.mktemp("two-steps") / "run"
     run_cli(
         "pretrain",
         "--data",
@@ -201,6 +196,20 @@ def test_a_crafted_pickle_never_runs(tmp_path, small_english_data, target):
         "--loader-workers",
         "0",
     )
+    return run
+
+
+@pytest.mark.parametrize("target", ["training_state.pt", "pytorch_model.bin", "optimizer/.metadata"])
+def test_a_crafted_pickle_never_runs(tmp_path, small_english_data, two_step_run, target):
+    """A checkpoint file that would run code when unpickled is refused without running it."""
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):
+            return os.system, (f"touch {marker}",)
+
+    run = tmp_path / "run"
+    shutil.copytree(two_step_run, run)  # a copy of its own: each test damages one file
     ckpt = run / "checkpoints" / "step-0000002"
     if target == "optimizer/.metadata":  # torch.distributed.checkpoint's own metadata is a plain pickle
         import pickle
