@@ -200,6 +200,14 @@ def _rdzv_endpoint() -> Any:
     return opt("", "HOST:PORT where the machines of a --nnodes run meet (torch elastic's c10d rendezvous)")
 
 
+def _rdzv_last_call() -> Any:
+    return opt(
+        30,
+        "seconds an elastic rendezvous waits for more machines once the fewest (--nnodes MIN) have come, "
+        "before it starts without them (torch's last_call_timeout)",
+    )
+
+
 def _rdzv_id() -> Any:
     return opt("", "the rendezvous id that the machines of one run share (default: derived from --out)")
 
@@ -214,6 +222,8 @@ def check_run_flags(cfg: Any) -> None:
             f"--global-batch {cfg.global_batch} and --grad-accum {cfg.grad_accum}: give one of them (the "
             "accumulation steps are derived from --global-batch)"
         )
+    if cfg.rdzv_last_call < 0:
+        raise UserError(f"--rdzv-last-call must be at least 0 seconds, got {cfg.rdzv_last_call}")
     if cfg.save_every_minutes < 0:
         raise UserError(f"--save-every-minutes must be at least 0, got {cfg.save_every_minutes:g}")
     low, high = parse_nnodes(cfg.nnodes)
@@ -594,6 +604,7 @@ class RunConfig:
     nnodes: str = _nnodes()
     rdzv_endpoint: str = _rdzv_endpoint()
     rdzv_id: str = _rdzv_id()
+    rdzv_last_call: int = _rdzv_last_call()
 
     def __post_init__(self) -> None:
         # The checks of --save-every and --log-every stay with each command: their messages differ.

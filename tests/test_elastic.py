@@ -80,6 +80,10 @@ def start_machine(data: Path, out: Path, port: int, output: Path, *extra: str) -
         f"localhost:{port}",
         "--max-restarts",
         "3",
+        # A second machine started with the first joins well within 10 s; torch's 30 s would only be waited out
+        # at each restart on one machine.
+        "--rdzv-last-call",
+        "10",
         *extra,
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "SLOW_RANK": "any", "SLOW_SECONDS": "0.03", "PYTHONUNBUFFERED": "1"}
@@ -202,6 +206,7 @@ def test_bad_elastic_flags_are_one_line(tmp_path, small_english_data):
         (["--nnodes", "1:2"], "--nnodes 1:2 needs --rdzv-endpoint HOST:PORT"),
         (["--nnodes", "3:2"], "--nnodes 3:2: give a number of machines, or MIN:MAX"),
         (["--save-every-minutes", "-1"], "--save-every-minutes must be at least 0"),
+        (["--rdzv-last-call", "-1"], "--rdzv-last-call must be at least 0 seconds"),
     ]
     for flags, needle in cases:
         proc = run_cli(

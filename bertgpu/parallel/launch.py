@@ -144,6 +144,7 @@ def launch(
     nnodes: tuple[int, int] = (1, 1),
     rdzv_endpoint: str = "",
     run_id: str = "",
+    last_call: int = 30,
 ) -> None:
     """Run ``fn(*args)`` in ``nproc`` local worker processes with torch's elastic launcher.
 
@@ -183,6 +184,7 @@ def launch(
         rdzv_backend="c10d",
         rdzv_endpoint=rdzv_endpoint or "localhost:0",  # like torchrun --standalone: a free port on this machine
         max_restarts=max_restarts,
+        rdzv_configs={"last_call_timeout": last_call},
         monitor_interval=0.1,
         start_method="spawn",
         **extra,

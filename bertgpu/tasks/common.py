@@ -139,6 +139,7 @@ def run_workers(train: Callable[[Any], Any], cfg: Any) -> None:
             nnodes=nnodes,
             rdzv_endpoint=getattr(settings, "rdzv_endpoint", ""),
             run_id=getattr(settings, "rdzv_id", "") or (launch.elastic_run_id(cfg.out) if nnodes[1] > 1 else ""),
+            last_call=getattr(settings, "rdzv_last_call", 30),
         )
 
 
