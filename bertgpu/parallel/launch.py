@@ -186,7 +186,7 @@ def launch(
         max_restarts=max_restarts,
         rdzv_configs={"last_call_timeout": last_call},
         monitor_interval=0.1,
-        start_method="spawn",
+        start_method=_start_method(fn, args),
         **extra,
     )
     # torch's elastic agent logs a worker's exit (with a traceback of its own) and each signal it passes
@@ -217,6 +217,28 @@ def launch(
     finally:
         for log, level in zip(quiet, levels):
             log.setLevel(level)
+
+
+def _start_method(fn: Callable[..., Any], args: tuple) -> str:
+    """How the workers start: from a fork server when bertgpu's own command line is the main program, else spawned.
+
+    A fork server imports torch and the task once and forks every worker (and every restart) from it, instead of
+    each spawned worker importing them afresh (2 s of CPU per worker). It does not re-run ``__main__``, so it
+    serves only our own entry point: a user's script (or a test's wrapper) may patch things at its top level
+    that the workers must see, and spawning re-runs it (see ``refuse_when_reimported``)."""
+    import multiprocessing
+
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None:
+        ours = spec.name == "bertgpu.__main__"  # python -m bertgpu
+    else:
+        ours = Path(getattr(main, "__file__", "") or "").name == "bertgpu"  # the console script pip writes
+    if not ours or "forkserver" not in multiprocessing.get_all_start_methods():
+        return "spawn"
+    modules = {f.__module__ for f in (fn, *args) if callable(f) and getattr(f, "__module__", "").startswith("bertgpu")}
+    multiprocessing.set_forkserver_preload(sorted(modules))
+    return "forkserver"
 
 
 def _caller_name(depth: int = 2) -> str:
