@@ -26,8 +26,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # The modules whose multi-process runs take most of the suite's time, heaviest first (measured with
 # --durations=0); the others follow in their own order. pytest-xdist (--dist loadscope, pyproject.toml)
 # hands out whole modules in this order, so that their module-scoped runs are made once and the two
-# workers finish close together.
+# workers finish close together. test_elastic leads: it waits on torch's rendezvous more than it computes,
+# and those waits overlap the other worker's heaviest module instead of ending the suite.
 HEAVY_FIRST = [
+    "test_elastic.py",
     "test_parallel.py",
     "test_communication.py",
     "test_resume.py",
