@@ -310,6 +310,7 @@ class TrainingRun:
             compile=compile,
             compression=compression,
             seed=self.run_cfg.seed,
+            pipeline=parallel,
         )
         torch.manual_seed(self.run_cfg.seed + 1 + self.dims.dp_rank)
         return self.net
