@@ -212,10 +212,12 @@ def parallelize(
     compression: Compression = Compression(),
     seed: int = 0,
     pipeline: Any = None,
+    seq_length: int | None = None,
 ) -> ParallelModel:
     """Spread ``model`` (its weights already loaded, the same on every process) over ``dims``, its
     gradients reduced with ``compression``; ``pipeline`` (the run's ParallelConfig) says how, when
-    ``dims.pp`` > 1 (``pipeline.parallelize_pipeline``)."""
+    ``dims.pp`` > 1 (``pipeline.parallelize_pipeline``), to which ``seq_length`` is the longest a
+    batch's sequences can be (None: every batch has one shape)."""
     if dims.pp > 1:
         from .pipeline import parallelize_pipeline
 
@@ -228,6 +230,7 @@ def parallelize(
             activation_checkpointing=activation_checkpointing,
             compile=compile,
             compression=compression,
+            seq_length=seq_length,
         )
     if not dims.fsdp:
         model.to(device)  # fully_shard moves each shard itself: a model bigger than one GPU is never whole on one

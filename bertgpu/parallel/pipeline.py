@@ -141,6 +141,7 @@ def parallelize_pipeline(
     activation_checkpointing: bool = False,
     compile: bool = False,
     compression: Compression = Compression(),
+    seq_length: int | None = None,
 ) -> PipelineModel:
     """This process's stages of ``model`` (the whole model, the same weights on every process), spread
     over its data-parallel and tensor-parallel peers, with the schedule that runs them."""
@@ -176,6 +177,7 @@ def parallelize_pipeline(
             fully_shard(stage, mesh=dims.dp_mesh, mp_policy=mp)
     pipe_stages = [PipelineStage(stage, s, n_stages, device, group=dims.pp_group) for s, stage in zip(ids, stages)]
     net = PipelineModel(model, dims, compression, stages, first, last)
+    net.seq_length = seq_length
     kind = parallel.pp_schedule
     n_micro = parallel.microbatches
     if kind == "interleaved-1f1b":
@@ -228,11 +230,58 @@ class PipelineModel(ParallelModel):
         self.schedule: Any = None
         self._tied_group = None
         self._loss_now: Callable[[Any, torch.Tensor], torch.Tensor] | None = None
+        self.seq_length: int | None = None  # pad sequences to this many tokens (batches of any length)
+        self.rows: int | None = None
 
-    def __call__(self, *args, **kwargs):
-        raise UserError("a model split into pipeline stages runs only through its schedule (forward_backward)")
+    @property
+    def config(self):
+        return self.model.config
+
+    def _fixed_shape(self, mb: dict[str, torch.Tensor], inputs: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """``mb`` padded to the shape of every step: the schedules infer the shapes they send between stages
+        once (and again on each switch between training and evaluation). Sequence inputs (as wide as
+        ``input_ids``) are padded to ``seq_length`` (fine-tuning's batches are only as long as their
+        longest example); rows to the first batch's count (a short last batch), padding rows attending to
+        their first token only (finite outputs) with targets -100, which losses ignore."""
+        ids = mb[inputs[0]]
+        rows, width = len(ids), ids.size(1)
+        self.rows = self.rows or rows
+        if rows > self.rows:
+            raise RuntimeError(f"a batch of {rows} rows after one of {self.rows}: pipeline stages need one shape")
+        length = max(width, self.seq_length or width)
+        out = {}
+        for key, value in mb.items():
+            fill = self.config.pad_token_id if key == inputs[0] else 0 if key in inputs else -100
+            shape = list(value.shape)
+            shape[0] = self.rows
+            if key in inputs and value.dim() == 2 and value.size(1) == width:
+                shape[1] = length
+            padded = torch.full(shape, fill, dtype=value.dtype, device=value.device)
+            padded[tuple(slice(0, n) for n in value.shape)] = value
+            if key == "attention_mask":
+                padded[rows:, 0] = 1
+            out[key] = padded
+        return out
+
+    def __call__(self, input_ids: torch.Tensor, token_type_ids=None, attention_mask=None) -> torch.Tensor:
+        """A classifier's logits (forward only, through the schedule's ``eval``) on every process of the
+        pipeline column: fine-tuning's evaluation."""
+        batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
+        batch = {k: v for k, v in batch.items() if v is not None}
+        rows = len(input_ids)
+        fixed = self._fixed_shape(batch, tuple(batch))
+        with torch.no_grad():
+            unused = torch.zeros(self.rows, dtype=torch.long, device=input_ids.device) if self.last else None
+            out = self.schedule.eval(**fixed, target=unused)
+            if not self.last:
+                out = torch.zeros(self.rows, self.config.num_labels, device=fixed["input_ids"].device)
+            out = out.float().contiguous()
+            dist.all_reduce(out, group=self.dims.pp_group)  # the last stage's, to every stage
+        return out[:rows]
 
     def _loss(self, outputs, target: torch.Tensor) -> torch.Tensor:
+        if self._loss_now is None:  # evaluation: the schedules compute a loss anyway, which nothing reads
+            return torch.zeros((), device=target.device)
         return self._loss_now(outputs, target)
 
     def forward_backward(
@@ -250,7 +299,9 @@ class PipelineModel(ParallelModel):
         (split into its micro-batches); the log sums are the last stage's, summed over the pipeline
         column so that every process logs and checkpoints them alike."""
         for mb in micro:
-            target, spec = _pack({k: v for k, v in mb.items() if k not in inputs})
+            rows = len(mb[inputs[0]])
+            fixed = self._fixed_shape(mb, inputs)
+            target, spec = _pack({k: v for k, v in fixed.items() if k not in inputs})
 
             def loss(outputs, t, spec=spec):  # per micro-batch, on the last stage; dp's average undone as without pp
                 return scale(self.dims.backward_loss(loss_fn(outputs, _unpack(t, spec))))
@@ -258,11 +309,12 @@ class PipelineModel(ParallelModel):
             self._loss_now = loss
             with context(mb):
                 outputs = self.schedule.step(
-                    **{k: mb[k] for k in inputs}, target=target if self.last else None, return_outputs=self.last
+                    **{k: fixed[k] for k in inputs}, target=target if self.last else None, return_outputs=self.last
                 )
             if self.last:
                 with torch.no_grad():
-                    sums += record(outputs, mb)
+                    real = tuple(o[:rows] for o in outputs) if isinstance(outputs, tuple) else outputs[:rows]
+                    sums += record(real, mb)
         self._loss_now = None
         dist.all_reduce(sums, group=self.dims.pp_group)
         self.sync_tied_gradients()

@@ -294,9 +294,12 @@ class TrainingRun:
         was = self.state.get("layout_name") or f"{self.state['layout'][0]} process(es)"
         return f" on {self.dims.describe()} (was {was})"
 
-    def parallelize(self, model: torch.nn.Module, total_steps: int, compile: bool = False) -> ParallelModel:
+    def parallelize(
+        self, model: torch.nn.Module, total_steps: int, compile: bool = False, seq_length: int | None = None
+    ) -> ParallelModel:
         """Spread ``model`` (the same weights on every process) over the processes; seed dropout: the
-        processes of one tensor-parallel group draw the same masks, each data-parallel rank its own."""
+        processes of one tensor-parallel group draw the same masks, each data-parallel rank its own.
+        ``seq_length``: the longest a batch's sequences can be, when batches differ in length."""
         parallel = self.cfg.parallel
         compression = Compression(
             parallel.grad_compression, parallel.powersgd_rank, parallel.powersgd_warmup or max(2, total_steps // 10)
@@ -311,6 +314,7 @@ class TrainingRun:
             compression=compression,
             seed=self.run_cfg.seed,
             pipeline=parallel,
+            seq_length=seq_length,
         )
         torch.manual_seed(self.run_cfg.seed + 1 + self.dims.dp_rank)
         return self.net
