@@ -118,6 +118,10 @@ class ParallelModel:
             return self.module.no_sync()
         return contextlib.nullcontext()
 
+    def num_parameters(self) -> int:
+        """The whole model's parameter count (a collective under pipeline parallelism)."""
+        return sum(p.numel() for p in self.model.parameters())
+
     def comm_bytes_per_step(self, step: int) -> int:
         """The bytes of gradient this process hands to the data-parallel collective at optimizer step
         ``step`` (see ``compression.bytes_per_step``)."""

@@ -336,6 +336,13 @@ class PipelineModel(ParallelModel):
         grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
         dist.all_reduce(grad, group=self._tied_group)
 
+    def num_parameters(self) -> int:
+        copy = self._tied() if self.last and not self.first else None
+        mine = sum(p.numel() for p in self.model.parameters() if p is not copy)
+        count = torch.tensor([mine], dtype=torch.float64, device=next(self.model.parameters()).device)
+        dist.all_reduce(count, group=self.dims.pp_group)
+        return int(count.item())
+
     def clip_grad_norm_(self, max_norm: float) -> torch.Tensor:
         """Clip to a norm over every stage's gradients, the tied matrix counted once (the last stage's copy
         left out of its share); the same on every process."""

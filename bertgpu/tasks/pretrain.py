@@ -323,7 +323,7 @@ def start_line(
     instances: int,
 ) -> str:
     dims, net = run.dims, run.net
-    n_params = sum(p.numel() for p in net.model.parameters())
+    n_params = net.num_parameters()
     moved = ""
     if run.state is not None and run.state["global_batch"] != global_batch:
         moved = (
