@@ -467,6 +467,7 @@ class TrainingRun:
             "skipped_steps": self.skipped,
             "layout": self.dims.describe(),
             "peak_memory_mb": self.peak_memory_mb(),
+            **({"peak_memory_mb_per_stage": self.stage_peak_memory_mb()} if self.dims.pp > 1 else {}),
             "comm_bytes_per_step": loop.comm_bytes / max(loop.steps_in_window, 1),
             **rates,
         }
@@ -591,6 +592,12 @@ class TrainingRun:
         """The largest peak memory of any process (a collective: call it at the same step everywhere)."""
         peak = torch.full((), peak_memory_mb(self.device), dtype=torch.float64, device=self.device)
         return launch.all_reduce_max(peak).item()
+
+    def stage_peak_memory_mb(self) -> list[float]:
+        """The largest peak memory of each pipeline stage's processes (a collective, as ``peak_memory_mb``)."""
+        peaks = torch.zeros(self.dims.pp, dtype=torch.float64, device=self.device)
+        peaks[self.dims.pp_rank] = peak_memory_mb(self.device)
+        return launch.all_reduce_max(peaks).tolist()
 
     def warn(self, message: str) -> None:
         if self.is_main:
