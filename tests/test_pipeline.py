@@ -198,8 +198,10 @@ def test_finetune_with_pp_ends_on_the_weights_of_one_process(tmp_path, uncased_v
         ({}, {"pp": 3}, "--pp 3 x --tp 1 does not divide the 4 process"),
         ({}, {"pp": 2, "pp_stages_per_rank": 2, "pp_schedule": "interleaved-1f1b"}, "makes 4 stages, more than"),
         ({"batch_size": "6"}, {"pp_microbatches": 4}, "--pp-microbatches 4 does not divide"),
+        ({}, {"pp_microbatches": 1}, "1f1b needs at least as many micro-batches as --pp 2"),
+        ({}, {"pp": 2, "tp": 2}, ""),  # 4 processes = pp 2 x tp 2: fine
     ],
-    ids=["fp16", "powersgd", "balance", "pp-not-dividing", "more-stages-than-layers", "microbatches"],
+    ids=["fp16", "powersgd", "balance", "pp-not-dividing", "more-stages-than-layers", "microbatches", "1f1b-m", "ok"],
 )
 def test_what_does_not_compose_is_refused_in_one_line(run, parallel, needle, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
@@ -207,6 +209,9 @@ def test_what_does_not_compose_is_refused_in_one_line(run, parallel, needle, mon
     cfg = PretrainConfig(
         model="tiny", out="x", nproc=4, **{"device": "cpu", **run}, parallel=ParallelConfig(**{"pp": 2, **parallel})
     )
+    if not needle:
+        assert check_layout(cfg, model).describe() == "4 processes = pp 2 x tp 2"
+        return
     with pytest.raises(UserError, match=needle) as e:
         check_layout(cfg, model)
     assert "\n" not in str(e.value)

@@ -75,6 +75,11 @@ def check_pipeline(cfg: Any, model_config: ModelConfig, precision: str) -> None:
     """What pipeline parallelism does not compose with yet, each refused with the alternative."""
     parallel = cfg.parallel
     check_stages(model_config.num_hidden_layers, parallel.pp, parallel.stages_per_rank)
+    if parallel.pp_schedule != "gpipe" and parallel.microbatches < parallel.pp:
+        raise UserError(
+            f"--pp-schedule {parallel.pp_schedule} needs at least as many micro-batches as --pp {parallel.pp} "
+            f"(--pp-microbatches {parallel.microbatches}): raise it, or use --pp-schedule gpipe"
+        )
     if precision == "fp16":
         raise UserError(
             "--precision fp16 does not work with --pp (its loss scaler cannot see the other stages' gradients): "
