@@ -559,6 +559,10 @@ class ParallelConfig:
             raise UserError(f"--pp must be at least 1, got {self.pp}")
         if self.pp_microbatches < 0 or self.pp_stages_per_rank < 0:
             raise UserError("--pp-microbatches and --pp-stages-per-rank must be at least 0 (0: the default)")
+        if self.powersgd_rank < 1:
+            raise UserError(f"--powersgd-rank must be at least 1, got {self.powersgd_rank}")
+        if self.powersgd_warmup < 0:
+            raise UserError(f"--powersgd-warmup must be at least 0, got {self.powersgd_warmup}")
         if self.pp_stages_per_rank > 1 and self.pp_schedule != "interleaved-1f1b":
             raise UserError(
                 f"--pp-stages-per-rank {self.pp_stages_per_rank} needs --pp-schedule interleaved-1f1b "
@@ -572,10 +576,6 @@ class ParallelConfig:
     @property
     def microbatches(self) -> int:
         return self.pp_microbatches or self.pp * self.stages_per_rank
-        if self.powersgd_rank < 1:
-            raise UserError(f"--powersgd-rank must be at least 1, got {self.powersgd_rank}")
-        if self.powersgd_warmup < 0:
-            raise UserError(f"--powersgd-warmup must be at least 0, got {self.powersgd_warmup}")
 
 
 @dataclass

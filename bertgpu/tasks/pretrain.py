@@ -3,7 +3,7 @@
 ``run`` checks everything a user can get wrong before any process starts, then trains in this
 process or in ``nproc`` workers. ``train`` is the training loop of one worker, top to bottom;
 ``train_step`` is the forward and backward passes of one optimizer step, ``log_line`` a line of
-the log. How the model is spread over the processes (data parallel, FSDP, tensor parallel) is
+the log. How the model is spread over the processes (data parallel, FSDP, tensor and pipeline parallel) is
 ``bertgpu.parallel``'s business, and what every training task does around its loop (resume,
 checkpoints, stop signals, skipped steps) is ``tasks.common.TrainingRun``'s.
 
