@@ -49,17 +49,18 @@ COMMON = [
     "0",
 ]
 PP2 = ["--nproc", "2", "--pp", "2", "--batch-size", "8"]
+EVALUATED = ["--eval-instances", "25"]  # with --eval-data: 25, so that the last batch is short
 LAYOUTS = {
-    "one-process": (["--nproc", "1", "--batch-size", "8"], {}, "1 process"),
+    "one-process": (["--nproc", "1", "--batch-size", "8", *EVALUATED], {}, "1 process"),
     "gpipe": ([*PP2, "--pp-schedule", "gpipe"], {}, "2 processes = pp 2"),
-    "1f1b": ([*PP2, "--pp-schedule", "1f1b", "--pp-microbatches", "4"], {}, "2 processes = pp 2"),
+    "1f1b": ([*PP2, "--pp-schedule", "1f1b", "--pp-microbatches", "4", *EVALUATED], {}, "2 processes = pp 2"),
     "interleaved-1f1b": (
         [*PP2, "--pp-schedule", "interleaved-1f1b", "--pp-stages-per-rank", "2"],
         {},
         "2 processes = pp 2",
     ),
     "3d": (
-        ["--nproc", "8", "--pp", "2", "--tp", "2", "--strategy", "fsdp", "--batch-size", "4"],
+        ["--nproc", "8", "--pp", "2", "--tp", "2", "--strategy", "fsdp", "--batch-size", "4", *EVALUATED],
         {},
         "8 processes = pp 2 x dp 2 x tp 2, fsdp",
     ),
@@ -105,6 +106,8 @@ def layouts(tmp_path_factory, small_english_data, four_layers):
         if name not in done:
             flags, env, described = LAYOUTS[name]
             out = tmp_path_factory.mktemp("runs") / name
+            if "--eval-instances" in flags:
+                flags = [*flags, "--eval-data", small_english_data]
             proc = run_cli(
                 "pretrain", "--data", small_english_data, "--model", four_layers, "--out", out, *flags, *COMMON, env=env
             )
@@ -123,6 +126,22 @@ def test_same_parameters_as_one_process_with_the_global_batch(name, layouts):
     worst = worst_difference(final_weights(ref), final_weights(out))
     assert worst <= TOLERANCE, f"max abs parameter difference {worst:.3g}"
     assert losses(out) == pytest.approx(first, abs=1e-5)  # the log's sums come from the last stage
+
+
+@pytest.mark.parametrize("name", ["1f1b", "3d"])
+def test_held_out_evaluation_runs_through_the_schedule(name, layouts):
+    """Evaluation at the step-2 checkpoint and the end: forward only through the schedule (its shapes
+    inferred anew on each switch from and back to training), the last batch padded, the outputs sent
+    from the last stage; the figures are one process's."""
+
+    def evaluations(run_dir):
+        return [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if "eval_mlm_loss" in r]
+
+    ours, ref = evaluations(layouts(name)), evaluations(layouts("one-process"))
+    assert [r["step"] for r in ours] == [r["step"] for r in ref] == [2, 3]
+    for mine, theirs in zip(ours, ref):
+        for key in ("eval_mlm_loss", "eval_mlm_acc", "eval_nsp_loss", "eval_nsp_acc"):
+            assert mine[key] == pytest.approx(theirs[key], abs=1e-6), key
 
 
 @pytest.mark.parametrize("name", ["no-tied-sync", "tied-counted-twice"])

@@ -92,9 +92,3 @@ def check_pipeline(cfg: Any, model_config: ModelConfig, precision: str) -> None:
     adapter = getattr(cfg, "adapter", None)
     if adapter is not None and adapter.enabled:
         raise UserError("--lora and --quantize do not work with --pp: shard the frozen encoder with --strategy fsdp")
-    heldout = getattr(cfg, "heldout", None)
-    if heldout is not None and heldout.enabled:
-        raise UserError(
-            "held-out evaluation during pretraining does not work with --pp yet: drop --eval-data/--eval-fraction "
-            "and evaluate the checkpoints with `bertgpu evaluate`"
-        )

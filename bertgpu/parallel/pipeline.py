@@ -231,7 +231,7 @@ class PipelineModel(ParallelModel):
         self._tied_group = None
         self._loss_now: Callable[[Any, torch.Tensor], torch.Tensor] | None = None
         self.seq_length: int | None = None  # pad sequences to this many tokens (batches of any length)
-        self.rows: int | None = None
+        self.rows: dict[bool, int] = {}  # the rows every batch is padded to, in training and in evaluation
 
     @property
     def config(self):
@@ -241,19 +241,21 @@ class PipelineModel(ParallelModel):
         """``mb`` padded to the shape of every step: the schedules infer the shapes they send between stages
         once (and again on each switch between training and evaluation). Sequence inputs (as wide as
         ``input_ids``) are padded to ``seq_length`` (fine-tuning's batches are only as long as their
-        longest example); rows to the first batch's count (a short last batch), padding rows attending to
-        their first token only (finite outputs) with targets -100, which losses ignore."""
+        longest example); rows to the first batch's count of the mode (training or evaluation: a short
+        last batch), a multiple of the micro-batches, padding rows attending to their first token only
+        (finite outputs) with targets -100, which losses ignore."""
         ids = mb[inputs[0]]
         rows, width = len(ids), ids.size(1)
-        self.rows = self.rows or rows
-        if rows > self.rows:
-            raise RuntimeError(f"a batch of {rows} rows after one of {self.rows}: pipeline stages need one shape")
+        n_micro = self.schedule._n_microbatches
+        target = self.rows.setdefault(self.training, -(-rows // n_micro) * n_micro)
+        if rows > target:
+            raise RuntimeError(f"a batch of {rows} rows after one of {target}: pipeline stages need one shape")
         length = max(width, self.seq_length or width)
         out = {}
         for key, value in mb.items():
             fill = self.config.pad_token_id if key == inputs[0] else 0 if key in inputs else -100
             shape = list(value.shape)
-            shape[0] = self.rows
+            shape[0] = target
             if key in inputs and value.dim() == 2 and value.size(1) == width:
                 shape[1] = length
             padded = torch.full(shape, fill, dtype=value.dtype, device=value.device)
@@ -263,21 +265,34 @@ class PipelineModel(ParallelModel):
             out[key] = padded
         return out
 
-    def __call__(self, input_ids: torch.Tensor, token_type_ids=None, attention_mask=None) -> torch.Tensor:
-        """A classifier's logits (forward only, through the schedule's ``eval``) on every process of the
-        pipeline column: fine-tuning's evaluation."""
-        batch = {"input_ids": input_ids, "token_type_ids": token_type_ids, "attention_mask": attention_mask}
-        batch = {k: v for k, v in batch.items() if v is not None}
-        rows = len(input_ids)
+    def __call__(self, *args: torch.Tensor, **kwargs: torch.Tensor):
+        """The whole model's outputs (forward only, through the schedule's ``eval``) on every process of the
+        pipeline column, for evaluation: called as the model is (``input_ids, token_type_ids,
+        attention_mask[, mlm_positions]``)."""
+        names = ("input_ids", "token_type_ids", "attention_mask", "mlm_positions")
+        batch = {k: v for k, v in {**dict(zip(names, args)), **kwargs}.items() if v is not None}
+        rows = len(batch["input_ids"])
         fixed = self._fixed_shape(batch, tuple(batch))
         with torch.no_grad():
-            unused = torch.zeros(self.rows, dtype=torch.long, device=input_ids.device) if self.last else None
-            out = self.schedule.eval(**fixed, target=unused)
-            if not self.last:
-                out = torch.zeros(self.rows, self.config.num_labels, device=fixed["input_ids"].device)
-            out = out.float().contiguous()
-            dist.all_reduce(out, group=self.dims.pp_group)  # the last stage's, to every stage
-        return out[:rows]
+            unused = torch.zeros(len(fixed["input_ids"]), dtype=torch.long, device=fixed["input_ids"].device)
+            out = self.schedule.eval(**fixed, target=unused if self.last else None)
+            out = self._from_last_stage(out)
+        return tuple(o[:rows] for o in out) if isinstance(out, tuple) else out[:rows]
+
+    def _from_last_stage(self, out):
+        """The last stage's outputs, broadcast to the other stages of the pipeline column."""
+        group = self.dims.pp_group
+        src = dist.get_global_rank(group, self.dims.pp - 1)  # the last stage's process, in any placement
+        outs = [o.contiguous() for o in (out if isinstance(out, tuple) else (out,))] if self.last else None
+        meta = [(isinstance(out, tuple), [(o.shape, o.dtype) for o in outs])] if self.last else [None]
+        dist.broadcast_object_list(meta, src=src, group=group)
+        is_tuple, shapes = meta[0]
+        if not self.last:
+            device = next(self.model.parameters()).device
+            outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in shapes]
+        for o in outs:
+            dist.broadcast(o, src=src, group=group)
+        return tuple(outs) if is_tuple else outs[0]
 
     def _loss(self, outputs, target: torch.Tensor) -> torch.Tensor:
         if self._loss_now is None:  # evaluation: the schedules compute a loss anyway, which nothing reads
