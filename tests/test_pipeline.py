@@ -6,6 +6,8 @@ Issue #18's acceptance: pretraining with --pp 2 (GPipe, 1F1B, interleaved 1F1B) 
 have, so that the norm over all stages decides every step); a run that skips the tied embedding's
 gradient sum, or counts the matrix twice in the norm, does not. Every run is a real gloo run
 through the CLI, on a tiny BERT with 4 layers (2 stages of 2, or 4 stages of 1 when interleaved).
+Measured: at most 2.0e-8 for pp 2 and 3.4e-8 for 3D; 4.9e-4 without the tied gradient sum, 1.1e-5 with
+the matrix counted twice.
 """
 
 from __future__ import annotations
