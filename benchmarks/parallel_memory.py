@@ -11,7 +11,8 @@ number of processes, in the same run::
     python benchmarks/parallel_memory.py --models base --steps 3
 
 Layouts: one process; ddp; fsdp (FSDP2: parameters, gradients and AdamW state sharded); tp 2
-(tensor parallel: the encoder's matmuls split); ddp and fsdp with activation checkpointing. All
+(tensor parallel: the encoder's matmuls split); ddp and fsdp with activation checkpointing; pp 2
+(pipeline stages, GPipe and 1F1B, --pp-microbatches micro-batches), with the peak of each stage. All
 processes run on one machine, so on a CPU they share its cores and memory: the step times say what
 each layout costs in computation and communication, not what it gains on separate GPUs.
 """
@@ -38,6 +39,8 @@ LAYOUTS = {  # name: (processes, flags)
     "tp 2": (2, ["--nproc", "2", "--tp", "2"]),
     "ddp + AC": (2, ["--nproc", "2", "--activation-checkpointing"]),
     "fsdp + AC": (2, ["--nproc", "2", "--strategy", "fsdp", "--activation-checkpointing"]),
+    "pp 2 gpipe": (2, ["--nproc", "2", "--pp", "2", "--pp-schedule", "gpipe"]),
+    "pp 2 1f1b": (2, ["--nproc", "2", "--pp", "2", "--pp-schedule", "1f1b"]),
 }
 
 
@@ -52,11 +55,21 @@ def prepare_data(workdir: Path) -> Path:
 
 
 def run_layout(
-    data: Path, out: Path, model: str, layout: str, global_batch: int, seq: int, steps: int, device: str
+    data: Path,
+    out: Path,
+    model: str,
+    layout: str,
+    global_batch: int,
+    seq: int,
+    steps: int,
+    device: str,
+    microbatches: int = 4,
 ) -> dict:
     nproc, flags = LAYOUTS[layout]
-    tp = 2 if "--tp" in flags else 1
-    batch = global_batch // (nproc // tp)  # per data-parallel rank: the same global batch for every layout
+    split = 2 if "--tp" in flags or "--pp" in flags else 1  # processes that train one batch together
+    batch = global_batch // (nproc // split)  # per data-parallel rank: the same global batch for every layout
+    if "--pp" in flags:
+        flags = [*flags, "--pp-microbatches", str(microbatches)]
     cmd = [
         sys.executable,
         "-m",
@@ -101,6 +114,9 @@ def run_layout(
     step_times = [1 / r["steps_per_s"] for r in records[1:]] or [1 / records[0]["steps_per_s"]]
     return {
         "peak_memory_mb": max(r["peak_memory_mb"] for r in records),
+        "per_stage_mb": [max(stage) for stage in zip(*(r["peak_memory_mb_per_stage"] for r in records))]
+        if "peak_memory_mb_per_stage" in records[-1]
+        else None,
         "step_s": statistics.median(step_times),
         "layout": records[-1]["layout"],
         "wall_s": wall,
@@ -115,6 +131,7 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--pp-microbatches", type=int, default=4, help="micro-batches of the pp layouts")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
 
@@ -124,7 +141,15 @@ def main() -> None:
         for model in args.models:
             for layout in args.layouts:
                 r = run_layout(
-                    data, Path(tmp) / "run", model, layout, args.global_batch, args.seq, args.steps, args.device
+                    data,
+                    Path(tmp) / "run",
+                    model,
+                    layout,
+                    args.global_batch,
+                    args.seq,
+                    args.steps,
+                    args.device,
+                    args.pp_microbatches,
                 )
                 r.update(model=model, name=layout)
                 results.append(r)
@@ -135,21 +160,24 @@ def main() -> None:
         f"\nbertgpu pretrain, global batch {args.global_batch} x {args.seq} tokens, fp32 AdamW, "
         f"{args.steps} steps, {args.device}"
     )
-    print(f"| model | layout | {memory} per process (GiB) | vs ddp | step time (s) | vs ddp |")
-    print("|---|---|---|---|---|---|")
+    print(f"| model | layout | {memory} per process (GiB) | per stage | vs ddp | step time (s) | vs ddp |")
+    print("|---|---|---|---|---|---|---|")
     for model in args.models:
         rows = [r for r in results if r["model"] == model]
         ddp = next((r for r in rows if r["name"] == "ddp" and "error" not in r), None)
         for r in rows:
             if "error" in r:
-                print(f"| {model} | {r['name']} | failed: {r['error']} | | | |")
+                print(f"| {model} | {r['name']} | failed: {r['error']} | | | | |")
                 continue
             mem_ratio = f"{r['peak_memory_mb'] / ddp['peak_memory_mb']:.2f}x" if ddp else "n/a"
             time_ratio = f"{r['step_s'] / ddp['step_s']:.2f}x" if ddp else "n/a"
             layout = r["layout"] + (", activation checkpointing" if "AC" in r["name"] else "")
+            if "pp" in r["name"]:
+                layout += f", {r['name'].split()[-1]}, {args.pp_microbatches} micro-batches"
+            stages = " / ".join(f"{mb / 1024:.2f}" for mb in r["per_stage_mb"]) if r.get("per_stage_mb") else ""
             print(
-                f"| {model} | {layout} | {r['peak_memory_mb'] / 1024:.2f} | {mem_ratio} | {r['step_s']:.2f} | "
-                f"{time_ratio} |"
+                f"| {model} | {layout} | {r['peak_memory_mb'] / 1024:.2f} | {stages} | {mem_ratio} | "
+                f"{r['step_s']:.2f} | {time_ratio} |"
             )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

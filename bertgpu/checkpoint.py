@@ -347,6 +347,8 @@ def optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     state = get_optimizer_state_dict(model, optimizer)["state"]
+    for alias in getattr(model, "optimizer_aliases", {}):
+        state.pop(alias, None)  # a pipeline's copy of a tied tensor: the same state as the original, saved once
     for name, values in state.items():
         for key, value in values.items():
             if not torch.is_tensor(value):
@@ -378,8 +380,10 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, pat
     reader = _safe_reader(folder)
     saved = reader.read_metadata().state_dict_metadata
     template = get_optimizer_state_dict(model, optimizer)  # creates the state tensors to load into
+    # A pipeline's copy of a tied tensor reads the state saved under the original's name.
+    saved_as = {name: getattr(model, "optimizer_aliases", {}).get(name, name) for name in template["state"]}
     for name in list(template["state"]):
-        keys = {key: f"state.{name}.{key}" for key in template["state"][name]}
+        keys = {key: f"state.{saved_as[name]}.{key}" for key in template["state"][name]}
         if not any(flat in saved for flat in keys.values()):
             del template["state"][name]  # never stepped when saved (no gradient yet): it stays so
             continue
@@ -398,7 +402,11 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, pat
                 )
     try:
         with _single_process_is_meant():
-            dcp.load({"state": template["state"]}, storage_reader=reader, no_dist=not dist.is_initialized())
+            dcp.load(
+                {"state": {saved_as[name]: values for name, values in template["state"].items()}},
+                storage_reader=reader,
+                no_dist=not dist.is_initialized(),
+            )
     except (OSError, RuntimeError, ValueError, dcp.api.CheckpointException) as e:
         reason = (str(e).strip().splitlines() or [type(e).__name__])[-1]
         raise UserError(

@@ -540,13 +540,52 @@ class ParallelConfig:
         choices=["none", "auto"],
     )
 
+    pp: int = opt(
+        1,
+        "pipeline-parallel degree: the encoder layers split evenly into this many stages on different "
+        "processes, the first holding the embeddings, the last the pooler and heads (the data-parallel "
+        "degree is processes / (pp x tp); --batch-size stays per data-parallel rank)",
+    )
+    pp_schedule: str = opt(
+        "1f1b",
+        "the pipeline schedule (torch.distributed.pipelining): gpipe (all forwards, then all backwards), "
+        "1f1b (one forward, one backward: activations of at most pp micro-batches held) or interleaved-1f1b "
+        "(several stages per process, a smaller bubble for more communication)",
+        choices=["gpipe", "1f1b", "interleaved-1f1b"],
+    )
+    pp_microbatches: int = opt(
+        0,
+        "micro-batches each step's batch is split into for the pipeline (0: the number of stages, "
+        "pp x --pp-stages-per-rank); it must divide --batch-size",
+    )
+    pp_stages_per_rank: int = opt(
+        0, "pipeline stages each process holds (0: 2 with interleaved-1f1b, else 1; more needs interleaved-1f1b)"
+    )
+
     def __post_init__(self) -> None:
         if self.tp < 1:
             raise UserError(f"--tp must be at least 1, got {self.tp}")
+        if self.pp < 1:
+            raise UserError(f"--pp must be at least 1, got {self.pp}")
+        if self.pp_microbatches < 0 or self.pp_stages_per_rank < 0:
+            raise UserError("--pp-microbatches and --pp-stages-per-rank must be at least 0 (0: the default)")
         if self.powersgd_rank < 1:
             raise UserError(f"--powersgd-rank must be at least 1, got {self.powersgd_rank}")
         if self.powersgd_warmup < 0:
             raise UserError(f"--powersgd-warmup must be at least 0, got {self.powersgd_warmup}")
+        if self.pp_stages_per_rank > 1 and self.pp_schedule != "interleaved-1f1b":
+            raise UserError(
+                f"--pp-stages-per-rank {self.pp_stages_per_rank} needs --pp-schedule interleaved-1f1b "
+                f"({self.pp_schedule} runs one stage per process)"
+            )
+
+    @property
+    def stages_per_rank(self) -> int:
+        return self.pp_stages_per_rank or (2 if self.pp_schedule == "interleaved-1f1b" else 1)
+
+    @property
+    def microbatches(self) -> int:
+        return self.pp_microbatches or self.pp * self.stages_per_rank
 
 
 @dataclass

@@ -88,6 +88,9 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
 
     if lora.is_quantized(unwrap(model)):  # bitsandbytes' weights: never sharded, dequantised here
         return lora.local_state_dict(unwrap(model)) if _is_main() else None
+    gather_stages = getattr(unwrap(model), "gather_stages", None)
+    if gather_stages is not None:  # pipeline stages (bertgpu.parallel.pipeline): rank 0 holds only the first
+        return gather_stages()
     if not dist.is_initialized():
         return get_model_state_dict(model)
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

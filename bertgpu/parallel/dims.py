@@ -1,7 +1,7 @@
 """The degrees of parallelism of a run, checked, and the DeviceMesh they make.
 
-As torchtitan's ``ParallelDims``: the processes form a mesh of data-parallel and tensor-parallel
-dimensions (and room for pipeline stages later), ``world = dp x tp``. The dp processes train on
+As torchtitan's ``ParallelDims``: the processes form a mesh of pipeline, data-parallel and
+tensor-parallel dimensions, ``world = pp x dp x tp``. The dp processes train on
 different data; the tp processes of one group train one batch together, each holding a slice of
 every encoder layer's matmuls. Consecutive ranks share a tp group (on one machine when tp divides
 the GPUs per machine, where tensor parallelism's frequent collectives belong).
@@ -9,7 +9,9 @@ the GPUs per machine, where tensor parallelism's frequent collectives belong).
 The mesh has three named dimensions, ``(dp_replicate, dp_shard, tp)``: ``--strategy ddp`` puts the
 data-parallel degree on ``dp_replicate`` (whole replicas, gradients all-reduced), ``fsdp`` on
 ``dp_shard`` (parameters, gradients and optimizer state sharded). Both above 1 at once would be
-HSDP, for which the mesh already has room.
+HSDP, for which the mesh already has room. Under pipeline parallelism (``--pp``) a ``pp`` dimension
+comes first, outermost: each pipeline stage is a (dp x tp) block of consecutive ranks, and a stage's
+activations travel to the next stage's process of the same (dp, tp) coordinates.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class ParallelDims:
     world_size: int
     tp: int = 1
     strategy: str = "ddp"
-    pp: int = 1  # pipeline stages: room for later, 1 today
+    pp: int = 1  # pipeline stages, each on its own processes (bertgpu.parallel.pipeline)
     mesh: torch.distributed.device_mesh.DeviceMesh | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -38,17 +40,24 @@ class ParallelDims:
             raise UserError(f"--strategy {self.strategy}: choose from {', '.join(STRATEGIES)}")
         if self.tp < 1:
             raise UserError(f"--tp must be at least 1, got {self.tp}")
-        if self.pp != 1:
-            raise UserError("pipeline parallelism is not implemented yet (pp must be 1)")
+        if self.pp < 1:
+            raise UserError(f"--pp must be at least 1, got {self.pp}")
+        if self.tp * self.pp > self.world_size:
+            raise UserError(
+                f"--pp {self.pp} x --tp {self.tp} needs at least {self.pp * self.tp} processes, the run has "
+                f"{self.world_size} (--nproc, or torchrun)"
+            )
         if self.tp > self.world_size:
             raise UserError(
                 f"--tp {self.tp} needs at least {self.tp} processes, the run has {self.world_size} "
                 "(--nproc, or torchrun)"
             )
         if self.world_size % (self.tp * self.pp):
+            n = self.tp * self.pp
+            what = f"--tp {self.tp}" if self.pp == 1 else f"--pp {self.pp} x --tp {self.tp}"
             raise UserError(
-                f"--tp {self.tp} does not divide the {self.world_size} process(es): the processes form "
-                f"data-parallel groups of tp each (start a multiple of {self.tp} with --nproc or torchrun)"
+                f"{what} does not divide the {self.world_size} process(es): the processes form "
+                f"data-parallel groups of {n} each (start a multiple of {n} with --nproc or torchrun)"
             )
 
     @property
@@ -68,8 +77,9 @@ class ParallelDims:
     def fsdp(self) -> bool:
         """Whether fully_shard wraps the model: --strategy fsdp, or ddp under tensor parallelism
         (DistributedDataParallel cannot hold DTensor parameters; fully_shard over a replicate-only
-        mesh is DDP's semantics for them: whole replicas, gradients all-reduced)."""
-        return self.dp > 1 and (self.strategy == "fsdp" or self.tp > 1)
+        mesh is DDP's semantics for them: whole replicas, gradients all-reduced), or ddp under pipeline
+        parallelism (the schedules drive fully_shard's gradient reduction themselves, once per step)."""
+        return self.dp > 1 and (self.strategy == "fsdp" or self.tp > 1 or self.pp > 1)
 
     def backward_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The loss to call backward() on. A rank's loss is its part of a sum normalised over the whole
@@ -93,7 +103,7 @@ class ParallelDims:
         """The layout for the start line and the log: ``4 processes = dp 2 x tp 2, fsdp``."""
         if self.world_size == 1:
             return "1 process"
-        parts = [f"{name} {n}" for name, n in (("dp", self.dp), ("tp", self.tp)) if n > 1]
+        parts = [f"{name} {n}" for name, n in (("pp", self.pp), ("dp", self.dp), ("tp", self.tp)) if n > 1]
         return f"{self.world_size} processes = {' x '.join(parts)}" + (f", {self.strategy}" if self.dp > 1 else "")
 
     # --- the mesh --------------------------------------------------------------------------------
@@ -105,9 +115,10 @@ class ParallelDims:
             return
         from torch.distributed.device_mesh import init_device_mesh
 
-        self.mesh = init_device_mesh(
-            device_type, (self.dp_replicate, self.dp_shard, self.tp), mesh_dim_names=("dp_replicate", "dp_shard", "tp")
-        )
+        shape, names = (self.dp_replicate, self.dp_shard, self.tp), ("dp_replicate", "dp_shard", "tp")
+        if self.pp > 1:  # outermost: a stage's processes are consecutive ranks, on as few machines as can be
+            shape, names = (self.pp, *shape), ("pp", *names)
+        self.mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
 
     @property
     def _dp_dim(self) -> str:
@@ -121,6 +132,17 @@ class ParallelDims:
     @property
     def tp_rank(self) -> int:
         return self.mesh.get_local_rank("tp") if self.mesh is not None else 0
+
+    @property
+    def pp_rank(self) -> int:
+        """Which pipeline stage (of one per process; more under interleaving) this process holds."""
+        return self.mesh.get_local_rank("pp") if self.pp > 1 else 0
+
+    @property
+    def pp_group(self):
+        """The process group of this process's pipeline column: one process of each stage, the same
+        data-parallel and tensor-parallel coordinates."""
+        return self.mesh.get_group("pp") if self.pp > 1 else None
 
     @property
     def dp_group(self):

@@ -15,20 +15,23 @@ from ..errors import UserError
 from ..training import resolve_precision
 from . import launch
 from .dims import ParallelDims
+from .pipeline import check_stages
 
 
 def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
     """The run's degrees of parallelism, every mistake in them a one-line error (before any process
     starts, and again in each process)."""
-    dims = ParallelDims(launch.world_size(cfg.run.nproc, cfg.run.device), cfg.parallel.tp, cfg.parallel.strategy)
+    parallel = cfg.parallel
+    dims = ParallelDims(launch.world_size(cfg.run.nproc, cfg.run.device), parallel.tp, parallel.strategy, parallel.pp)
     dims.check_model(model_config)
     precision = resolve_precision(cfg.run.precision, torch.device(cfg.run.device))
+    if dims.pp > 1:
+        check_pipeline(cfg, model_config, precision)
     if precision == "fp16" and (dims.tp > 1 or dims.fsdp):
         raise UserError(
             "--precision fp16 works with --strategy ddp only (its gradient scaler cannot see sharded "
             "gradients): use --precision bf16"
         )
-    parallel = cfg.parallel
     if parallel.grad_compression == "powersgd" and (dims.fsdp or dims.tp > 1):
         raise UserError(
             "--grad-compression powersgd works with --strategy ddp without --tp only (FSDP and tensor "
@@ -59,5 +62,33 @@ def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
                 "hold bitsandbytes' 8/4-bit weights): use --strategy ddp, every process holding the "
                 "quantised encoder"
             )
-    accumulation(cfg.run, dims.dp)  # the batch sizes, and --global-batch, fit this layout
+    sizes, _ = accumulation(cfg.run, dims.dp)  # the batch sizes, and --global-batch, fit this layout
+    if dims.pp > 1 and any(size % parallel.microbatches for size in sizes):
+        raise UserError(
+            f"--pp-microbatches {parallel.microbatches} does not divide the batch size per data-parallel rank "
+            f"({', '.join(map(str, sorted(set(sizes))))}): each step's batch is split into that many equal parts"
+        )
     return dims
+
+
+def check_pipeline(cfg: Any, model_config: ModelConfig, precision: str) -> None:
+    """What pipeline parallelism does not compose with yet, each refused with the alternative."""
+    parallel = cfg.parallel
+    check_stages(model_config.num_hidden_layers, parallel.pp, parallel.stages_per_rank)
+    if parallel.pp_schedule != "gpipe" and parallel.microbatches < parallel.pp:
+        raise UserError(
+            f"--pp-schedule {parallel.pp_schedule} needs at least as many micro-batches as --pp {parallel.pp} "
+            f"(--pp-microbatches {parallel.microbatches}): raise it, or use --pp-schedule gpipe"
+        )
+    if precision == "fp16":
+        raise UserError(
+            "--precision fp16 does not work with --pp (its loss scaler cannot see the other stages' gradients): "
+            "use --precision bf16"
+        )
+    if parallel.grad_compression == "powersgd":
+        raise UserError("--grad-compression powersgd does not work with --pp: use fp16 or bf16")
+    if parallel.balance == "auto":
+        raise UserError("--balance auto does not work with --pp (the stages of a step wait on each other): drop it")
+    adapter = getattr(cfg, "adapter", None)
+    if adapter is not None and adapter.enabled:
+        raise UserError("--lora and --quantize do not work with --pp: shard the frozen encoder with --strategy fsdp")

@@ -36,9 +36,14 @@ from .compression import register as register_compression
 from .dims import ParallelDims
 
 
-def encoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The encoder layers of a BertModel, or of a model holding one as ``.bert``."""
+def encoder_layers(model: nn.Module) -> nn.ModuleList | nn.ModuleDict:
+    """The encoder layers of a BertModel, or of a model holding one as ``.bert``: a ModuleList, or a
+    pipeline stage's ModuleDict of the layers it keeps (keyed by their index, so names stay HF's)."""
     return getattr(model, "bert", model).encoder.layer
+
+
+def _layer_keys(layers: nn.ModuleList | nn.ModuleDict) -> list:
+    return list(layers.keys()) if isinstance(layers, nn.ModuleDict) else list(range(len(layers)))
 
 
 class ParallelModel:
@@ -81,6 +86,30 @@ class ParallelModel:
     def eval(self) -> ParallelModel:
         return self.train(False)
 
+    def forward_backward(
+        self,
+        micro: list[dict[str, torch.Tensor]],
+        inputs: tuple[str, ...],
+        loss_fn: Callable[[Any, dict[str, torch.Tensor]], torch.Tensor],
+        record: Callable[[Any, dict[str, torch.Tensor]], torch.Tensor],
+        sums: torch.Tensor,
+        *,
+        context: Callable[[dict[str, torch.Tensor]], Any] = lambda mb: contextlib.nullcontext(),
+        scale: Callable[[torch.Tensor], torch.Tensor] = lambda loss: loss,
+    ) -> torch.Tensor:
+        """The forward and backward passes of one optimizer step over this rank's micro-batches (gradient
+        accumulation); add the step's log sums to ``sums`` (zeros) and return it. The model reads the keys
+        ``inputs`` of a micro-batch; ``loss_fn(outputs, mb)`` is the micro-batch's share of the global
+        batch's loss, ``record(outputs, mb)`` its log sums (under no_grad); ``context(mb)`` wraps its
+        forward pass (autocast), ``scale`` the loss before backward (the fp16 gradient scaler)."""
+        for i, mb in enumerate(micro):
+            with self.no_sync(i < len(micro) - 1), context(mb):
+                outputs = self.module(**{k: mb[k] for k in inputs})
+            scale(self.dims.backward_loss(loss_fn(outputs, mb))).backward()
+            with torch.no_grad():
+                sums += record(outputs, mb)
+        return sums
+
     def no_sync(self, skip: bool):
         """A context for one micro-step of gradient accumulation: with ``skip``, DDP keeps the gradients
         local (they are all-reduced with the last micro-step's). FSDP reduce-scatters every micro-step
@@ -88,6 +117,10 @@ class ParallelModel:
         if skip and hasattr(self.module, "no_sync"):
             return self.module.no_sync()
         return contextlib.nullcontext()
+
+    def num_parameters(self) -> int:
+        """The whole model's parameter count (a collective under pipeline parallelism)."""
+        return sum(p.numel() for p in self.model.parameters())
 
     def comm_bytes_per_step(self, step: int) -> int:
         """The bytes of gradient this process hands to the data-parallel collective at optimizer step
@@ -135,27 +168,40 @@ class ParallelModel:
         return clip_grad_norm_(list(self.model.parameters()), max_norm)
 
 
-def clip_grad_norm_(parameters: list[torch.Tensor], max_norm: float) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` for parameters that may be DTensors on several meshes.
-
-    Gradients of one kind (plain tensors; DTensors of one mesh and placement) are normed together;
-    a DTensor norm is made whole (``full_tensor``: the sum over the shards). With plain tensors only
-    this is torch's own computation, to the bit.
-    """
+def _grad_groups(parameters: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """The parameters with a gradient, by kind (plain tensors; DTensors of one mesh and placement)."""
     groups: dict[object, list[torch.Tensor]] = {}
     for p in parameters:
         if p.grad is not None:
             key = (p.grad.device_mesh, tuple(p.grad.placements)) if isinstance(p.grad, DTensor) else None
             groups.setdefault(key, []).append(p)
-    if not groups:
-        return torch.zeros(())
+    return list(groups.values())
+
+
+def grad_norm(parameters: list[torch.Tensor]) -> torch.Tensor | None:
+    """The 2-norm of the gradients of ``parameters`` (None when none has one). Gradients of one kind are
+    normed together; a DTensor norm is made whole (``full_tensor``: the sum over the shards)."""
     norms = []
-    for params in groups.values():
+    for params in _grad_groups(parameters):
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
         norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-    total = norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
-    for params in groups.values():
+    if not norms:
+        return None
+    return norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
+
+
+def clip_grads_with_norm_(parameters: list[torch.Tensor], max_norm: float, total: torch.Tensor) -> None:
+    for params in _grad_groups(parameters):
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+
+
+def clip_grad_norm_(parameters: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` for parameters that may be DTensors on several meshes. With
+    plain tensors only this is torch's own computation, to the bit."""
+    total = grad_norm(parameters)
+    if total is None:
+        return torch.zeros(())
+    clip_grads_with_norm_(parameters, max_norm, total)
     return total
 
 
@@ -169,9 +215,27 @@ def parallelize(
     compile: bool = False,
     compression: Compression = Compression(),
     seed: int = 0,
+    pipeline: Any = None,
+    seq_length: int | None = None,
 ) -> ParallelModel:
     """Spread ``model`` (its weights already loaded, the same on every process) over ``dims``, its
-    gradients reduced with ``compression``."""
+    gradients reduced with ``compression``; ``pipeline`` (the run's ParallelConfig) says how, when
+    ``dims.pp`` > 1 (``pipeline.parallelize_pipeline``), to which ``seq_length`` is the longest a
+    batch's sequences can be (None: every batch has one shape)."""
+    if dims.pp > 1:
+        from .pipeline import parallelize_pipeline
+
+        return parallelize_pipeline(
+            model,
+            dims,
+            device,
+            pipeline,
+            precision=precision,
+            activation_checkpointing=activation_checkpointing,
+            compile=compile,
+            compression=compression,
+            seq_length=seq_length,
+        )
     if not dims.fsdp:
         model.to(device)  # fully_shard moves each shard itself: a model bigger than one GPU is never whole on one
     if dims.tp > 1:
@@ -179,8 +243,9 @@ def parallelize(
     if activation_checkpointing:
         apply_activation_checkpointing(model)
     if compile:
-        for layer in encoder_layers(model):
-            layer.compile(dynamic=False)  # every batch has the same shapes: one graph
+        layers = encoder_layers(model)
+        for key in _layer_keys(layers):
+            layers[key].compile(dynamic=False)  # every batch has the same shapes: one graph
     if dims.fsdp:
         apply_fsdp(model, dims, precision, reduce_dtype=compression.dtype)
         return ParallelModel(model, model, dims, compression)
@@ -207,8 +272,9 @@ def apply_tensor_parallel(model: nn.Module, dims: ParallelDims) -> None:
         "intermediate.dense": ColwiseParallel(),
         "output.dense": RowwiseParallel(),
     }
-    for layer in encoder_layers(model):
-        parallelize_module(layer, dims.tp_mesh, plan)
+    layers = encoder_layers(model)
+    for key in _layer_keys(layers):
+        parallelize_module(layers[key], dims.tp_mesh, plan)
 
 
 def apply_activation_checkpointing(model: nn.Module) -> None:
@@ -216,10 +282,10 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
     layers = encoder_layers(model)
-    for i, layer in enumerate(layers):
+    for key in _layer_keys(layers):
         # Non-reentrant checkpointing (the wrapper's default); the RNG state is replayed, so dropout
         # draws the same masks in the recomputation.
-        layers[i] = checkpoint_wrapper(layer, preserve_rng_state=True)
+        layers[key] = checkpoint_wrapper(layers[key], preserve_rng_state=True)
 
 
 def apply_fsdp(model: nn.Module, dims: ParallelDims, precision: str, reduce_dtype: torch.dtype | None = None) -> None:

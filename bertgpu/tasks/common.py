@@ -295,9 +295,12 @@ class TrainingRun:
         was = self.state.get("layout_name") or f"{self.state['layout'][0]} process(es)"
         return f" on {self.dims.describe()} (was {was})"
 
-    def parallelize(self, model: torch.nn.Module, total_steps: int, compile: bool = False) -> ParallelModel:
+    def parallelize(
+        self, model: torch.nn.Module, total_steps: int, compile: bool = False, seq_length: int | None = None
+    ) -> ParallelModel:
         """Spread ``model`` (the same weights on every process) over the processes; seed dropout: the
-        processes of one tensor-parallel group draw the same masks, each data-parallel rank its own."""
+        processes of one tensor-parallel group draw the same masks, each data-parallel rank its own.
+        ``seq_length``: the longest a batch's sequences can be, when batches differ in length."""
         parallel = self.cfg.parallel
         compression = Compression(
             parallel.grad_compression, parallel.powersgd_rank, parallel.powersgd_warmup or max(2, total_steps // 10)
@@ -311,6 +314,8 @@ class TrainingRun:
             compile=compile,
             compression=compression,
             seed=self.run_cfg.seed,
+            pipeline=parallel,
+            seq_length=seq_length,
         )
         torch.manual_seed(self.run_cfg.seed + 1 + self.dims.dp_rank)
         return self.net
@@ -463,6 +468,7 @@ class TrainingRun:
             "skipped_steps": self.skipped,
             "layout": self.dims.describe(),
             "peak_memory_mb": self.peak_memory_mb(),
+            **({"peak_memory_mb_per_stage": self.stage_peak_memory_mb()} if self.dims.pp > 1 else {}),
             "comm_bytes_per_step": loop.comm_bytes / max(loop.steps_in_window, 1),
             **rates,
         }
@@ -587,6 +593,12 @@ class TrainingRun:
         """The largest peak memory of any process (a collective: call it at the same step everywhere)."""
         peak = torch.full((), peak_memory_mb(self.device), dtype=torch.float64, device=self.device)
         return launch.all_reduce_max(peak).item()
+
+    def stage_peak_memory_mb(self) -> list[float]:
+        """The largest peak memory of each pipeline stage's processes (a collective, as ``peak_memory_mb``)."""
+        peaks = torch.zeros(self.dims.pp, dtype=torch.float64, device=self.device)
+        peaks[self.dims.pp_rank] = peak_memory_mb(self.device)
+        return launch.all_reduce_max(peaks).tolist()
 
     def warn(self, message: str) -> None:
         if self.is_main:

@@ -11,6 +11,7 @@ around its loop (resume, checkpoints, stop signals, skipped steps, the tail of e
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -216,7 +217,7 @@ def train(cfg: FinetuneConfig) -> Path:
 
     model = build_model(cfg, plan, run)
     trainable, n_params = lora.parameter_counts(model)
-    net = run.parallelize(model, optim.steps)
+    net = run.parallelize(model, optim.steps, seq_length=cfg.max_seq_length)
     run.build_optimizer(optim, sample_forward=lambda: net(**_sample_batch(train_set, device)))
     window = run.track(LOG_SUMS, "window", "epoch_sums")[0]  # since the last log line, and in the epoch
     run.resume_loop(loop)
@@ -329,22 +330,34 @@ def train_step(
     indices) of a global batch of ``global_size`` examples; return the step's log sums (``LOG_SUMS``
     order), still on the device. The loss is the global batch's mean cross-entropy."""
     net, device, precision = run.net, run.device, run.precision
-    step_sums = torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device)
-    for i, part in enumerate(micro):
-        batch = {k: v.to(device, non_blocking=True) for k, v in dataset.batch(part).items()}
-        # Only the last micro-step all-reduces the gradients (DDP); FSDP reduces each.
-        with net.no_sync(i < len(micro) - 1), autocast(precision, device), run.balancer.forward(len(part)):
-            logits = net(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        loss_sum = F.cross_entropy(logits.float(), batch["labels"], reduction="sum")
-        run.scaler.scale(run.dims.backward_loss(loss_sum / global_size)).backward()
-        with torch.no_grad():
-            step_sums += sums.of(
-                loss=loss_sum.detach(),
-                correct=(logits.argmax(-1) == batch["labels"]).sum(),
-                examples=len(part),
-                tokens=batch["attention_mask"].sum(),
-            )
-    return step_sums
+
+    def loss_fn(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), batch["labels"], reduction="sum") / global_size
+
+    def record(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return sums.of(
+            loss=F.cross_entropy(logits.float(), batch["labels"], reduction="sum"),
+            correct=(logits.argmax(-1) == batch["labels"]).sum(),
+            examples=len(batch["labels"]),
+            tokens=batch["attention_mask"].sum(),
+        )
+
+    def context(batch: dict[str, torch.Tensor]) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        stack.enter_context(autocast(precision, device))
+        stack.enter_context(run.balancer.forward(len(batch["labels"])))
+        return stack
+
+    batches = [{k: v.to(device, non_blocking=True) for k, v in dataset.batch(part).items()} for part in micro]
+    return net.forward_backward(
+        batches,
+        ("input_ids", "token_type_ids", "attention_mask"),
+        loss_fn,
+        record,
+        torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device),
+        context=context,
+        scale=run.scaler.scale,
+    )
 
 
 def log_values(s: dict[str, float]) -> dict[str, float]:

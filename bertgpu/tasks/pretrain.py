@@ -3,7 +3,7 @@
 ``run`` checks everything a user can get wrong before any process starts, then trains in this
 process or in ``nproc`` workers. ``train`` is the training loop of one worker, top to bottom;
 ``train_step`` is the forward and backward passes of one optimizer step, ``log_line`` a line of
-the log. How the model is spread over the processes (data parallel, FSDP, tensor parallel) is
+the log. How the model is spread over the processes (data parallel, FSDP, tensor and pipeline parallel) is
 ``bertgpu.parallel``'s business, and what every training task does around its loop (resume,
 checkpoints, stop signals, skipped steps) is ``tasks.common.TrainingRun``'s.
 
@@ -17,6 +17,7 @@ current step, write a checkpoint and exit non-zero.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -322,7 +323,7 @@ def start_line(
     instances: int,
 ) -> str:
     dims, net = run.dims, run.net
-    n_params = sum(p.numel() for p in net.model.parameters())
+    n_params = net.num_parameters()
     moved = ""
     if run.state is not None and run.state["global_batch"] != global_batch:
         moved = (
@@ -379,36 +380,51 @@ def train_step(
     collective of a step outside the gradients), the NSP loss by its sentence pairs. Gradient
     reduction averages over the data-parallel ranks, hence the factor dp.
     """
-    net, scaler, precision = run.net, run.scaler, run.precision
+    net, precision = run.net, run.precision
     device, dims = micro[0]["input_ids"].device, net.dims
     n_masked = dims.dp_sum(sum((mb["mlm_labels"] != IGNORE_INDEX).sum() for mb in micro).float())
-    step_sums = torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device)
-    for i, mb in enumerate(micro):
-        with net.no_sync(i < len(micro) - 1), autocast(precision, device), run.balancer.forward(len(mb["input_ids"])):
-            mlm_logits, nsp_logits = net(
-                mb["input_ids"], mb["token_type_ids"], mb["attention_mask"], mb["mlm_positions"]
-            )
-        mlm_logits, labels = mlm_logits.float().flatten(0, 1), mb["mlm_labels"].flatten()
-        mlm_loss = F.cross_entropy(mlm_logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
-        loss = mlm_loss / n_masked
+
+    def loss_fn(outputs, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        mlm_logits, nsp_logits = outputs
+        loss = F.cross_entropy(
+            mlm_logits.float().flatten(0, 1), mb["mlm_labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
+        )
+        loss = loss / n_masked
         if nsp:
-            nsp_loss = F.cross_entropy(nsp_logits.float(), mb["nsp_label"], reduction="sum")
-            loss = loss + nsp_loss / global_batch
-        else:
-            nsp_loss = torch.zeros((), device=device)
-        scaler.scale(dims.backward_loss(loss)).backward()
-        with torch.no_grad():
-            valid = labels != IGNORE_INDEX
-            step_sums += sums.of(
-                mlm_loss=mlm_loss,
-                mlm_correct=((mlm_logits.argmax(-1) == labels) & valid).sum(),
-                masked=valid.sum(),
-                nsp_loss=nsp_loss,
-                nsp_correct=(nsp_logits.argmax(-1) == mb["nsp_label"]).sum(),
-                sequences=len(mb["input_ids"]),
-                tokens=mb["attention_mask"].sum(),
-            )
-    return step_sums
+            loss = loss + F.cross_entropy(nsp_logits.float(), mb["nsp_label"], reduction="sum") / global_batch
+        return loss
+
+    def record(outputs, mb: dict[str, torch.Tensor]) -> torch.Tensor:
+        mlm_logits, nsp_logits = outputs
+        mlm_logits, labels = mlm_logits.float().flatten(0, 1), mb["mlm_labels"].flatten()
+        valid = labels != IGNORE_INDEX
+        return sums.of(
+            mlm_loss=F.cross_entropy(mlm_logits, labels, ignore_index=IGNORE_INDEX, reduction="sum"),
+            mlm_correct=((mlm_logits.argmax(-1) == labels) & valid).sum(),
+            masked=valid.sum(),
+            nsp_loss=F.cross_entropy(nsp_logits.float(), mb["nsp_label"], reduction="sum")
+            if nsp
+            else torch.zeros((), device=device),
+            nsp_correct=(nsp_logits.argmax(-1) == mb["nsp_label"]).sum(),
+            sequences=len(mb["input_ids"]),
+            tokens=mb["attention_mask"].sum(),
+        )
+
+    def context(mb: dict[str, torch.Tensor]) -> contextlib.ExitStack:
+        stack = contextlib.ExitStack()
+        stack.enter_context(autocast(precision, device))
+        stack.enter_context(run.balancer.forward(len(mb["input_ids"])))
+        return stack
+
+    return net.forward_backward(
+        micro,
+        ("input_ids", "token_type_ids", "attention_mask", "mlm_positions"),
+        loss_fn,
+        record,
+        torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device),
+        context=context,
+        scale=run.scaler.scale,
+    )
 
 
 def _sample_batch(dataset: PretrainingDataset, device: torch.device) -> dict[str, torch.Tensor]:
