@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HEAVY_FIRST = [
     "test_elastic.py",
     "test_parallel.py",
+    "test_pipeline.py",
     "test_communication.py",
     "test_resume.py",
     "test_finetune.py",
