@@ -167,11 +167,14 @@ def test_a_run_directory_that_is_not_shared_is_refused(tmp_path, small_english_d
         )
         for name in ("a", "b")
     ]
-    for p in procs:
-        assert p.wait(timeout=600) == 2
+    codes = [p.wait(timeout=600) for p in procs]
     text = (tmp_path / "a.txt").read_text() + (tmp_path / "b.txt").read_text()
     errors = [line for line in text.splitlines() if line.startswith("bertgpu: error:")]
-    assert errors and all("is not shared: rank(s) 1 (" in e for e in errors), text[-3000:]
+    refused = [e for e in errors if "is not shared: rank(s) 1 (" in e]
+    # The machine hosting the rendezvous may stop first: the other's agent then says that in one line (exit 1).
+    lost = [e for e in errors if "lost the rendezvous at localhost:" in e]
+    assert refused and len(refused) + len(lost) == len(errors), text[-3000:]
+    assert sorted(codes) in ([2, 2], [1, 2]) and codes.count(1) == len(lost), (codes, text[-3000:])
     assert "Traceback" not in text
 
 

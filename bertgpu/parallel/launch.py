@@ -160,6 +160,7 @@ def launch(
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     if getattr(dynamic_rendezvous, "get_method_name", None) is not None:
@@ -203,6 +204,13 @@ def launch(
         elastic_launch(config, fn)(*args)
     except SignalException as e:  # Ctrl-C or SIGTERM reached the launcher: the workers checkpoint and say so
         raise SystemExit(128 + int(e.sigval)) from None
+    except RendezvousConnectionError:
+        # Another machine hosted the rendezvous and has stopped (after an error of its own, which it printed,
+        # or lost): this agent cannot go on, and torch's traceback would bury the other machine's one line.
+        raise SystemExit(
+            f"bertgpu: error: lost the rendezvous at {rdzv_endpoint}: the machine hosting it has stopped "
+            "(its output says why)"
+        ) from None
     except ChildFailedError as e:
         codes = {f.exitcode for f in e.failures.values()}
         if USER_ERROR_EXIT in codes:
