@@ -21,6 +21,7 @@ import torch
 import transformers
 from conftest import run_cli, sentiment_reviews, write_tiny_bert
 from safetensors.torch import load_file
+from test_parallel import evaluations, final_weights, losses, worst_difference
 
 from bertgpu.config import ModelConfig, ParallelConfig, PretrainConfig
 from bertgpu.errors import UserError
@@ -73,21 +74,6 @@ LAYOUTS = {
 TOLERANCE = 1e-6
 
 
-def final_weights(run_dir):
-    ckpt = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
-    assert ckpt.name == "step-0000003"
-    return load_file(ckpt / "model.safetensors")
-
-
-def losses(run_dir):
-    return [r["loss"] for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if "loss" in r]
-
-
-def worst_difference(a: dict, b: dict) -> float:
-    assert a.keys() == b.keys()
-    return max((a[k] - b[k]).abs().max().item() for k in a)
-
-
 @pytest.fixture(scope="module")
 def four_layers(tmp_path_factory, small_english_data):
     """A tiny BERT's config.json with 4 encoder layers, the data's vocab."""
@@ -135,10 +121,6 @@ def test_held_out_evaluation_runs_through_the_schedule(name, layouts):
     """Evaluation at the step-2 checkpoint and the end: forward only through the schedule (its shapes
     inferred anew on each switch from and back to training), the last batch padded, the outputs sent
     from the last stage; the figures are one process's."""
-
-    def evaluations(run_dir):
-        return [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if "eval_mlm_loss" in r]
-
     ours, ref = evaluations(layouts(name)), evaluations(layouts("one-process"))
     assert [r["step"] for r in ours] == [r["step"] for r in ref] == [2, 3]
     for mine, theirs in zip(ours, ref):

@@ -17,6 +17,7 @@ checkpoint saves and a resumed run loads. The loops themselves (``pretrain.train
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -46,6 +47,7 @@ from ..training import (
     Sums,
     Throughput,
     allow_tf32,
+    autocast,
     build_optimizer,
     build_schedule,
     console_is_tty,
@@ -588,6 +590,13 @@ class TrainingRun:
         lines += [f"  {line}" for line in (self.log.summary(keys) if self.log else [])]
         lines.append(f"  {where}")
         print("\n".join(lines), flush=True)
+
+    @contextlib.contextmanager
+    def forward_context(self, rows: int):
+        """Around a micro-batch's forward pass: autocast to the run's precision, and the pass timed for
+        ``--balance auto`` (``rows`` examples)."""
+        with autocast(self.precision, self.device), self.balancer.forward(rows):
+            yield
 
     def peak_memory_mb(self) -> float:
         """The largest peak memory of any process (a collective: call it at the same step everywhere)."""

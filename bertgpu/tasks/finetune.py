@@ -11,7 +11,6 @@ around its loop (resume, checkpoints, stop signals, skipped steps, the tail of e
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
@@ -46,7 +45,6 @@ from ..parallel.layout import check_layout
 from ..training import (
     Sums,
     Throughput,
-    autocast,
     describe_batch,
     describe_lr,
     format_duration,
@@ -329,7 +327,7 @@ def train_step(
     """The forward and backward passes of one optimizer step over this rank's micro-batches (example
     indices) of a global batch of ``global_size`` examples; return the step's log sums (``LOG_SUMS``
     order), still on the device. The loss is the global batch's mean cross-entropy."""
-    net, device, precision = run.net, run.device, run.precision
+    net, device = run.net, run.device
 
     def loss_fn(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return F.cross_entropy(logits.float(), batch["labels"], reduction="sum") / global_size
@@ -342,12 +340,6 @@ def train_step(
             tokens=batch["attention_mask"].sum(),
         )
 
-    def context(batch: dict[str, torch.Tensor]) -> contextlib.ExitStack:
-        stack = contextlib.ExitStack()
-        stack.enter_context(autocast(precision, device))
-        stack.enter_context(run.balancer.forward(len(batch["labels"])))
-        return stack
-
     batches = [{k: v.to(device, non_blocking=True) for k, v in dataset.batch(part).items()} for part in micro]
     return net.forward_backward(
         batches,
@@ -355,7 +347,7 @@ def train_step(
         loss_fn,
         record,
         torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device),
-        context=context,
+        context=lambda mb: run.forward_context(len(mb["input_ids"])),
         scale=run.scaler.scale,
     )
 

@@ -17,7 +17,6 @@ current step, write a checkpoint and exit non-zero.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import os
@@ -50,7 +49,6 @@ from ..parallel.layout import check_layout
 from ..training import (
     Sums,
     Throughput,
-    autocast,
     describe_batch,
     describe_lr,
     format_duration,
@@ -380,7 +378,7 @@ def train_step(
     collective of a step outside the gradients), the NSP loss by its sentence pairs. Gradient
     reduction averages over the data-parallel ranks, hence the factor dp.
     """
-    net, precision = run.net, run.precision
+    net = run.net
     device, dims = micro[0]["input_ids"].device, net.dims
     n_masked = dims.dp_sum(sum((mb["mlm_labels"] != IGNORE_INDEX).sum() for mb in micro).float())
 
@@ -410,19 +408,13 @@ def train_step(
             tokens=mb["attention_mask"].sum(),
         )
 
-    def context(mb: dict[str, torch.Tensor]) -> contextlib.ExitStack:
-        stack = contextlib.ExitStack()
-        stack.enter_context(autocast(precision, device))
-        stack.enter_context(run.balancer.forward(len(mb["input_ids"])))
-        return stack
-
     return net.forward_backward(
         micro,
         ("input_ids", "token_type_ids", "attention_mask", "mlm_positions"),
         loss_fn,
         record,
         torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device),
-        context=context,
+        context=lambda mb: run.forward_context(len(mb["input_ids"])),
         scale=run.scaler.scale,
     )
 
