@@ -208,6 +208,14 @@ def _rdzv_last_call() -> Any:
     )
 
 
+def _rdzv_heartbeat() -> Any:
+    return opt(
+        5,
+        "seconds between the heartbeats each machine sends to an elastic rendezvous; a machine is taken for lost "
+        "after 3 missed ones (torch's keep_alive_interval)",
+    )
+
+
 def _rdzv_id() -> Any:
     return opt("", "the rendezvous id that the machines of one run share (default: derived from --out)")
 
@@ -224,6 +232,8 @@ def check_run_flags(cfg: Any) -> None:
         )
     if cfg.rdzv_last_call < 0:
         raise UserError(f"--rdzv-last-call must be at least 0 seconds, got {cfg.rdzv_last_call}")
+    if cfg.rdzv_heartbeat < 1:
+        raise UserError(f"--rdzv-heartbeat must be at least 1 second, got {cfg.rdzv_heartbeat}")
     if cfg.save_every_minutes < 0:
         raise UserError(f"--save-every-minutes must be at least 0, got {cfg.save_every_minutes:g}")
     low, high = parse_nnodes(cfg.nnodes)
@@ -644,6 +654,7 @@ class RunConfig:
     rdzv_endpoint: str = _rdzv_endpoint()
     rdzv_id: str = _rdzv_id()
     rdzv_last_call: int = _rdzv_last_call()
+    rdzv_heartbeat: int = _rdzv_heartbeat()
 
     def __post_init__(self) -> None:
         # The checks of --save-every and --log-every stay with each command: their messages differ.

@@ -84,6 +84,9 @@ def start_machine(data: Path, out: Path, port: int, output: Path, *extra: str) -
         # at each restart on one machine.
         "--rdzv-last-call",
         "10",
+        # A killed machine is noticed after 3 missed heartbeats: 3 s instead of torch's 15.
+        "--rdzv-heartbeat",
+        "1",
         *extra,
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "SLOW_RANK": "any", "SLOW_SECONDS": "0.03", "PYTHONUNBUFFERED": "1"}
@@ -210,6 +213,7 @@ def test_bad_elastic_flags_are_one_line(tmp_path, small_english_data):
         (["--nnodes", "3:2"], "--nnodes 3:2: give a number of machines, or MIN:MAX"),
         (["--save-every-minutes", "-1"], "--save-every-minutes must be at least 0"),
         (["--rdzv-last-call", "-1"], "--rdzv-last-call must be at least 0 seconds"),
+        (["--rdzv-heartbeat", "0"], "--rdzv-heartbeat must be at least 1 second"),
     ]
     for flags, needle in cases:
         proc = run_cli(

@@ -145,6 +145,7 @@ def launch(
     rdzv_endpoint: str = "",
     run_id: str = "",
     last_call: int = 30,
+    heartbeat: int = 5,
 ) -> None:
     """Run ``fn(*args)`` in ``nproc`` local worker processes with torch's elastic launcher.
 
@@ -185,7 +186,7 @@ def launch(
         rdzv_backend="c10d",
         rdzv_endpoint=rdzv_endpoint or "localhost:0",  # like torchrun --standalone: a free port on this machine
         max_restarts=max_restarts,
-        rdzv_configs={"last_call_timeout": last_call},
+        rdzv_configs={"last_call_timeout": last_call, "keep_alive_interval": heartbeat},
         monitor_interval=0.1,
         start_method=_start_method(fn, args),
         **extra,

@@ -142,6 +142,7 @@ def run_workers(train: Callable[[Any], Any], cfg: Any) -> None:
             rdzv_endpoint=getattr(settings, "rdzv_endpoint", ""),
             run_id=getattr(settings, "rdzv_id", "") or (launch.elastic_run_id(cfg.out) if nnodes[1] > 1 else ""),
             last_call=getattr(settings, "rdzv_last_call", 30),
+            heartbeat=getattr(settings, "rdzv_heartbeat", 5),
         )
 
 
