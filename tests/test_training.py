@@ -94,3 +94,13 @@ def test_lamb_equals_the_paper_written_out_and_skips_a_non_finite_step():
         torch.testing.assert_close(got.detach().double(), want, rtol=0, atol=1e-6)
     assert all(s["step"].item() == 3 for s in optimizer.state.values())
     assert all(not torch.equal(a, b.detach()) for a, b in zip(start, model.parameters()))
+
+
+def test_a_run_without_nsp_logs_no_nsp_figures():
+    """Without NSP its head is never trained: its loss and accuracy would be noise, so they are not logged."""
+    from bertgpu.tasks.pretrain import log_values
+
+    sums = {"mlm_loss": 6.0, "mlm_correct": 1, "masked": 3, "nsp_loss": 1.4, "nsp_correct": 1, "sequences": 2}
+    assert log_values(sums, nsp=False) == {"loss": 2.0, "mlm_loss": 2.0, "mlm_acc": 1 / 3}
+    with_nsp = log_values(sums, nsp=True)
+    assert with_nsp["loss"] == 2.7 and with_nsp["nsp_acc"] == 0.5

@@ -428,14 +428,12 @@ def _sample_batch(dataset: PretrainingDataset, device: torch.device) -> dict[str
 def log_values(s: dict[str, float], nsp: bool) -> dict[str, float]:
     """Losses and accuracies from the sums of a log window."""
     mlm = s["mlm_loss"] / max(s["masked"], 1)
-    nsp_loss = s["nsp_loss"] / max(s["sequences"], 1)
-    return {
-        "loss": mlm + nsp_loss,
-        "mlm_loss": mlm,
-        "mlm_acc": s["mlm_correct"] / max(s["masked"], 1),
-        "nsp_loss": nsp_loss,
-        "nsp_acc": s["nsp_correct"] / max(s["sequences"], 1),
-    }
+    values = {"loss": mlm, "mlm_loss": mlm, "mlm_acc": s["mlm_correct"] / max(s["masked"], 1)}
+    if nsp:  # without NSP its head is untrained and its figures would mean nothing
+        values["nsp_loss"] = s["nsp_loss"] / max(s["sequences"], 1)
+        values["nsp_acc"] = s["nsp_correct"] / max(s["sequences"], 1)
+        values["loss"] = mlm + values["nsp_loss"]
+    return values
 
 
 def log_line(step: int, values: dict, steps: int, nsp: bool) -> str:
