@@ -140,7 +140,12 @@ def _nproc() -> Any:
 
 
 def _precision() -> Any:
-    return opt("auto", "auto: bf16 on GPUs that support it, else fp32", choices=_PRECISIONS)
+    return opt(
+        "auto",
+        "auto: bf16 on GPUs that support it (and, under pretrain's --recipe fast, on CPUs with bf16 instructions: "
+        "AVX512-BF16 or AMX), else fp32",
+        choices=_PRECISIONS,
+    )
 
 
 def _resume() -> Any:
@@ -728,8 +733,8 @@ class PretrainConfig:
         "bert",
         "bert: the original BERT recipe; fast: what reached a held-out loss sooner in "
         "benchmarks/time_to_quality.py (BENCHMARKS.md): --pack (with --no-nsp), "
-        "--masked-lm-prob 0.3 with prediction slots to match, --dropout 0; a flag given "
-        "explicitly overrides the recipe's value",
+        "--masked-lm-prob 0.3 with prediction slots to match, --dropout 0, and bf16 on CPUs with bf16 "
+        "instructions (--precision auto); a flag given explicitly overrides the recipe's value",
         choices=["bert", "fast"],
     )
 
@@ -742,6 +747,12 @@ class PretrainConfig:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.pad_vocab_multiple < 1:
             raise UserError(f"--pad-vocab-multiple must be at least 1, got {self.pad_vocab_multiple}")
+
+
+def fast_recipe(cfg: Any) -> bool:
+    """Whether ``cfg`` is a pretraining run under --recipe fast (which also takes bf16 autocast on CPUs that
+    multiply bf16 in hardware, where --precision is left at auto: training.resolve_precision)."""
+    return getattr(cfg, "recipe", "bert") == "fast"
 
 
 def apply_fast_recipe(cfg: PretrainConfig) -> None:

@@ -185,14 +185,29 @@ def describe_lr(lr: float, peak: float, scaling: str, global_batch: int, referen
     return f"peak lr {peak:.3g} = {lr:.3g} x {ratio} (--lr-scaling {scaling})"
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
+def resolve_precision(precision: str, device: torch.device, cpu_bf16: bool = False) -> str:
+    """``auto``: bf16 on GPUs that support it, and with ``cpu_bf16`` (--recipe fast) on CPUs that multiply
+    bf16 in hardware; else fp32."""
     if precision == "auto":
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
+            return "bf16"
+        if device.type == "cpu" and cpu_bf16 and cpu_has_native_bf16():
             return "bf16"
         return "fp32"
     if precision == "fp16" and device.type != "cuda":
         raise UserError("--precision fp16 needs a CUDA GPU (use bf16 or fp32 on CPU)")
     return precision
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU has bf16 dot-product instructions (AVX512-BF16 or AMX): where it has not, oneDNN
+    emulates bf16 and autocast would only slow a step down."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            flags = next((line for line in f if line.startswith("flags")), "").split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def allow_tf32(device: torch.device) -> None:

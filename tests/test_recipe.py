@@ -66,3 +66,21 @@ def test_fast_recipe_sets_its_values_and_explicit_flags_win():
     assert (mine.data.masked_lm_prob, mine.data.max_predictions, mine.dropout, mine.data.pack) == (0.2, 20, 0.1, True)
     with_nsp = _parse("--recipe", "fast")  # NSP pairs cannot be packed; the rest applies
     assert (with_nsp.data.pack, with_nsp.data.masked_lm_prob) == (False, 0.3)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_fast_recipe_takes_bf16_on_cpus_that_compute_it_natively(monkeypatch, native):
+    """--precision auto under --recipe fast: bf16 autocast where the CPU has bf16 instructions (emulated bf16
+    is slower than fp32), fp32 elsewhere; --recipe bert and an explicit --precision are left alone."""
+    import torch
+
+    from bertgpu import training
+    from bertgpu.config import fast_recipe
+
+    monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: native)
+    cpu = torch.device("cpu")
+    fast, bert = _parse("--no-nsp", "--recipe", "fast"), _parse("--no-nsp")
+    assert (fast_recipe(fast), fast_recipe(bert)) == (True, False)
+    assert training.resolve_precision("auto", cpu, cpu_bf16=fast_recipe(fast)) == ("bf16" if native else "fp32")
+    assert training.resolve_precision("auto", cpu, cpu_bf16=fast_recipe(bert)) == "fp32"
+    assert training.resolve_precision("fp32", cpu, cpu_bf16=True) == "fp32"

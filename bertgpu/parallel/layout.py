@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from ..config import ModelConfig, accumulation
+from ..config import ModelConfig, accumulation, fast_recipe
 from ..errors import UserError
 from ..training import resolve_precision
 from . import launch
@@ -24,7 +24,7 @@ def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
     parallel = cfg.parallel
     dims = ParallelDims(launch.world_size(cfg.run.nproc, cfg.run.device), parallel.tp, parallel.strategy, parallel.pp)
     dims.check_model(model_config)
-    precision = resolve_precision(cfg.run.precision, torch.device(cfg.run.device))
+    precision = resolve_precision(cfg.run.precision, torch.device(cfg.run.device), cpu_bf16=fast_recipe(cfg))
     if dims.pp > 1:
         check_pipeline(cfg, model_config, precision)
     if precision == "fp16" and (dims.tp > 1 or dims.fsdp):

@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from .. import checkpoint, model_card
-from ..config import ModelConfig, OptimConfig, parse_nnodes
+from ..config import ModelConfig, OptimConfig, fast_recipe, parse_nnodes
 from ..errors import UserError
 from ..parallel import ParallelModel, launch, parallelize
 from ..parallel.balance import Balancer
@@ -240,7 +240,7 @@ class TrainingRun:
         self.env = launch.init(cfg.run.device)
         self.device = self.env.device
         self.is_main = self.env.is_main
-        self.precision = resolve_precision(cfg.run.precision, self.device)
+        self.precision = resolve_precision(cfg.run.precision, self.device, cpu_bf16=fast_recipe(cfg))
         self.dims = check_layout(cfg, model_config)
         self.dims.build_mesh(self.device.type)
         allow_tf32(self.device)
