@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import os
@@ -199,6 +200,7 @@ def resolve_precision(precision: str, device: torch.device, cpu_bf16: bool = Fal
     return precision
 
 
+@functools.cache  # the CPU's flags do not change; the layout check and the run both ask
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU has bf16 dot-product instructions (AVX512-BF16 or AMX): where it has not, oneDNN
     emulates bf16 and autocast would only slow a step down."""

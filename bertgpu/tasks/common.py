@@ -593,10 +593,10 @@ class TrainingRun:
         print("\n".join(lines), flush=True)
 
     @contextlib.contextmanager
-    def forward_context(self, rows: int):
+    def forward_context(self, micro_batch: dict[str, torch.Tensor]):
         """Around a micro-batch's forward pass: autocast to the run's precision, and the pass timed for
-        ``--balance auto`` (``rows`` examples)."""
-        with autocast(self.precision, self.device), self.balancer.forward(rows):
+        ``--balance auto`` (by the micro-batch's examples)."""
+        with autocast(self.precision, self.device), self.balancer.forward(len(micro_batch["input_ids"])):
             yield
 
     def peak_memory_mb(self) -> float:

@@ -347,7 +347,7 @@ def train_step(
         loss_fn,
         record,
         torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device),
-        context=lambda mb: run.forward_context(len(mb["input_ids"])),
+        context=run.forward_context,
         scale=run.scaler.scale,
     )
 
