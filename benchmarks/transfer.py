@@ -193,7 +193,9 @@ def main() -> None:
     parser.add_argument("--few", type=int, default=1000, help="the few-labels regime: this many training labels")
     parser.add_argument("--regimes", default="few,all")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--minilm-all-seeds", type=int, nargs="+", default=[0], help="seeds of MiniLM on all labels")
+    parser.add_argument(
+        "--minilm-all-seeds", type=int, nargs="+", default=[0, 1, 2], help="seeds of MiniLM's starts on all labels"
+    )
     parser.add_argument("--epochs", default="few=5,all=2", help="fine-tuning epochs per regime")
     parser.add_argument("--lr", default="mini=2e-4,minilm=5e-5", help="fine-tuning learning rate per shape")
     args = parser.parse_args()

@@ -134,24 +134,108 @@ def run_balanced_with_a_slow_rank(*args) -> tuple[subprocess.CompletedProcess, s
 
 
 def run_cli(
-    *args: str, check: bool = True, env: dict | None = None, timeout: float = 600
+    *args: str, check: bool = True, env: dict | None = None, timeout: float = 600, fresh: bool = False
 ) -> subprocess.CompletedProcess:
-    """Run `python -m bertgpu ARGS` as a user would; return the finished process (text output)."""
-    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.run(
-        [sys.executable, "-m", "bertgpu", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-        cwd=ROOT,
-    )
+    """Run `bertgpu ARGS` as a user would; return the finished process (text output).
+
+    A command that runs in this one process (no --nproc above 1, no restarts, no machines, no --config
+    that could ask for them, no environment of its own) is run inside the test process by
+    ``run_in_process``: the same `cli.main`, the same files, without the 1.5 s a fresh interpreter
+    spends importing torch. ``fresh=True`` starts `python -m bertgpu` anyway, for tests about the
+    process itself (exit status and whole stderr of a new interpreter); BERTGPU_TEST_FRESH=1 does so for
+    every command."""
+    args = tuple(map(str, args))
+    if not fresh and env is None and _one_process(args) and os.environ.get("BERTGPU_TEST_FRESH") != "1":
+        proc = run_in_process(*args)
+    else:
+        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+        proc = subprocess.run(
+            [sys.executable, "-m", "bertgpu", *args],
+            capture_output=True,
+            text=True,
+            env=full_env,
+            timeout=timeout,
+            cwd=ROOT,
+        )
     if check and proc.returncode != 0:
         raise AssertionError(
-            f"bertgpu {' '.join(map(str, args))} exited {proc.returncode}\n"
-            f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+            f"bertgpu {' '.join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
         )
     return proc
+
+
+def _one_process(args: tuple[str, ...]) -> bool:
+    """Whether `bertgpu ARGS` runs in the calling process alone (run_workers' rule, read from the flags)."""
+    if not args or args[0] == "bench" or "--config" in args or "cuda" in args:
+        return False
+    values = {}
+    for i, a in enumerate(args):
+        if a.startswith("--") and "=" in a:
+            key, value = a.split("=", 1)
+            values[key] = value
+        elif a.startswith("--") and i + 1 < len(args):
+            values[a] = args[i + 1]
+    return (
+        values.get("--nproc", "1") in ("0", "1")
+        and values.get("--max-restarts", "0") == "0"
+        and values.get("--nnodes", "1") == "1"
+    )
+
+
+def run_in_process(*args: str) -> subprocess.CompletedProcess:
+    """`bertgpu ARGS` through `cli.main` in this process, with what a run changes here put back afterwards
+    (environment, working directory, torch's thread count, signal handlers, warning filters). Output
+    is what Python writes to sys.stdout/sys.stderr; warnings are shown as a fresh interpreter shows them;
+    an uncaught exception becomes a traceback on stderr and exit status 1, as it would in a process."""
+    import contextlib
+    import io
+    import signal
+    import traceback
+    import warnings
+
+    import torch
+
+    from bertgpu import cli
+    from bertgpu.parallel import launch
+
+    def no_workers(*_args, **_kwargs):
+        raise AssertionError(f"`bertgpu {' '.join(args)}` started workers: run it with run_cli(..., fresh=True)")
+
+    out, err = io.StringIO(), io.StringIO()
+    saved_env, saved_cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    saved_launch, saved_format = launch.launch, warnings.formatwarning
+    code: int = 0
+    try:
+        os.environ.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+        os.chdir(ROOT)
+        launch.launch = no_workers
+        with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            # A fresh interpreter's filters, and warnings printed to stderr (pytest would record them instead).
+            warnings.resetwarnings()
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", category)
+            warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: sys.stderr.write(
+                warnings.formatwarning(message, category, filename, lineno, line)
+            )
+            try:
+                cli.main(list(args))
+            except SystemExit as e:
+                code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                if isinstance(e.code, str):
+                    print(e.code, file=sys.stderr)
+            except Exception:
+                traceback.print_exc()
+                code = 1
+    finally:
+        launch.launch, warnings.formatwarning = saved_launch, saved_format
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+        torch.set_num_threads(threads)
+        for s, h in handlers.items():
+            signal.signal(s, h)
+    return subprocess.CompletedProcess(["bertgpu", *args], code, out.getvalue(), err.getvalue())
 
 
 @pytest.fixture(scope="session")

@@ -24,8 +24,8 @@ def assert_one_line_error(proc, *needles: str) -> str:
 def in_process_error(capsys, *args) -> str:
     """`bertgpu ARGS` run in this process, for mistakes found before any worker starts (no torch import
     to pay for each): the one line it prints, after checking it is exactly one line and exit code 2,
-    with no traceback on either stream. (assert_one_line_error checks a real process's output: the
-    tests that use it keep the exit status and the whole stderr of a fresh interpreter covered.)"""
+    with no traceback on either stream. (run_cli also runs one-process commands in this process; the
+    tests that pass it ``fresh=True`` keep the exit status and whole stderr of a new interpreter covered.)"""
     from bertgpu.cli import main
 
     capsys.readouterr()  # what the test printed before: not this command's
@@ -48,10 +48,11 @@ def assert_one_line_error_in_process(capsys, args: list, *needles: str) -> str:
 
 def test_missing_corpus(tmp_path, uncased_vocab):
     out = tmp_path / "data"
-    proc = run_cli("prepare", tmp_path / "nope.txt", "--vocab", uncased_vocab, "--out", out, check=False)
+    # fresh interpreters: a user's exit status and whole stderr, not just what Python's streams carry
+    proc = run_cli("prepare", tmp_path / "nope.txt", "--vocab", uncased_vocab, "--out", out, check=False, fresh=True)
     assert_one_line_error(proc, "nope.txt")
     assert not out.exists()
-    proc = run_cli("vocab", tmp_path / "nope", "--size", "200", "--out", tmp_path / "v.txt", check=False)
+    proc = run_cli("vocab", tmp_path / "nope", "--size", "200", "--out", tmp_path / "v.txt", check=False, fresh=True)
     assert_one_line_error(proc, "nope")
     assert not (tmp_path / "v.txt").exists()
 
