@@ -129,24 +129,27 @@ def lose_a_machine(tmp_path: Path, data: Path) -> tuple[Path, int, subprocess.Po
     return out, port, first, tmp_path / "first.txt"
 
 
-def test_losing_a_machine_the_other_finishes_alone_on_the_same_global_batch(tmp_path, small_english_data, one_process):
-    out, _, first, output = lose_a_machine(tmp_path, small_english_data)
+def test_a_lost_machine_leaves_the_other_training_alone_and_a_returning_one_is_taken_in(
+    tmp_path, small_english_data, one_process
+):
+    """One run through both events (one rendezvous set-up instead of two): two machines, one lost, the other
+    trains on alone with the same global batch, a third comes and is taken in, and the run ends on the weights
+    of one uninterrupted process."""
+    out, port, first, output = lose_a_machine(tmp_path, small_english_data)
+
+    def after_the_loss() -> str:
+        text = output.read_text()
+        return text[text.index("(was 2 processes") :] if "(was 2 processes" in text else ""
+
+    wait_for("a step alone", lambda: "\nstep " in after_the_loss(), [first])
+    third = start_machine(small_english_data, out, port, tmp_path / "third.txt")
     assert first.wait(timeout=600) == 0, output.read_text()[-3000:]
+    assert third.wait(timeout=600) == 0, (tmp_path / "third.txt").read_text()[-3000:]
     text = output.read_text()
     assert "2 processes = dp 2, ddp, on cpu, fp32, global batch 8 = 4 x 2 x 1" in text
     assert "on 1 process (was 2 processes = dp 2, ddp)" in text, text[-3000:]  # the restart's one line
     assert "global batch 8 = 4 x 1 x 2" in text  # the same global batch, now 2 micro-steps
-    worst = worst_difference(weights(one_process, STEPS), weights(out, STEPS))
-    assert worst <= 1e-6, f"max abs parameter difference {worst:.3g}"
-
-
-def test_a_machine_that_comes_back_is_taken_in(tmp_path, small_english_data, one_process):
-    out, port, first, output = lose_a_machine(tmp_path, small_english_data)
-    wait_for("the restart alone", lambda: "(was 2 processes" in output.read_text(), [first])
-    third = start_machine(small_english_data, out, port, tmp_path / "third.txt")
-    assert first.wait(timeout=600) == 0, output.read_text()[-3000:]
-    assert third.wait(timeout=600) == 0, (tmp_path / "third.txt").read_text()[-3000:]
-    text = output.read_text() + (tmp_path / "third.txt").read_text()
+    text += (tmp_path / "third.txt").read_text()
     assert "on 2 processes = dp 2, ddp (was 1 process)" in text, text[-3000:]
     worst = worst_difference(weights(one_process, STEPS), weights(out, STEPS))
     assert worst <= 1e-6, f"max abs parameter difference {worst:.3g}"
