@@ -60,29 +60,36 @@ def test_vocab_refuses_to_overwrite_without_overwrite(tmp_path, english_corpus, 
     assert len(vocab.read_text().splitlines()) == 1500
 
 
-def test_threads_follow_omp_num_threads_and_the_cores_this_process_may_use():
-    code = (
-        "import os, sys, torch; from bertgpu.parallel import launch; "
-        "os.sched_setaffinity(0, {0}) if sys.argv[1] == 'one-core' else None; "
-        "launch.init('cpu'); print(torch.get_num_threads())"
-    )
-    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+def test_threads_follow_omp_num_threads_and_the_cores_this_process_may_use(monkeypatch):
+    """What `launch.init` gives torch, here in the test process (the real affinity call, then put back)."""
+    import torch
 
-    def threads(mode: str, **extra: str) -> int:
-        out = subprocess.run(
-            [sys.executable, "-c", code, mode], env={**env, **extra}, capture_output=True, text=True, check=True
-        )
-        return int(out.stdout.strip())
+    from bertgpu.errors import UserError
+    from bertgpu.parallel import launch
 
-    cores = len(os.sched_getaffinity(0))
-    assert threads("all") == cores
-    assert threads("all", LOCAL_WORLD_SIZE="2", WORLD_SIZE="1") == max(1, cores // 2)
-    assert threads("one-core") == 1  # affinity, not os.cpu_count()
-    assert threads("all", OMP_NUM_THREADS="3") == 3  # the user's setting wins
-    proc = subprocess.run(
-        [sys.executable, "-c", code, "all"], env={**env, "OMP_NUM_THREADS": "many"}, capture_output=True, text=True
-    )
-    assert proc.returncode != 0 and "OMP_NUM_THREADS='many' is not a number of threads" in proc.stderr
+    cores, threads_before = os.sched_getaffinity(0), torch.get_num_threads()
+    for name in ("OMP_NUM_THREADS", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)
+
+    def threads(one_core: bool = False, **env: str) -> int:
+        with monkeypatch.context() as m:
+            for name, value in env.items():
+                m.setenv(name, value)
+            try:
+                if one_core:
+                    os.sched_setaffinity(0, {min(cores)})
+                launch.init("cpu")
+                return torch.get_num_threads()
+            finally:
+                os.sched_setaffinity(0, cores)
+                torch.set_num_threads(threads_before)
+
+    assert threads() == len(cores)
+    assert threads(LOCAL_WORLD_SIZE="2", WORLD_SIZE="1") == max(1, len(cores) // 2)
+    assert threads(one_core=True) == 1  # affinity, not os.cpu_count()
+    assert threads(OMP_NUM_THREADS="3") == 3  # the user's setting wins
+    with pytest.raises(UserError, match="OMP_NUM_THREADS='many' is not a number of threads"):
+        threads(OMP_NUM_THREADS="many")
 
 
 def test_label_counts_and_label_typos(tmp_path, uncased_vocab):
