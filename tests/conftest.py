@@ -146,7 +146,7 @@ def run_cli(
     new interpreter); BERTGPU_TEST_FRESH=1 does so for every command."""
     args = tuple(map(str, args))
     if not fresh and env is None and _this_machine(args) and os.environ.get("BERTGPU_TEST_FRESH") != "1":
-        proc = run_in_process(*args)
+        proc = run_in_process(*args, timeout=timeout)
     else:
         full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         proc = subprocess.run(
@@ -183,14 +183,17 @@ def _workers_from_a_fork_server(fn, args) -> str:
     return "forkserver"
 
 
-def run_in_process(*args: str) -> subprocess.CompletedProcess:
+def run_in_process(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     """`bertgpu ARGS` through `cli.main` in this process, with what a run changes here put back afterwards
     (environment, working directory, torch's thread count, signal handlers, warning filters). Output is
     what Python writes to sys.stdout/sys.stderr, then each worker's (torch's elastic agent writes them to
     files here: a fork server's standard streams are those of the test that started it); warnings are shown
-    as a fresh interpreter shows them; an uncaught exception is a traceback on stderr and exit status 1."""
+    as a fresh interpreter shows them; an uncaught exception is a traceback on stderr and exit status 1.
+    A run still going after ``timeout`` seconds ends the test process with every thread's stack (as
+    subprocess.run's timeout would end a hung command), instead of holding the suite until CI stops it."""
     import contextlib
     import dataclasses
+    import faulthandler
     import io
     import signal
     import tempfile
@@ -218,6 +221,7 @@ def run_in_process(*args: str) -> subprocess.CompletedProcess:
     handlers = {s: signal.getsignal(s) for s in signals}
     saved = launch._start_method, launcher_api.LaunchConfig, warnings.formatwarning
     code: int = 0
+    faulthandler.dump_traceback_later(timeout, exit=True)
     try:
         os.environ.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
         os.chdir(ROOT)
@@ -240,6 +244,7 @@ def run_in_process(*args: str) -> subprocess.CompletedProcess:
                 traceback.print_exc()
                 code = 1
     finally:
+        faulthandler.cancel_dump_traceback_later()
         launch._start_method, launcher_api.LaunchConfig, warnings.formatwarning = saved
         os.chdir(saved_cwd)
         os.environ.clear()
