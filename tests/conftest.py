@@ -221,7 +221,7 @@ def run_in_process(*args: str, timeout: float = 600) -> subprocess.CompletedProc
     handlers = {s: signal.getsignal(s) for s in signals}
     saved = launch._start_method, launcher_api.LaunchConfig, warnings.formatwarning
     code: int = 0
-    faulthandler.dump_traceback_later(timeout, exit=True)
+    faulthandler.dump_traceback_later(timeout, exit=True, file=sys.__stderr__)  # sys.stderr may be capsys's
     try:
         os.environ.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
         os.chdir(ROOT)
