@@ -36,7 +36,7 @@ def test_vocab_prepare_pretrain_with_two_processes(tmp_path, english_corpus):
         "--device",
         "cpu",
         "--steps",
-        "80",
+        "40",  # the loss falls from 7.6 to 5.75 by step 40 (to the unigram plateau, 5.63 at step 80)
         "--batch-size",
         "16",
         "--lr",
@@ -46,20 +46,20 @@ def test_vocab_prepare_pretrain_with_two_processes(tmp_path, english_corpus):
         "--log-every",
         "10",
         "--save-every",
-        "40",
+        "20",
     )
     assert "2 processes = dp 2, ddp" in proc.stdout and "global batch 32" in proc.stdout
 
     log = read_log(run)
-    assert [r["step"] for r in log] == list(range(10, 81, 10))
+    assert [r["step"] for r in log] == list(range(10, 41, 10))
     assert log[-1]["mlm_loss"] < log[0]["mlm_loss"] - 1.0, [r["mlm_loss"] for r in log]
     for key in ("seq_per_s", "tokens_per_s", "steps_per_s", "mlm_acc", "nsp_acc", "lr"):
         assert log[-1][key] >= 0
     assert list((run / "tensorboard").glob("events.out.tfevents.*"))
 
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert ckpts == ["step-0000040", "step-0000080"]
-    ckpt = run / "checkpoints" / "step-0000080"
+    assert ckpts == ["step-0000020", "step-0000040"]
+    ckpt = run / "checkpoints" / "step-0000040"
     hf = transformers.BertForPreTraining.from_pretrained(ckpt).eval()
     tok = transformers.BertTokenizer.from_pretrained(ckpt)
     enc = tok(
