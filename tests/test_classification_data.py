@@ -352,7 +352,7 @@ def test_finetune_bad_input(tmp_path, minilm_dir, case, capsys):
     if case == "non-utf8":  # one case as a real process: its exit status and whole stderr
         line = one_line_error(run_cli(*argv, check=False))
     else:  # the others in this process (each found before a worker starts): no interpreter and torch import each
-        line = in_process_error(capsys, *argv)
+        line = in_process_error(*argv)
     for needle in needles:
         assert needle in line, line
     assert not out.exists()

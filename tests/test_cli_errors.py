@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from conftest import run_cli, write_tiny_bert
+from conftest import run_cli, run_in_process, write_tiny_bert
 
 
 def assert_one_line_error(proc, *needles: str) -> str:
@@ -21,26 +21,21 @@ def assert_one_line_error(proc, *needles: str) -> str:
     return lines[0]
 
 
-def in_process_error(capsys, *args) -> str:
-    """`bertgpu ARGS` run in this process, for mistakes found before any worker starts (no torch import
-    to pay for each): the one line it prints, after checking it is exactly one line and exit code 2,
-    with no traceback on either stream. (run_cli also runs one-process commands in this process; the
-    tests that pass it ``fresh=True`` keep the exit status and whole stderr of a new interpreter covered.)"""
-    from bertgpu.cli import main
-
-    capsys.readouterr()  # what the test printed before: not this command's
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(a) for a in args])
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert exit_info.value.code == 2 and len(err.splitlines()) == 1 and err.startswith("bertgpu: error: "), err
-    assert "Traceback" not in captured.err and "Traceback" not in captured.out
+def in_process_error(*args) -> str:
+    """`bertgpu ARGS` run in this process (conftest.run_in_process), for mistakes found before any worker
+    starts: the one line it prints, after checking it is exactly one line and exit code 2, with no
+    traceback on either stream. (run_cli also runs one-process commands in this process; the tests that
+    pass it ``fresh=True`` keep the exit status and whole stderr of a new interpreter covered.)"""
+    proc = run_in_process(*map(str, args))
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1 and err.startswith("bertgpu: error: "), err
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
     return err
 
 
-def assert_one_line_error_in_process(capsys, args: list, *needles: str) -> str:
+def assert_one_line_error_in_process(args: list, *needles: str) -> str:
     """``in_process_error`` of ``args``, holding every needle (as assert_one_line_error)."""
-    err = in_process_error(capsys, *args)
+    err = in_process_error(*args)
     for needle in needles:
         assert needle in err, err
     return err
@@ -61,9 +56,9 @@ def test_empty_corpus(tmp_path, uncased_vocab, capsys):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n   \n")
     out = tmp_path / "data"
-    assert_one_line_error_in_process(capsys, ["prepare", empty, "--vocab", uncased_vocab, "--out", out], "empty")
+    assert_one_line_error_in_process(["prepare", empty, "--vocab", uncased_vocab, "--out", out], "empty")
     assert not out.exists() and list(tmp_path.iterdir()) == [empty]
-    assert_one_line_error_in_process(capsys, ["vocab", empty, "--size", "300", "--out", tmp_path / "v.txt"], "empty")
+    assert_one_line_error_in_process(["vocab", empty, "--size", "300", "--out", tmp_path / "v.txt"], "empty")
     assert list(tmp_path.iterdir()) == [empty]
 
 
@@ -72,7 +67,7 @@ def test_vocab_without_special_tokens(tmp_path, english_corpus, uncased_vocab, m
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(t for t in uncased_vocab.read_text().splitlines() if t != missing) + "\n")
     args = ["prepare", english_corpus, "--vocab", vocab, "--out", tmp_path / "data"]
-    assert_one_line_error_in_process(capsys, args, missing, str(vocab))
+    assert_one_line_error_in_process(args, missing, str(vocab))
     assert not (tmp_path / "data").exists()
 
 
@@ -80,23 +75,23 @@ def test_data_from_another_vocab_than_the_model(tmp_path, small_english_data, mi
     """Data prepared with a vocab of its own (2,000 tokens trained on the corpus) and MiniLM's vocab."""
     run = tmp_path / "run"
     args = ["pretrain", "--data", small_english_data, "--model", minilm_dir, "--out", run, "--steps", "1"]
-    assert_one_line_error_in_process(capsys, args, "another vocab")
+    assert_one_line_error_in_process(args, "another vocab")
     assert not run.exists()
 
 
 def test_max_seq_length_beyond_the_model_positions(tmp_path, english_data, capsys):
     run = tmp_path / "run"
     args = ["pretrain", "--data", english_data, "--model", "tiny", "--out", run, "--max-seq-length", "1024"]
-    assert_one_line_error_in_process(capsys, [*args, "--nproc", "2"], "--max-seq-length 1024", "512")
+    assert_one_line_error_in_process([*args, "--nproc", "2"], "--max-seq-length 1024", "512")
     assert not run.exists()
 
 
 def test_bad_flags(tmp_path, english_data, capsys):
     for flags, needle in [(["--batch-size", "0"], "--batch-size"), (["--model", "huge"], "huge")]:
         args = ["pretrain", "--data", english_data, "--model", "tiny", "--out", tmp_path / "r", *flags]
-        assert_one_line_error_in_process(capsys, args, needle)
+        assert_one_line_error_in_process(args, needle)
     args = ["pretrain", "--data", tmp_path / "nodata", "--model", "tiny", "--out", tmp_path / "r"]
-    assert_one_line_error_in_process(capsys, args, "nodata", "bertgpu prepare")
+    assert_one_line_error_in_process(args, "nodata", "bertgpu prepare")
 
 
 @pytest.mark.parametrize(
@@ -118,7 +113,7 @@ def test_bad_layouts(tmp_path, english_data, minilm_dir, capsys, command, flags,
         reviews = tmp_path / "reviews.csv"
         reviews.write_text("text,label\ngood,pos\nbad,neg\nfine,pos\nawful,neg\n")
         args = ["finetune", "--model", minilm_dir, "--train", reviews]
-    err = in_process_error(capsys, *args, "--out", tmp_path / "run", "--device", "cpu", *flags)
+    err = in_process_error(*args, "--out", tmp_path / "run", "--device", "cpu", *flags)
     assert all(needle in err for needle in needles), err
     assert not (tmp_path / "run").exists()
 
@@ -155,7 +150,6 @@ def test_bad_layouts(tmp_path, english_data, minilm_dir, capsys, command, flags,
 )
 def test_bad_communication_flags(tmp_path, english_data, capsys, flags, needle):
     err = in_process_error(
-        capsys,
         "pretrain",
         "--data",
         english_data,
@@ -194,7 +188,7 @@ def test_non_empty_run_directory_needs_overwrite(tmp_path, english_data, capsys)
     run.mkdir()
     (run / "precious.txt").write_text("keep me")
     assert_one_line_error_in_process(
-        capsys, ["pretrain", "--data", english_data, "--model", "tiny", "--out", run], "--overwrite"
+        ["pretrain", "--data", english_data, "--model", "tiny", "--out", run], "--overwrite"
     )
     assert (run / "precious.txt").read_text() == "keep me"
 
@@ -208,7 +202,7 @@ def test_only_one_sentence_documents_suggests_no_nsp(tmp_path, uncased_vocab, ca
     corpus.write_text("".join(f"Sentence number {i} stands alone.\n\n" for i in range(200)))
     run_cli("prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "data")
     args = ["pretrain", "--data", tmp_path / "data", "--model", "tiny", "--out", tmp_path / "run"]
-    assert_one_line_error_in_process(capsys, args, "single sentence", "--no-nsp")
+    assert_one_line_error_in_process(args, "single sentence", "--no-nsp")
     assert not (tmp_path / "run").exists()
     # MLM alone on 2 processes: DDP must not wait for gradients of the NSP head, which gets none.
     run_cli(
@@ -237,7 +231,7 @@ def test_binary_file(tmp_path, uncased_vocab, capsys):
     blob = tmp_path / "model.bin"
     blob.write_bytes(bytes(range(256)) * 64)
     assert_one_line_error_in_process(
-        capsys, ["prepare", blob, "--vocab", uncased_vocab, "--out", tmp_path / "data"], str(blob), "binary"
+        ["prepare", blob, "--vocab", uncased_vocab, "--out", tmp_path / "data"], str(blob), "binary"
     )
     assert not (tmp_path / "data").exists()
 
@@ -251,7 +245,7 @@ def test_non_utf8_is_replaced_and_warned_or_an_error_with_strict(tmp_path, uncas
     warning = [line for line in proc.stderr.splitlines() if line.startswith("bertgpu: warning:")]
     assert len(warning) == 1 and f"{corpus}:2" in warning[0], proc.stderr
     args = ["prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "strict", "--strict"]
-    assert_one_line_error_in_process(capsys, args, f"{corpus}:2", "UTF-8")
+    assert_one_line_error_in_process(args, f"{corpus}:2", "UTF-8")
     assert not (tmp_path / "strict").exists()
 
 
@@ -263,7 +257,7 @@ def test_a_10mb_single_line(tmp_path, uncased_vocab, capsys):
     meta = json.loads((tmp_path / "data" / "meta.json").read_text())
     assert meta["sentences"] == 3 and meta["tokens"] > 2_000_000
     args = ["prepare", corpus, "--vocab", uncased_vocab, "--out", tmp_path / "strict", "--strict"]
-    assert_one_line_error_in_process(capsys, args, f"{corpus}:4")
+    assert_one_line_error_in_process(args, f"{corpus}:4")
 
 
 def test_duplicate_vocab_entries(tmp_path, english_corpus, uncased_vocab, capsys):
@@ -271,7 +265,7 @@ def test_duplicate_vocab_entries(tmp_path, english_corpus, uncased_vocab, capsys
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(tokens + ["the"]) + "\n")
     args = ["prepare", english_corpus, "--vocab", vocab, "--out", tmp_path / "data"]
-    line = assert_one_line_error_in_process(capsys, args, str(vocab), "the")
+    line = assert_one_line_error_in_process(args, str(vocab), "the")
     assert str(tokens.index("the") + 1) in line and str(len(tokens) + 1) in line
 
 
@@ -290,7 +284,7 @@ def test_model_and_data_disagree_on_vocab_size(tmp_path, english_data, capsys):
         )
     )
     args = ["pretrain", "--data", english_data, "--model", config, "--out", tmp_path / "run"]
-    assert_one_line_error_in_process(capsys, args, "1000", "30522")
+    assert_one_line_error_in_process(args, "1000", "30522")
 
 
 def test_no_gpu_or_too_few_gpus(tmp_path, english_data, monkeypatch, capsys):
@@ -301,7 +295,7 @@ def test_no_gpu_or_too_few_gpus(tmp_path, english_data, monkeypatch, capsys):
 
     if not torch.cuda.is_available():
         args = ["pretrain", "--data", english_data, "--model", "tiny", "--out", tmp_path / "run", "--device", "cuda"]
-        assert_one_line_error_in_process(capsys, [*args, "--nproc", "2"], "no CUDA GPU")
+        assert_one_line_error_in_process([*args, "--nproc", "2"], "no CUDA GPU")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     with pytest.raises(UserError, match="--nproc 4 is more than the 2 GPU"):
         launch.resolve_nproc(4, "cuda")
@@ -464,7 +458,7 @@ def tiny_classifier_setup(tmp_path_factory, uncased_vocab):
 def test_bad_lora_and_accumulation_flags(tmp_path, tiny_classifier_setup, flags, needles, capsys):
     model, reviews = tiny_classifier_setup
     args = ["finetune", "--model", model, "--train", reviews, "--text-column", "review", "--out", tmp_path / "run"]
-    assert_one_line_error_in_process(capsys, [*args, "--device", "cpu", *flags], *needles)
+    assert_one_line_error_in_process([*args, "--device", "cpu", *flags], *needles)
     assert not (tmp_path / "run").exists()
 
 
@@ -501,7 +495,7 @@ def test_a_finetune_run_without_best_yet(tmp_path, capsys):
     run = tmp_path / "clf"
     (run / "checkpoints").mkdir(parents=True)
     assert_one_line_error_in_process(
-        capsys, ["predict", "--model", run, "some text"], str(run), "without a classifier yet", "best/"
+        ["predict", "--model", run, "some text"], str(run), "without a classifier yet", "best/"
     )
 
 
@@ -535,6 +529,4 @@ def test_zh_wwm_without_the_segmenter(tmp_path, uncased_vocab):
 def test_inspect_errors(tmp_path, english_data, capsys):
     proc = run_cli("inspect", tmp_path / "nodata", check=False)
     assert_one_line_error(proc, "nodata", "bertgpu prepare")
-    assert_one_line_error_in_process(
-        capsys, ["inspect", english_data, "--index", "100000"], "--index 100000", "instances"
-    )
+    assert_one_line_error_in_process(["inspect", english_data, "--index", "100000"], "--index 100000", "instances")

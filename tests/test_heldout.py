@@ -189,13 +189,11 @@ def test_bad_evaluation_input_is_one_line(
     proc = run_cli(*common, "--eval-data", english_data, check=False)
     assert_one_line_error(proc, f"--eval-data {english_data} was prepared with another vocab")
     for fraction in ("0.6", "-0.1"):
-        assert_one_line_error_in_process(
-            capsys, [*common, "--eval-fraction", fraction], "--eval-fraction must be in (0, 0.5]"
-        )
+        assert_one_line_error_in_process([*common, "--eval-fraction", fraction], "--eval-fraction must be in (0, 0.5]")
     args = [*common, "--eval-data", small_english_data, "--eval-instances", "1", "--nproc", "2"]
-    assert_one_line_error_in_process(capsys, args, "gives 1 instance(s), fewer than the 2 data-parallel processes")
+    assert_one_line_error_in_process(args, "gives 1 instance(s), fewer than the 2 data-parallel processes")
     assert not (tmp_path / "run").exists()
     args = ["evaluate", "--model", minilm_dir, "--data", english_data]
-    assert_one_line_error_in_process(capsys, args, "has no masked-LM head")
+    assert_one_line_error_in_process(args, "has no masked-LM head")
     args = ["evaluate", "--model", checkpoint_dir, "--data", english_data]
-    assert_one_line_error_in_process(capsys, args, "was prepared with another vocab than the model's")
+    assert_one_line_error_in_process(args, "was prepared with another vocab than the model's")

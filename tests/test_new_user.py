@@ -54,7 +54,7 @@ def test_vocab_refuses_to_overwrite_without_overwrite(tmp_path, english_corpus, 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("precious\n")
     args = ["vocab", english_corpus, "--size", "1500", "--out", vocab]
-    assert_one_line_error_in_process(capsys, args, f"--out {vocab} already exists", "--overwrite")
+    assert_one_line_error_in_process(args, f"--out {vocab} already exists", "--overwrite")
     assert vocab.read_text() == "precious\n"
     run_cli("vocab", english_corpus, "--size", "1500", "--out", vocab, "--overwrite")
     assert len(vocab.read_text().splitlines()) == 1500
@@ -159,11 +159,11 @@ def test_outputs_never_overwrite_their_inputs(tmp_path, classifier, capsys):
     model, data = classifier
     before = data.read_bytes()
     args = ["evaluate", "--model", model, "--data", data, "--output", data]
-    assert_one_line_error_in_process(capsys, args, f"--output {data} is the --data file")
+    assert_one_line_error_in_process(args, f"--output {data} is the --data file")
     link = tmp_path / "link.csv"
     link.symlink_to(data)
     args = ["predict", "--model", model, "--input", data, "--output", link]
-    assert_one_line_error_in_process(capsys, args, "is the --input file")
+    assert_one_line_error_in_process(args, "is the --input file")
     assert data.read_bytes() == before
     proc = run_cli("predict", "--model", model, " ", check=False)  # as a file's empty rows, nothing to classify
     assert_one_line_error(proc, "an empty text")
@@ -176,15 +176,15 @@ def test_outputs_never_overwrite_their_inputs(tmp_path, classifier, capsys):
 def test_eval_split_zero_is_an_error(tmp_path, classifier, capsys):
     model, data = classifier
     args = ["finetune", "--model", model, "--train", data, "--out", tmp_path / "o", "--eval-split", "0"]
-    assert_one_line_error_in_process(capsys, args, "--eval-split must be a fraction between 0 and 1", "--eval FILE")
+    assert_one_line_error_in_process(args, "--eval-split must be a fraction between 0 and 1", "--eval FILE")
 
 
 def test_misleading_errors_say_what_is_wrong(tmp_path, english_corpus, classifier, capsys):
     args = ["inspect", english_corpus]
-    assert_one_line_error_in_process(capsys, args, "is a corpus file, not prepared data", "bertgpu prepare")
+    assert_one_line_error_in_process(args, "is a corpus file, not prepared data", "bertgpu prepare")
     model, _ = classifier
     args = ["finetune", "--model", model, "--train", tmp_path, "--out", tmp_path / "o"]
-    assert_one_line_error_in_process(capsys, args, f"{tmp_path} is a directory", ".csv, .tsv or .jsonl")
+    assert_one_line_error_in_process(args, f"{tmp_path} is a directory", ".csv, .tsv or .jsonl")
     # argparse's own exits, in this process: the exit code and what it prints
     from bertgpu.cli import main
 
@@ -306,7 +306,7 @@ def test_fill_mask_gives_what_transformers_computes(pretrained, minilm_dir, caps
         assert mine["probabilities"] == pytest.approx(top.values.tolist(), abs=1e-5)
     proc = run_cli("fill-mask", minilm_dir, "a [MASK].", check=False)
     assert_one_line_error(proc, "has no masked-LM head")
-    assert_one_line_error_in_process(capsys, ["fill-mask", run, "no mask here"], "no [MASK] in")
+    assert_one_line_error_in_process(["fill-mask", run, "no mask here"], "no [MASK] in")
 
 
 def test_config_file_with_flags_overriding_it_and_rerunning_a_saved_run(tmp_path, small_english_data, capsys):
@@ -331,6 +331,4 @@ def test_config_file_with_flags_overriding_it_and_rerunning_a_saved_run(tmp_path
     assert {**again["config"], "out": None} == {**saved["config"], "out": None}
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"model": "tiny", "stepz": 3}))
-    assert_one_line_error_in_process(
-        capsys, ["pretrain", "--config", bad], "'stepz' is not a field of `bertgpu pretrain`"
-    )
+    assert_one_line_error_in_process(["pretrain", "--config", bad], "'stepz' is not a field of `bertgpu pretrain`")

@@ -401,5 +401,5 @@ def test_cli(paragraph_corpus, uncased_vocab, tmp_path, capsys):
 
     for flags, needles in [(["--workers", "-1"], ["--workers", "-1"]), (["--strict"], [f"{path}:31: no 'text' field"])]:
         args = ["prepare", path, "--vocab", uncased_vocab, "--out", tmp_path / "bad", *flags]
-        assert_one_line_error_in_process(capsys, args, *needles)
+        assert_one_line_error_in_process(args, *needles)
         assert not (tmp_path / "bad").exists()
