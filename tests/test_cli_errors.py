@@ -419,10 +419,10 @@ def test_truncated_checkpoint_file(tmp_path, english_data, two_step_run, damaged
 
 
 @pytest.fixture(scope="module")
-def tiny_classifier_setup(tmp_path_factory, uncased_vocab):
+def tiny_classifier_setup(tmp_path_factory, small_uncased_vocab):
     """(a random tiny BERT directory, a 4-row CSV): enough for the checks made before training."""
     root = tmp_path_factory.mktemp("small-gpu")
-    write_tiny_bert(root / "tiny", uncased_vocab)
+    write_tiny_bert(root / "tiny", small_uncased_vocab)
     (root / "reviews.csv").write_text("label,review\n好评,很好\n差评,很差\n好评,不错\n差评,太差\n", encoding="utf-8")
     return root / "tiny", root / "reviews.csv"
 

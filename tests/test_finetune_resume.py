@@ -45,11 +45,11 @@ STEPS = 46
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory, uncased_vocab) -> tuple[Path, Path]:
+def setup(tmp_path_factory, small_uncased_vocab) -> tuple[Path, Path]:
     """(a random tiny BERT directory, 400 real labelled reviews)."""
     root = tmp_path_factory.mktemp("finetune-resume")
     _, reviews = sentiment_reviews(root, test_per_class=200, train_per_class=10, seed=0)
-    return write_tiny_bert(root / "tiny", uncased_vocab), reviews
+    return write_tiny_bert(root / "tiny", small_uncased_vocab), reviews
 
 
 def command(setup: tuple[Path, Path], out: Path, *extra: str) -> list:

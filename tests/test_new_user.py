@@ -92,14 +92,14 @@ def test_threads_follow_omp_num_threads_and_the_cores_this_process_may_use(monke
         threads(OMP_NUM_THREADS="many")
 
 
-def test_label_counts_and_label_typos(tmp_path, uncased_vocab):
+def test_label_counts_and_label_typos(tmp_path, small_uncased_vocab):
     """Per-label counts at the start; labels with very few examples and labels that differ only in
     case or punctuation are warned about (they would silently become classes of their own)."""
     rows = ["label,text"] + [f"gnu standard,line {i}" for i in range(12)] + [f"bash manual,row {i}" for i in range(12)]
     rows += ["Bash_manual,a typo", "bash-manual,another typo"]
     train = tmp_path / "train.csv"
     train.write_text("\n".join(rows) + "\n")
-    model = write_tiny_bert(tmp_path / "tiny", uncased_vocab)
+    model = write_tiny_bert(tmp_path / "tiny", small_uncased_vocab)
     proc = run_cli(
         "finetune",
         "--model",

@@ -295,11 +295,11 @@ FINETUNE_LAYOUTS = {
 
 
 @pytest.fixture(scope="module")
-def finetuned(tmp_path_factory, uncased_vocab):
+def finetuned(tmp_path_factory, small_uncased_vocab):
     """Each fine-tuning layout's output directory: a random tiny BERT without dropout, real reviews."""
     root = tmp_path_factory.mktemp("finetune-layouts")
     _, reviews = sentiment_reviews(root, test_per_class=60, train_per_class=0, seed=1)
-    write_tiny_bert(root / "tiny", uncased_vocab, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    write_tiny_bert(root / "tiny", small_uncased_vocab, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     outs = {}
     for name, flags in FINETUNE_LAYOUTS.items():
         outs[name] = root / name

@@ -172,13 +172,13 @@ def test_resume_across_pipeline_degrees(source, target, layouts, small_english_d
     assert worst <= TOLERANCE, f"max abs parameter difference {worst:.3g}"
 
 
-def test_finetune_with_pp_ends_on_the_weights_of_one_process(tmp_path, uncased_vocab):
+def test_finetune_with_pp_ends_on_the_weights_of_one_process(tmp_path, small_uncased_vocab):
     """Fine-tuning's batches differ in length (and the last is short): the stages see them padded to one
     shape, which changes nothing but the order of some sums. Tolerance 1e-5 as in test_parallel's
     fine-tuning layouts (AdamW epsilon 1e-8); measured 6e-7. The per-epoch evaluation runs through the
     schedule too, and agrees."""
     _, reviews = sentiment_reviews(tmp_path, test_per_class=60, train_per_class=0, seed=1)
-    write_tiny_bert(tmp_path / "tiny", uncased_vocab, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    write_tiny_bert(tmp_path / "tiny", small_uncased_vocab, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     flags = ["--epochs", "1", "--max-seq-length", "32", "--lr", "1e-3", "--device", "cpu", "--precision", "fp32"]
     for name, layout in (("one", ["--nproc", "1"]), ("pp2", ["--nproc", "2", "--pp", "2"])):
         run_cli(
