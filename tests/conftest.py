@@ -154,14 +154,16 @@ def run_cli(
 ) -> subprocess.CompletedProcess:
     """Run `bertgpu ARGS` as a user would; return the finished process (text output).
 
-    A command on this machine alone, with no environment of its own, runs from the test process
+    A command on this machine alone runs from the test process
     (``run_in_process``): the same `cli.main`, files and worker processes, without the 3-4 s a fresh
     `python -m bertgpu` and its fork server spend importing torch. ``fresh=True`` starts
     `python -m bertgpu` anyway, for tests about that process itself (exit status and whole stderr of a
-    new interpreter); BERTGPU_TEST_FRESH=1 does so for every command."""
+    new interpreter); BERTGPU_TEST_FRESH=1 does so for every command. ``env`` adds to the environment (of the
+    workers too); a variable that Python reads at start-up (PYTHON*) needs a new interpreter, and gets one."""
     args = tuple(map(str, args))
-    if not fresh and env is None and _this_machine(args) and os.environ.get("BERTGPU_TEST_FRESH") != "1":
-        proc = run_in_process(*args, timeout=timeout)
+    in_process = not fresh and _this_machine(args) and os.environ.get("BERTGPU_TEST_FRESH") != "1"
+    if in_process and not any(name.startswith("PYTHON") for name in env or {}):
+        proc = run_in_process(*args, timeout=timeout, env=env)
     else:
         full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         proc = subprocess.run(
@@ -198,9 +200,11 @@ def _workers_from_a_fork_server(fn, args) -> str:
     return "forkserver"
 
 
-def run_in_process(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def run_in_process(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     """`bertgpu ARGS` through `cli.main` in this process, with what a run changes here put back afterwards
-    (environment, working directory, torch's thread count, signal handlers, warning filters). Output is
+    (environment, working directory, torch's thread count, signal handlers, warning filters). ``env`` is added
+    to the environment of this process and of every worker (forked from a fork server that started with the
+    environment of its time, they get it through the agent, as they get RANK). Output is
     what Python writes to sys.stdout/sys.stderr, then each worker's (torch's elastic agent writes them to
     files here: a fork server's standard streams are those of the test that started it); warnings are shown
     as a fresh interpreter shows them; an uncaught exception is a traceback on stderr and exit status 1.
@@ -216,6 +220,7 @@ def run_in_process(*args: str, timeout: float = 600) -> subprocess.CompletedProc
     import warnings
 
     import torch
+    import torch.distributed.elastic.agent.server.local_elastic_agent as agent_api
     import torch.distributed.launcher.api as launcher_api
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 
@@ -230,17 +235,25 @@ def run_in_process(*args: str, timeout: float = 600) -> subprocess.CompletedProc
             self.logs_specs = DefaultLogsSpecs(log_dir=str(logs), redirects=Std.ALL)
             super().__post_init__()
 
+    start_processes = agent_api.start_processes
+
+    def start_processes_with_env(*a, envs, **kw):
+        return start_processes(
+            *a, envs={rank: {**worker_env, **(env or {})} for rank, worker_env in envs.items()}, **kw
+        )
+
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
     handlers = {s: signal.getsignal(s) for s in signals}
-    saved = launch._start_method, launcher_api.LaunchConfig, warnings.formatwarning
+    saved = launch._start_method, launcher_api.LaunchConfig, warnings.formatwarning, agent_api.start_processes
     code: int = 0
     faulthandler.dump_traceback_later(timeout, exit=True, file=sys.__stderr__)  # sys.stderr may be capsys's
     try:
-        os.environ.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+        os.environ.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **(env or {}))
         os.chdir(ROOT)
         launch._start_method, launcher_api.LaunchConfig = _workers_from_a_fork_server, LaunchConfigWithLogs
+        agent_api.start_processes = start_processes_with_env
         with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             # A fresh interpreter's filters, and warnings printed to stderr (pytest would record them instead).
             warnings.resetwarnings()
@@ -260,7 +273,7 @@ def run_in_process(*args: str, timeout: float = 600) -> subprocess.CompletedProc
                 code = 1
     finally:
         faulthandler.cancel_dump_traceback_later()
-        launch._start_method, launcher_api.LaunchConfig, warnings.formatwarning = saved
+        launch._start_method, launcher_api.LaunchConfig, warnings.formatwarning, agent_api.start_processes = saved
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
