@@ -196,14 +196,15 @@ def _this_machine(args: tuple[str, ...]) -> bool:
     return not any(a == "--nnodes" or a.startswith("--nnodes=") for a in args)
 
 
-def _workers_from_a_fork_server(fn, args) -> str:
+def workers_from_a_fork_server(fn, args) -> str:
     """launch._start_method for runs from the test process: the fork server `python -m bertgpu` uses (the
     test process is not bertgpu's command line, so the product would spawn). multiprocessing keeps one
-    fork server per process, so every run of a test worker after the first skips its torch import too."""
+    fork server per process, so every run of a test worker after the first skips its torch import too.
+    It also imports peft (with transformers), which each worker of a LoRA run would import (2.7 s)."""
     import multiprocessing
 
     modules = {f.__module__ for f in (fn, *args) if callable(f) and getattr(f, "__module__", "").startswith("bertgpu")}
-    multiprocessing.set_forkserver_preload(sorted(modules))
+    multiprocessing.set_forkserver_preload([*sorted(modules), "peft"])  # one that is missing is skipped
     return "forkserver"
 
 
@@ -259,7 +260,7 @@ def run_in_process(*args: str, timeout: float = 600, env: dict | None = None) ->
     try:
         os.environ.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **(env or {}))
         os.chdir(ROOT)
-        launch._start_method, launcher_api.LaunchConfig = _workers_from_a_fork_server, LaunchConfigWithLogs
+        launch._start_method, launcher_api.LaunchConfig = workers_from_a_fork_server, LaunchConfigWithLogs
         agent_api.start_processes = start_processes_with_env
         with warnings.catch_warnings(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             # A fresh interpreter's filters, and warnings printed to stderr (pytest would record them instead).

@@ -77,7 +77,7 @@ def test_vocab_prepare_pretrain_with_two_processes(tmp_path, english_corpus):
     torch.testing.assert_close(nsp, ref.seq_relationship_logits, atol=1e-5, rtol=0)
 
 
-def test_same_command_under_torchrun(tmp_path, english_data):
+def test_same_command_under_torchrun(tmp_path, small_english_data):
     run = tmp_path / "run"
     torchrun = Path(sys.executable).with_name("torchrun")
     proc = subprocess.run(
@@ -90,7 +90,7 @@ def test_same_command_under_torchrun(tmp_path, english_data):
             "bertgpu",
             "pretrain",
             "--data",
-            str(english_data),
+            str(small_english_data),
             "--model",
             "tiny",
             "--out",

@@ -21,7 +21,14 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from conftest import at_real_tokens, run_balanced_with_a_slow_rank, run_cli, sentiment_reviews, write_tiny_bert
+from conftest import (
+    at_real_tokens,
+    run_balanced_with_a_slow_rank,
+    run_cli,
+    sentiment_reviews,
+    workers_from_a_fork_server,
+    write_tiny_bert,
+)
 from safetensors.torch import load_file
 
 COMMON = [
@@ -406,11 +413,12 @@ def _tensor_parallel_dropout_worker(out: str) -> None:
     run.close()
 
 
-def test_dropout_agrees_within_a_tensor_parallel_group(tmp_path):
+def test_dropout_agrees_within_a_tensor_parallel_group(tmp_path, monkeypatch):
     """The processes of a tp group compute the whole-model parts (embeddings, LayerNorms, heads)
     each for itself: with dropout on they must draw the same masks, or those copies drift apart."""
     from bertgpu.parallel import launch
 
+    monkeypatch.setattr(launch, "_start_method", workers_from_a_fork_server)  # not 2 interpreters importing torch
     launch.launch(launch.worker_main, (_tensor_parallel_dropout_worker, str(tmp_path)), nproc=2)
     got = json.loads((tmp_path / "result.json").read_text())
     assert got["changed"] and got["max_difference"] == 0.0, got
