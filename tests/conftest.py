@@ -21,9 +21,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # threads, as bertgpu gives each local process its share (launch.cpu_threads), and the runs a test starts inherit
 # it. Otherwise two workers' runs each take every core, and their threads wait on each other: on 2 cores the
 # suite took 309 s instead of 279 s. Set before torch is imported (its OpenMP reads it once).
-if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+_xdist_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _xdist_workers > 1:
     _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores // _xdist_workers)))
 
 from bertgpu import samples  # noqa: E402
 from bertgpu.errors import UserError  # noqa: E402
@@ -78,10 +79,11 @@ def write_tiny_bert(path: Path, vocab: Path, **config) -> Path:
     import torch
 
     from bertgpu.config import ModelConfig
+    from bertgpu.data.tokenizer import load_vocab
     from bertgpu.hf_dir import save_pretrained
     from bertgpu.model import BertForPreTraining
 
-    model_config = ModelConfig.preset("tiny", vocab_size=len(vocab.read_text(encoding="utf-8").splitlines()), **config)
+    model_config = ModelConfig.preset("tiny", vocab_size=len(load_vocab(vocab)), **config)
     torch.manual_seed(0)
     save_pretrained(BertForPreTraining(model_config), model_config, path, vocab_path=vocab, do_lower_case=True)
     return path
@@ -119,7 +121,9 @@ def small_uncased_vocab(tmp_path_factory, uncased_vocab) -> Path:
     ids as with the whole vocab (98.9% of their tokens; the rest, English words and numbers, become
     [UNK]), while a tiny BERT's embedding, 90% of its parameters with 30,522 rows, shrinks 15x: its
     fine-tuning runs save, all-reduce and step about half as long."""
-    tokens = uncased_vocab.read_text(encoding="utf-8").splitlines()
+    from bertgpu.data.tokenizer import load_vocab
+
+    tokens = load_vocab(uncased_vocab)
     assert tokens[1995] == "～" and tokens[1996] == "the", "not bert-base-uncased's vocab"
     path = tmp_path_factory.mktemp("vocab") / "vocab.txt"
     path.write_text("\n".join(tokens[:1996]) + "\n", encoding="utf-8")
@@ -235,6 +239,7 @@ def run_in_process(*args: str, timeout: float = 600, env: dict | None = None) ->
     from bertgpu import cli
     from bertgpu.parallel import launch
 
+    env = env or {}
     logs = Path(tempfile.mkdtemp(prefix="bertgpu-workers-"))
 
     @dataclasses.dataclass
@@ -246,9 +251,7 @@ def run_in_process(*args: str, timeout: float = 600, env: dict | None = None) ->
     start_processes = agent_api.start_processes
 
     def start_processes_with_env(*a, envs, **kw):
-        return start_processes(
-            *a, envs={rank: {**worker_env, **(env or {})} for rank, worker_env in envs.items()}, **kw
-        )
+        return start_processes(*a, envs={rank: {**worker_env, **env} for rank, worker_env in envs.items()}, **kw)
 
     out, err = io.StringIO(), io.StringIO()
     saved_env, saved_cwd, threads = dict(os.environ), os.getcwd(), torch.get_num_threads()
@@ -258,7 +261,7 @@ def run_in_process(*args: str, timeout: float = 600, env: dict | None = None) ->
     code: int = 0
     faulthandler.dump_traceback_later(timeout, exit=True, file=sys.__stderr__)  # sys.stderr may be capsys's
     try:
-        os.environ.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **(env or {}))
+        os.environ.update(HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **env)
         os.chdir(ROOT)
         launch._start_method, launcher_api.LaunchConfig = workers_from_a_fork_server, LaunchConfigWithLogs
         agent_api.start_processes = start_processes_with_env

@@ -81,15 +81,15 @@ def start_line(stdout: str) -> str:
     return next(line for line in stdout.splitlines() if line.startswith("bertgpu finetune:"))
 
 
-def vocab_size(setup: tuple[Path, Path]) -> int:
-    return json.loads((setup[0] / "config.json").read_text())["vocab_size"]
+def base_config(setup: tuple[Path, Path]) -> ModelConfig:
+    """The config of the tiny BERT the runs start from."""
+    return ModelConfig.from_hf_dict(json.loads((setup[0] / "config.json").read_text()))
 
 
 def test_start_line_counts_trainable_parameters(lora_run, setup):
     # Per layer, rank 4 adapters on query and value (128 -> 128): 2 x (4 x 128 + 128 x 4); the head 128 x 2 + 2.
     trainable = 2 * 2 * (4 * 128 + 128 * 4) + 128 * 2 + 2
-    config = ModelConfig.preset("tiny", vocab_size=vocab_size(setup))
-    total = sum(p.numel() for p in BertForSequenceClassification(config).parameters()) + trainable - 258
+    total = sum(p.numel() for p in BertForSequenceClassification(base_config(setup)).parameters()) + trainable - 258
     line = start_line(lora_run[1])
     assert f"LoRA r 4 alpha 8 dropout 0.1 on query, value: {trainable:,} of {total:,} parameters trainable" in line, (
         line
@@ -245,8 +245,7 @@ def test_nf4_run_writes_a_full_precision_best_that_evaluates_as_the_run_did(tmp_
     assert "on query, value, nf4 base" in start_line(proc.stdout) and "Failed to load" not in proc.stderr
     weights = load_file(out / "best" / "model.safetensors")
     assert {t.dtype for t in weights.values()} == {torch.float32}
-    config = ModelConfig.preset("tiny", vocab_size=vocab_size(setup))
-    assert weights.keys() == BertForSequenceClassification(config).state_dict().keys()
+    assert weights.keys() == BertForSequenceClassification(base_config(setup)).state_dict().keys()
     evaluated = json.loads((out / "metrics.json").read_text())["best"]
     run_cli("evaluate", "--model", out, "--data", setup[1], "--device", "cpu", "--output", tmp_path / "m.json")
     again = json.loads((tmp_path / "m.json").read_text())
