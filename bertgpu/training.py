@@ -351,18 +351,21 @@ def ignore_stop_signals(_worker_id: int = 0) -> None:
 
 
 class LaggedFlags:
-    """Per-step flags (stop requested, step skipped, ...) that the host reads one step late on a GPU.
+    """Per-step flags (stop requested, step skipped, ...) that the host reads two steps late on a GPU.
 
     Reading a value the current step computes makes the host wait for the whole step to finish on
-    the GPU, which empties its queue once per step. The previous step's flags are long computed by
-    the time the current step has been queued, so reading those costs nothing. On the CPU there is
-    no queue to keep full, and the flags are read at once. Every rank reads the same (all-reduced or
-    otherwise identical) values at the same step, so all ranks decide alike.
+    the GPU, which empties its queue once per step. Reading step k-2's flags after queueing step k
+    keeps the host up to two steps ahead: the GPU has a whole step queued behind the one it runs,
+    so a host stall (a slow batch, Python's garbage collector, a log line) shorter than a step
+    leaves it no idle time. On the CPU there is no queue to keep full, and the flags are read at
+    once. Every rank reads the same (all-reduced or otherwise identical) values at the same step,
+    so all ranks decide alike. The time the host waits here is the device's share of ``waits``.
     """
 
-    def __init__(self, device: torch.device, lag: int | None = None):
-        self.lag = (1 if device.type == "cuda" else 0) if lag is None else lag
+    def __init__(self, device: torch.device, lag: int | None = None, waits: Waits | None = None):
+        self.lag = (2 if device.type == "cuda" else 0) if lag is None else lag
         self.pending: list[tuple[int, torch.Tensor, torch.cuda.Event | None]] = []
+        self.waits = waits or Waits()
 
     def push(self, step: int, flags: torch.Tensor) -> list[tuple[int, list[float]]]:
         """Queue ``step``'s flags (a 1-d tensor on the device); return the ``(step, values)`` now due."""
@@ -382,12 +385,48 @@ class LaggedFlags:
         due, self.pending = self.pending, []
         return [self._read(entry) for entry in due]
 
-    @staticmethod
-    def _read(entry: tuple[int, torch.Tensor, torch.cuda.Event | None]) -> tuple[int, list[float]]:
+    def _read(self, entry: tuple[int, torch.Tensor, torch.cuda.Event | None]) -> tuple[int, list[float]]:
         step, host, event = entry
         if event is not None:
-            event.synchronize()
+            with self.waits.on("device"):
+                event.synchronize()
         return step, host.tolist()
+
+
+class Waits:
+    """Seconds the training loop's host waited since the last log line: on ``data`` (the next batch from
+    the loader) and on the ``device`` (a read of what the GPU computes: the lagged flags, the log's sums).
+    As shares of the window's time they say where a step's time goes: a large data share is a starved
+    device (more --loader-workers), a large device share a busy one, and neither a host-bound loop."""
+
+    def __init__(self):
+        self.data = self.device = 0.0
+
+    @contextlib.contextmanager
+    def on(self, what: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, what, getattr(self, what) + time.perf_counter() - t0)
+
+    def shares(self, seconds: float) -> dict[str, float]:
+        """``data_wait`` and ``device_wait``: the waits as shares of ``seconds``; then start afresh."""
+        out = {"data_wait": min(1.0, self.data / seconds), "device_wait": min(1.0, self.device / seconds)}
+        self.data = self.device = 0.0
+        return out
+
+
+def describe_waits(values: dict[str, Any], device: str) -> str:
+    """`` | waits data 3% device 81%`` for a log line, with a hint when the data loader starves the device."""
+    if "data_wait" not in values:
+        return ""
+    data, busy = values["data_wait"], values["device_wait"]
+    line = f" | waits data {data:.0%} device {busy:.0%}"
+    if data >= 0.1:
+        idle = "GPU idle" if device == "cuda" else "idle"
+        line += f" ({idle} up to {data:.0%} waiting on data: raise --loader-workers)"
+    return line
 
 
 class Throughput:
@@ -399,6 +438,7 @@ class Throughput:
 
     def __init__(self, flops_per_sequence: float, peak: float | None, world_size: int):
         self.flops_per_sequence, self.peak, self.world = flops_per_sequence, peak, world_size
+        self.waits = Waits()  # the loop's waits on data and device, as shares of the window (``rates``)
         self.reset()
 
     def reset(self) -> None:
@@ -425,6 +465,7 @@ class Throughput:
         out = {"steps_per_s": steps / dt, "seq_per_s": sequences / dt, "tokens_per_s": tokens / dt}
         if self.peak:
             out["mfu"] = self.flops_per_sequence * sequences / dt / (self.peak * self.world)
+        out.update(self.waits.shares(dt))
         self.reset()
         return out
 

@@ -10,8 +10,12 @@ The order is torchtitan's, and each step composes with the ones before it:
 2. **Activation checkpointing** (``--activation-checkpointing``): each encoder layer keeps only its
    input and recomputes the rest in the backward pass (dropout masks included: the RNG state is
    replayed).
-3. **Compile** (``--compile``): each encoder layer through ``torch.compile``, in place, so that
-   parameter names do not change.
+3. **Compile** (``--compile``): with one process (no data, tensor or pipeline parallelism) the whole
+   forward half of a step (embeddings, encoder, gathered heads and loss: the task's objective
+   function) as one graph (``ParallelModel.step``), on a GPU replayed as CUDA graphs
+   (``mode="reduce-overhead"``) where ``cuda_graphs``; with several, each encoder layer through
+   ``torch.compile``, in place, so that parameter names do not change and DDP/FSDP/DTensor see the
+   modules they wrap.
 4. **Data parallel**: FSDP2's ``fully_shard`` per encoder layer and at the root (embeddings, pooler
    and heads, so the tied embedding/decoder is one unit), bf16 parameters with fp32 gradient
    reduction under bf16; or DistributedDataParallel over the data-parallel group. Under tensor
@@ -67,6 +71,10 @@ class ParallelModel:
         self.compression = compression
         self.powersgd = powersgd  # PowerSGD's state, when it compresses the gradients
         self._mute = mute or [False]
+        # --compile with one process: the step's objective through torch.compile with this mode ("default" or
+        # "reduce-overhead": CUDA graphs); None: the objective runs as it is (each layer compiled, or eager).
+        self.whole_step: str | None = None
+        self._compiled: dict[Callable, Callable] = {}
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -108,6 +116,36 @@ class ParallelModel:
             scale(self.dims.backward_loss(loss_fn(outputs, mb))).backward()
             with torch.no_grad():
                 sums += record(outputs, mb)
+        return sums
+
+    def step(
+        self,
+        micro: list[dict[str, torch.Tensor]],
+        objective: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+        inputs: tuple[str, ...],
+        sums: torch.Tensor,
+        *,
+        context: Callable[[dict[str, torch.Tensor]], Any] = lambda mb: contextlib.nullcontext(),
+        scale: Callable[[torch.Tensor], torch.Tensor] = lambda loss: loss,
+        **constants: Any,
+    ) -> torch.Tensor:
+        """As ``forward_backward``, with the forward pass and the loss one function: ``objective(module,
+        **{k: mb[k] for k in inputs}, **constants)`` returns (loss, log sums). With ``whole_step`` it runs
+        compiled as one graph (a module-level function, so that one compilation serves every step)."""
+        run = objective
+        if self.whole_step is not None:
+            if objective not in self._compiled:
+                mode = None if self.whole_step == "default" else self.whole_step
+                self._compiled[objective] = torch.compile(objective, dynamic=False, mode=mode)
+            run = self._compiled[objective]
+        graphs = self.whole_step == "reduce-overhead"
+        for i, mb in enumerate(micro):
+            if graphs:  # the previous replay's outputs are consumed: its buffers may be reused
+                torch.compiler.cudagraph_mark_step_begin()
+            with self.no_sync(i < len(micro) - 1), context(mb):
+                loss, step_sums = run(self.module, **{k: mb[k] for k in inputs}, **constants)
+            scale(self.dims.backward_loss(loss)).backward()
+            sums += step_sums
         return sums
 
     def no_sync(self, skip: bool):
@@ -217,11 +255,13 @@ def parallelize(
     seed: int = 0,
     pipeline: Any = None,
     seq_length: int | None = None,
+    cuda_graphs: bool = False,
 ) -> ParallelModel:
     """Spread ``model`` (its weights already loaded, the same on every process) over ``dims``, its
     gradients reduced with ``compression``; ``pipeline`` (the run's ParallelConfig) says how, when
     ``dims.pp`` > 1 (``pipeline.parallelize_pipeline``), to which ``seq_length`` is the longest a
-    batch's sequences can be (None: every batch has one shape)."""
+    batch's sequences can be (None: every batch has one shape). ``cuda_graphs``: with ``compile`` on
+    one GPU, the whole step compiled with mode="reduce-overhead" (the batches' shapes must be static)."""
     if dims.pp > 1:
         from .pipeline import parallelize_pipeline
 
@@ -242,7 +282,8 @@ def parallelize(
         apply_tensor_parallel(model, dims)
     if activation_checkpointing:
         apply_activation_checkpointing(model)
-    if compile:
+    whole = compile and whole_step_compile(dims)
+    if compile and not whole:
         layers = encoder_layers(model)
         for key in _layer_keys(layers):
             layers[key].compile(dynamic=False)  # every batch has the same shapes: one graph
@@ -257,7 +298,17 @@ def parallelize(
         )
         powersgd, mute = register_compression(ddp, compression, dims.dp_group, seed)
         return ParallelModel(ddp, model, dims, compression, powersgd, mute)
-    return ParallelModel(model, model, dims, compression)
+    net = ParallelModel(model, model, dims, compression)
+    if whole:
+        net.whole_step = "reduce-overhead" if cuda_graphs and device.type == "cuda" else "default"
+    return net
+
+
+def whole_step_compile(dims: ParallelDims) -> bool:
+    """Whether --compile compiles the whole step as one graph: with one process, which holds the whole model.
+    Data, tensor and pipeline parallelism compile each encoder layer (the units that DDP's buckets, FSDP's
+    shards, DTensor's plans and the pipeline's stages are made of)."""
+    return dims.world_size == 1 and dims.pp == 1 and dims.tp == 1 and not dims.fsdp
 
 
 def apply_tensor_parallel(model: nn.Module, dims: ParallelDims) -> None:

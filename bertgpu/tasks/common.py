@@ -319,6 +319,7 @@ class TrainingRun:
             seed=self.run_cfg.seed,
             pipeline=parallel,
             seq_length=seq_length,
+            cuda_graphs=getattr(self.run_cfg, "cuda_graphs", False),
         )
         torch.manual_seed(self.run_cfg.seed + 1 + self.dims.dp_rank)
         return self.net
@@ -393,6 +394,7 @@ class TrainingRun:
         """Print the start line (rank 0), open the log and the progress bar; the throughput ``meter``
         leaves out what the restored log window counted before this process started."""
         self.meter, self.records = meter, records
+        self.flags.waits = meter.waits  # the host's waits on the device, beside the loop's on data
         if self.state is not None:
             key, window = next(iter(self.sums.items()))
             carried = dict(zip(window.names, self.state[key].tolist()))
@@ -459,7 +461,8 @@ class TrainingRun:
     def _log(self, loop: LoopState) -> None:
         """A log line of the window since the last one: the task's values, then every task's."""
         key, window = next(iter(self.sums.items()))
-        s = window.read(self.dims)
+        with self.meter.waits.on("device"):  # reading the sums waits for the steps queued on a GPU
+            s = window.read(self.dims)
         records = self.records
         rates = self.meter.rates(loop.steps_in_window, int(s[f"{records.unit}s"]), int(s["tokens"]))
         values = {

@@ -20,18 +20,17 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from .. import checkpoint, evaluation, hf_dir
 from ..config import PRESETS, ModelConfig, PretrainConfig, accumulation, parse_nnodes
 from ..data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
+from ..data.loader import run_loader
 from ..data.pretraining import (
     IGNORE_INDEX,
     GlobalBatchSampler,
@@ -46,20 +45,18 @@ from ..model import BertForPreTraining, training_flops_per_sequence
 from ..parallel import launch
 from ..parallel.compression import describe as describe_compression
 from ..parallel.layout import check_layout
+from ..step import LOG_SUMS, MODEL_INPUTS, drop_full_mask, pretraining_loss, pretraining_objective
 from ..training import (
     Sums,
     Throughput,
     describe_batch,
     describe_lr,
+    describe_waits,
     format_duration,
     format_rate,
-    ignore_stop_signals,
     peak_flops,
 )
 from .common import LoopState, Records, TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
-
-# What the log sums between two log lines (summed over the data-parallel ranks).
-LOG_SUMS = ("mlm_loss", "mlm_correct", "masked", "nsp_loss", "nsp_correct", "sequences", "tokens")
 
 
 @dataclass
@@ -112,6 +109,10 @@ def check(cfg: PretrainConfig) -> Plan:
         )
     if cfg.data.nsp:
         check_nsp_possible(corpus)
+    if cfg.run.fp8:
+        from ..fp8 import check_fp8
+
+        check_fp8(cfg.run.device)
     if cfg.dropout is not None:
         mcfg = dataclasses.replace(mcfg, hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
     dims = check_layout(cfg, mcfg)
@@ -213,6 +214,10 @@ def train(cfg: PretrainConfig) -> Path:
 
     # Model: the same initial weights on every process (same seed, or the checkpoint's), then spread.
     model = build_model(cfg, plan, run.resume_from)
+    if cfg.run.fp8:
+        from ..fp8 import apply_fp8
+
+        apply_fp8(model, device)
     net = run.parallelize(model, cfg.optim.steps, compile=cfg.run.compile)
     optim = dataclasses.replace(cfg.optim, lr=cfg.optim.peak_lr(global_batch))
     run.build_optimizer(optim, sample_forward=lambda: net(**_sample_batch(dataset, device)))
@@ -242,20 +247,28 @@ def train(cfg: PretrainConfig) -> Path:
     )
 
     saved, batches = run.resume_from, None
+    # One loader for the run: its workers live from the first epoch to the last (data.loader).
+    loader, run_batches = run_loader(dataset, cfg.data.loader_workers, device.type == "cuda", seed)
+    waits = run.meter.waits
+    # A batch without padding (packing fills every sequence) goes without its attention mask: SDPA's
+    # fastest kernel. The pipeline's stages take a fixed set of tensors: they keep the mask.
+    unmask = drop_full_mask if dims.pp == 1 else (lambda batch: batch)
     try:
         while loop.step < cfg.optim.steps:
             dataset.set_epoch(loop.epoch)
             sampler = GlobalBatchSampler(len(dataset), loop.sizes, dims.dp_rank, accum, seed, loop.epoch, loop.instance)
-            batches = iter(data_loader(dataset, sampler, cfg, device))
+            run_batches.set(sampler, loop.epoch)
+            batches = iter(loader)
             for _ in range(min(sampler.steps, cfg.optim.steps - loop.step)):
-                micro = [{k: v.to(device, non_blocking=True) for k, v in next(batches).items()} for _ in range(accum)]
+                with waits.on("data"):
+                    host = [unmask(next(batches)) for _ in range(accum)]
+                micro = [{k: v if v is None else v.to(device, non_blocking=True) for k, v in mb.items()} for mb in host]
                 step_sums = train_step(run, micro, global_batch, cfg.data.nsp, sums)
                 loop.instance += global_batch
                 # The optimizer step, then log, evaluate and save when due; a stop signal raises.
                 saved = run.after_step(loop, step_sums) or saved
                 if run.rebalance(loop):
                     break  # a new sampler, from this instance on, with the new sizes
-            batches = None  # let this epoch's DataLoader workers go
             if len(dataset) - loop.instance < global_batch:
                 loop.epoch, loop.instance = loop.epoch + 1, 0
     finally:
@@ -287,27 +300,8 @@ def build_model(cfg: PretrainConfig, plan: Plan, resume_from: Path | None) -> Be
     if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
         for unused in (model.bert.pooler, model.cls.seq_relationship):
             unused.requires_grad_(False)
+        model.next_sentence = False  # and they do not run (the NSP logits are None)
     return model
-
-
-def data_loader(
-    dataset: PretrainingDataset, sampler: GlobalBatchSampler, cfg: PretrainConfig, device: torch.device
-) -> torch.utils.data.DataLoader:
-    workers = cfg.data.loader_workers
-    return torch.utils.data.DataLoader(
-        dataset,
-        batch_sampler=sampler,
-        num_workers=workers,
-        pin_memory=device.type == "cuda",
-        prefetch_factor=4 if workers else None,
-        worker_init_fn=ignore_stop_signals if workers else None,
-        # Forked, as under torchrun: our own launcher spawns the training processes, whose children would
-        # otherwise be spawned too and import torch afresh each epoch (2-3 s per start on 2 cores).
-        multiprocessing_context="fork" if workers and sys.platform == "linux" else None,
-        # Its own generator: creating the iterator must not draw from the dropout RNG stream,
-        # or a resumed run would drift from the uninterrupted one.
-        generator=torch.Generator().manual_seed(cfg.run.seed),
-    )
 
 
 def start_line(
@@ -350,7 +344,7 @@ def records(cfg: PretrainConfig, run: TrainingRun, eval_set: EvalSet | None, glo
     nsp = cfg.data.nsp
     return Records(
         values=functools.partial(log_values, nsp=nsp),
-        line=functools.partial(log_line, steps=cfg.optim.steps, nsp=nsp),
+        line=functools.partial(log_line, steps=cfg.optim.steps, nsp=nsp, device=run.device.type),
         unit="sequence",
         extra={"global_batch": global_batch},
         card_keys=("mlm_loss", "mlm_acc", *("nsp_loss", "nsp_acc") * nsp, *evaluation.SUMMARY_KEYS),
@@ -376,44 +370,37 @@ def train_step(
     The loss is the global batch's: the MLM loss summed over the masked tokens divided by the masked
     tokens of the whole global batch (counted over the data-parallel ranks first: the one small
     collective of a step outside the gradients), the NSP loss by its sentence pairs. Gradient
-    reduction averages over the data-parallel ranks, hence the factor dp.
+    reduction averages over the data-parallel ranks, hence the factor dp. Forward pass and loss are
+    one function (``step.pretraining_objective``: one cross-entropy, the log's value its detached
+    sum), compiled as one graph under --compile with one process (``ParallelModel.step``).
     """
     net = run.net
     device, dims = micro[0]["input_ids"].device, net.dims
     n_masked = dims.dp_sum(sum((mb["mlm_labels"] != IGNORE_INDEX).sum() for mb in micro).float())
-
-    def loss_fn(outputs, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        mlm_logits, nsp_logits = outputs
-        loss = F.cross_entropy(
-            mlm_logits.float().flatten(0, 1), mb["mlm_labels"].flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
-        )
-        loss = loss / n_masked
-        if nsp:
-            loss = loss + F.cross_entropy(nsp_logits.float(), mb["nsp_label"], reduction="sum") / global_batch
-        return loss
-
-    def record(outputs, mb: dict[str, torch.Tensor]) -> torch.Tensor:
-        mlm_logits, nsp_logits = outputs
-        mlm_logits, labels = mlm_logits.float().flatten(0, 1), mb["mlm_labels"].flatten()
-        valid = labels != IGNORE_INDEX
-        return sums.of(
-            mlm_loss=F.cross_entropy(mlm_logits, labels, ignore_index=IGNORE_INDEX, reduction="sum"),
-            mlm_correct=((mlm_logits.argmax(-1) == labels) & valid).sum(),
-            masked=valid.sum(),
-            nsp_loss=F.cross_entropy(nsp_logits.float(), mb["nsp_label"], reduction="sum")
-            if nsp
-            else torch.zeros((), device=device),
-            nsp_correct=(nsp_logits.argmax(-1) == mb["nsp_label"]).sum(),
-            sequences=len(mb["input_ids"]),
-            tokens=mb["attention_mask"].sum(),
+    zeros = torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device)
+    if dims.pp == 1:
+        return net.step(
+            micro,
+            pretraining_objective,
+            (*MODEL_INPUTS, "mlm_labels", "nsp_label"),
+            zeros,
+            context=run.forward_context,
+            scale=run.scaler.scale,
+            n_masked=n_masked,
+            global_batch=global_batch,
+            nsp=nsp,
         )
 
+    def loss_and_sums(outputs, mb: dict[str, torch.Tensor], tokens=0) -> tuple[torch.Tensor, torch.Tensor]:
+        return pretraining_loss(outputs, mb["mlm_labels"], mb["nsp_label"], n_masked, global_batch, nsp, tokens)
+
+    # The pipeline's schedule calls the loss on the last stage (with the targets alone), apart from the sums.
     return net.forward_backward(
         micro,
-        ("input_ids", "token_type_ids", "attention_mask", "mlm_positions"),
-        loss_fn,
-        record,
-        torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device),
+        MODEL_INPUTS,
+        lambda outputs, mb: loss_and_sums(outputs, mb)[0],
+        lambda outputs, mb: loss_and_sums(outputs, mb, mb["attention_mask"].sum())[1],
+        zeros,
         context=run.forward_context,
         scale=run.scaler.scale,
     )
@@ -436,7 +423,7 @@ def log_values(s: dict[str, float], nsp: bool) -> dict[str, float]:
     return values
 
 
-def log_line(step: int, values: dict, steps: int, nsp: bool) -> str:
+def log_line(step: int, values: dict, steps: int, nsp: bool, device: str = "cpu") -> str:
     line = f"step {step}/{steps} | loss {values['loss']:.4f} | mlm {values['mlm_loss']:.4f} acc {values['mlm_acc']:.3f}"
     if nsp:
         line += f" | nsp {values['nsp_loss']:.4f} acc {values['nsp_acc']:.3f}"
@@ -449,4 +436,5 @@ def log_line(step: int, values: dict, steps: int, nsp: bool) -> str:
         line += f" | mfu {100 * values['mfu']:.1f}%"
     if values.get("comm_bytes_per_step"):
         line += f" | grads {values['comm_bytes_per_step'] / 2**20:.2f} MiB/step"
-    return line + f" | peak mem {values['peak_memory_mb'] / 1024:.2f} GiB | eta {eta}"
+    line += f" | peak mem {values['peak_memory_mb'] / 1024:.2f} GiB | eta {eta}"
+    return line + describe_waits(values, device)

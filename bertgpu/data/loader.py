@@ -1,0 +1,72 @@
+"""One DataLoader for a whole pretraining run, its worker processes kept from epoch to epoch.
+
+A DataLoader per epoch forks its workers anew each epoch (and each --balance change), and the device
+waits while they start and fill their queues. Here the loader lives as long as the run, with
+``persistent_workers``: the loop hands ``RunBatches`` each epoch's ``GlobalBatchSampler`` and iterates
+the same loader again. Each index travels with its epoch (``EpochIndexed``), so a worker, which holds a
+copy of the dataset made when it started, draws the instances of the epoch the loop is in.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import torch
+
+from ..training import ignore_stop_signals
+
+
+class EpochIndexed(torch.utils.data.Dataset):
+    """``dataset[(epoch, index)]``: instance ``index`` of ``epoch`` (``set_epoch`` first, where it changed)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, index = key
+        self.dataset.set_epoch(epoch)  # a no-op within an epoch
+        return self.dataset[index]
+
+
+class RunBatches(torch.utils.data.Sampler):
+    """The loader's batch sampler for the whole run: the batches of the sampler ``set`` last, each index
+    paired with that sampler's epoch."""
+
+    def __init__(self):
+        self.sampler, self.epoch = None, 0
+
+    def set(self, sampler: torch.utils.data.Sampler, epoch: int) -> None:
+        self.sampler, self.epoch = sampler, epoch
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        epoch = self.epoch
+        for batch in self.sampler:
+            yield [(epoch, i) for i in batch]
+
+
+def run_loader(dataset, workers: int, pin_memory: bool, seed: int) -> tuple[torch.utils.data.DataLoader, RunBatches]:
+    """The run's DataLoader over ``dataset`` and the batch sampler to ``set`` before each ``iter(loader)``."""
+    batches = RunBatches()
+    loader = torch.utils.data.DataLoader(
+        EpochIndexed(dataset),
+        batch_sampler=batches,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        prefetch_factor=4 if workers else None,
+        persistent_workers=workers > 0,
+        worker_init_fn=ignore_stop_signals if workers else None,
+        # Forked, as under torchrun: our own launcher spawns the training processes, whose children would
+        # otherwise be spawned too and import torch afresh (2-3 s per start on 2 cores).
+        multiprocessing_context="fork" if workers and sys.platform == "linux" else None,
+        # Its own generator: creating the iterator must not draw from the dropout RNG stream,
+        # or a resumed run would drift from the uninterrupted one.
+        generator=torch.Generator().manual_seed(seed),
+    )
+    return loader, batches
