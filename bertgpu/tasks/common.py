@@ -461,7 +461,8 @@ class TrainingRun:
     def _log(self, loop: LoopState) -> None:
         """A log line of the window since the last one: the task's values, then every task's."""
         key, window = next(iter(self.sums.items()))
-        with self.meter.waits.on("device"):  # reading the sums waits for the steps queued on a GPU
+        gpu = self.device.type == "cuda"
+        with self.meter.waits.on("device") if gpu else contextlib.nullcontext():  # waits for the queued steps
             s = window.read(self.dims)
         records = self.records
         rates = self.meter.rates(loop.steps_in_window, int(s[f"{records.unit}s"]), int(s["tokens"]))

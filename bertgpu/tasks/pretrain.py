@@ -41,7 +41,7 @@ from ..data.pretraining import (
 from ..data.shards import ShardedCorpus, warn_if_unknown
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
-from ..model import BertForPreTraining, training_flops_per_sequence
+from ..model import BertForPreTraining, training_flops_per_sequence, use_varlen_attention
 from ..parallel import launch
 from ..parallel.compression import describe as describe_compression
 from ..parallel.layout import check_layout
@@ -214,6 +214,8 @@ def train(cfg: PretrainConfig) -> Path:
 
     # Model: the same initial weights on every process (same seed, or the checkpoint's), then spread.
     model = build_model(cfg, plan, run.resume_from)
+    if device.type == "cuda":
+        use_varlen_attention(model)  # padded rows through flash attention's variable-length kernel
     if cfg.run.fp8:
         from ..fp8 import apply_fp8
 

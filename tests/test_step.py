@@ -1,0 +1,204 @@
+"""The pretraining step as issue 30 shaped it, on the CPU: one loss (against transformers'), no NSP work
+under --no-nsp, no attention mask for batches without padding, the whole step compiled as one graph,
+one loader with persistent workers, and the loop's waits in the log. What only a GPU runs (CUDA graphs,
+the variable-length attention kernel, two-step lag) is in tests/test_cuda.py."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+import transformers
+from conftest import run_cli
+from test_model import padded_batch, tiny_config
+
+from bertgpu.config import DataConfig
+from bertgpu.data.loader import run_loader
+from bertgpu.data.pretraining import IGNORE_INDEX, GlobalBatchSampler, PretrainingDataset
+from bertgpu.data.shards import ShardedCorpus
+from bertgpu.data.tokenizer import load_vocab
+from bertgpu.hf_dir import export_state_dict
+from bertgpu.model import BertForPreTraining
+from bertgpu.parallel import parallelize
+from bertgpu.parallel.dims import ParallelDims
+from bertgpu.parallel.parallelize import whole_step_compile
+from bertgpu.step import LOG_SUMS, drop_full_mask, pretraining_objective
+from bertgpu.training import Waits, describe_waits
+
+
+def _masked(batch: dict[str, torch.Tensor], slots: int = 4) -> dict[str, torch.Tensor]:
+    """The batch with masked-LM slots at real tokens (the last slot of row 2 unused) and NSP labels."""
+    g = torch.Generator().manual_seed(1)
+    rows = len(batch["input_ids"])
+    real = batch["attention_mask"].sum(1)
+    positions = torch.stack([torch.randperm(int(n), generator=g)[:slots].sort().values for n in real])
+    labels = torch.gather(batch["input_ids"], 1, positions)
+    labels[2, -1] = IGNORE_INDEX
+    positions[2, -1] = 0
+    return {**batch, "mlm_positions": positions, "mlm_labels": labels, "nsp_label": torch.tensor([0, 1, 0][:rows])}
+
+
+def _objective(model, batch, nsp=True):
+    n_masked = (batch["mlm_labels"] != IGNORE_INDEX).sum().float()
+    keys = ("input_ids", "token_type_ids", "attention_mask", "mlm_positions", "mlm_labels", "nsp_label")
+    return pretraining_objective(
+        model, **{k: batch[k] for k in keys}, n_masked=n_masked, global_batch=len(batch["input_ids"]), nsp=nsp
+    )
+
+
+def test_one_cross_entropy_gives_the_loss_of_transformers_and_the_logged_sum(monkeypatch):
+    config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    ours = BertForPreTraining(config, pad_vocab_multiple=64).eval()
+    theirs = transformers.BertForPreTraining(
+        transformers.BertConfig(**config.to_hf_dict(), attn_implementation="eager")
+    )
+    theirs.load_state_dict(export_state_dict(ours), strict=False)
+    theirs.eval()
+    batch = _masked(padded_batch(config.vocab_size))
+    full = torch.full_like(batch["input_ids"], IGNORE_INDEX)  # transformers' [B, L] labels
+    valid = batch["mlm_labels"] != IGNORE_INDEX
+    rows = torch.arange(3)[:, None].expand_as(valid)
+    full[rows[valid], batch["mlm_positions"][valid]] = batch["mlm_labels"][valid]
+
+    calls = []
+    real_ce = F.cross_entropy
+    monkeypatch.setattr(F, "cross_entropy", lambda *a, **k: calls.append(a[0].shape) or real_ce(*a, **k))
+    loss, sums = _objective(ours, batch)
+    assert len(calls) == 2 and calls[1] == (3, 2)  # one over the masked slots (MLM), one over the pairs (NSP)
+    ref = theirs(**{k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}, labels=full,
+                 next_sentence_label=batch["nsp_label"]).loss  # fmt: skip
+    assert abs(loss.item() - ref.item()) <= 1e-5
+    s = dict(zip(LOG_SUMS, sums.tolist()))
+    assert s["masked"] == valid.sum().item() == 11 and s["sequences"] == 3
+    assert s["tokens"] == batch["attention_mask"].sum().item()
+    mlm_mean = s["mlm_loss"] / s["masked"]  # the logged MLM loss is the loss's own term
+    assert abs(mlm_mean + s["nsp_loss"] / 3 - loss.item()) <= 1e-5
+
+
+def test_without_nsp_the_pooler_and_nsp_head_do_not_run_and_mlm_is_unchanged():
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).eval()
+    batch = _masked(padded_batch(1000))
+    ran = []
+    for module in (model.bert.pooler, model.cls.seq_relationship):
+        module.register_forward_hook(lambda *a: ran.append(1))
+    with_nsp, _ = _objective(model, batch, nsp=True)
+    assert len(ran) == 2
+    ran.clear()
+    model.next_sentence = False
+    mlm, nsp_logits = model(
+        batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["mlm_positions"]
+    )
+    loss, sums = _objective(model, batch, nsp=False)
+    assert ran == [] and nsp_logits is None
+    s = dict(zip(LOG_SUMS, sums.tolist()))
+    assert s["nsp_loss"] == 0 and abs(loss.item() - s["mlm_loss"] / s["masked"]) <= 1e-6
+    assert loss.item() < with_nsp.item()  # the NSP term is gone, the MLM term the same
+    model.next_sentence = True
+    assert abs(with_nsp.item() - _objective(model, batch, nsp=True)[0].item()) <= 1e-6
+
+
+def test_a_batch_without_padding_drops_its_mask_with_the_same_outputs():
+    torch.manual_seed(0)
+    model = BertForPreTraining(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)).eval()
+    padded = padded_batch(1000)
+    assert drop_full_mask(padded)["attention_mask"] is padded["attention_mask"]  # padding: the mask stays
+    full = {**padded, "attention_mask": torch.ones_like(padded["attention_mask"])}
+    dense = drop_full_mask(full)
+    assert dense["attention_mask"] is None and dense["input_ids"] is full["input_ids"]
+    with torch.no_grad():
+        a, b = model(**full)[0], model(**dense)[0]
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    n_masked = torch.tensor(8.0)
+    batch = _masked(full)
+    keys = ("input_ids", "token_type_ids", "mlm_positions", "mlm_labels", "nsp_label")
+    _, sums = pretraining_objective(model, **{k: batch[k] for k in keys}, attention_mask=None, n_masked=n_masked,
+                                    global_batch=3, nsp=True)  # fmt: skip
+    assert dict(zip(LOG_SUMS, sums.tolist()))["tokens"] == full["input_ids"].numel()
+
+
+def test_compile_makes_the_whole_step_one_graph_with_one_process_and_keeps_the_numerics(monkeypatch):
+    dims = ParallelDims(1)
+    assert whole_step_compile(dims) and not whole_step_compile(ParallelDims(2))
+    assert not whole_step_compile(ParallelDims(2, tp=2)) and not whole_step_compile(ParallelDims(2, pp=2))
+    # Traced by dynamo and AOT autograd as --compile does, run without inductor's code generation (minutes of
+    # C++ compiling on 2 cores; its kernels are torch's to test): what is checked is that embeddings, encoder,
+    # heads and loss are one graph, forward and backward, with no break, and the same numbers.
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **kw, backend="aot_eager"))
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    batch = _masked(padded_batch(1000))
+    keys = ("input_ids", "token_type_ids", "attention_mask", "mlm_positions", "mlm_labels", "nsp_label")
+    results = []
+    for compile in (False, True, True):
+        torch.manual_seed(0)
+        net = parallelize(BertForPreTraining(config), dims, torch.device("cpu"), compile=compile)
+        assert net.whole_step == ("default" if compile else None)
+        assert not any(getattr(m, "_compiled_call_impl", None) for m in net.model.modules())  # no per-layer compile
+        n_masked = (batch["mlm_labels"] != IGNORE_INDEX).sum().float()
+        sums = net.step([{k: batch[k] for k in keys}], pretraining_objective, keys, torch.zeros(len(LOG_SUMS),
+                        dtype=torch.float64), n_masked=n_masked, global_batch=3, nsp=True)  # fmt: skip
+        results.append((sums, [p.grad.clone() for p in net.model.parameters() if p.grad is not None]))
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]  # one graph, reused
+    (s0, g0), (s1, g1), _ = results
+    torch.testing.assert_close(s0, s1, atol=1e-5, rtol=1e-6)
+    assert len(g0) == len(g1) and all(torch.allclose(a, b, atol=1e-6, rtol=1e-5) for a, b in zip(g0, g1))
+    torch._dynamo.reset()
+
+
+def test_one_loader_keeps_its_workers_across_epochs_and_draws_each_epochs_instances(small_english_data):
+    corpus = ShardedCorpus(small_english_data)
+    cfg = DataConfig(data=str(small_english_data), max_seq_length=64, max_predictions=8)
+    dataset = PretrainingDataset(corpus, cfg, 0, load_vocab(corpus.vocab_path))
+    reference = PretrainingDataset(corpus, cfg, 0, load_vocab(corpus.vocab_path))
+    loader, batches = run_loader(dataset, workers=1, pin_memory=False, seed=0)
+    pids = []
+    try:
+        for epoch in (0, 1):
+            dataset.set_epoch(epoch)
+            sampler = GlobalBatchSampler(len(dataset), [4], 0, 1, 0, epoch)
+            batches.set(sampler, epoch)
+            it = iter(loader)
+            first = next(it)
+            second = next(it)  # the epoch is left unfinished: the next iter() starts the next one
+            pids.append([w.pid for w in it._workers])
+            reference.set_epoch(epoch)
+            indices = next(iter(sampler))
+            expected = torch.utils.data.default_collate([reference[i] for i in indices])
+            assert all(torch.equal(first[k], expected[k]) for k in expected)
+            assert not torch.equal(first["input_ids"], second["input_ids"])
+        assert pids[0] == pids[1]  # the same worker process served both epochs
+    finally:
+        it._shutdown_workers()
+
+
+def test_waits_are_shares_of_the_window_with_a_hint_when_data_starves_the_device():
+    waits = Waits()
+    with waits.on("data"):
+        time.sleep(0.05)
+    shares = waits.shares(0.2)
+    assert 0.2 <= shares["data_wait"] <= 0.6 and shares["device_wait"] == 0
+    assert waits.shares(1.0) == {"data_wait": 0.0, "device_wait": 0.0}  # read once, then afresh
+    line = describe_waits({"data_wait": 0.25, "device_wait": 0.5}, "cuda")
+    assert line == " | waits data 25% device 50% (GPU idle up to 25% waiting on data: raise --loader-workers)"
+    assert describe_waits({"data_wait": 0.02, "device_wait": 0.9}, "cuda") == " | waits data 2% device 90%"
+
+
+def test_pretrain_logs_its_waits_on_data_and_device(tmp_path, small_english_data):
+    out = tmp_path / "run"
+    proc = run_cli("pretrain", "--data", small_english_data, "--out", out, "--model", "tiny", "--device", "cpu",
+                   "--nproc", "1", "--steps", "6", "--batch-size", "4", "--log-every", "3", "--max-seq-length", "64",
+                   "--no-nsp", "--pack", "--loader-workers", "1")  # fmt: skip
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [3, 6]
+    assert all(0 <= r["data_wait"] <= 1 and r["device_wait"] == 0 for r in log)  # the CPU computes as it is asked
+    assert "| waits data " in proc.stdout
+    assert "nsp" not in log[-1]
+    events = list((out / "tensorboard").glob("events.*"))
+    assert events and b"data_wait" in events[0].read_bytes()
