@@ -95,14 +95,70 @@ def test_fast_path_loss_equals_the_plain_path_on_cuda():
     )
 
 
-def test_lagged_flags_on_cuda_read_the_previous_step_through_pinned_copies():
+def test_lagged_flags_on_cuda_read_two_steps_late_through_pinned_copies():
     flags = LaggedFlags(CUDA)
-    assert flags.lag == 1
+    assert flags.lag == 2  # the host stays two steps ahead of the GPU
     assert flags.push(1, torch.tensor([0.0, 1.0], device=CUDA)) == []
-    assert flags.push(2, torch.tensor([1.0, 0.0], device=CUDA)) == [(1, [0.0, 1.0])]
+    assert flags.push(2, torch.tensor([1.0, 0.0], device=CUDA)) == []
+    assert flags.push(3, torch.tensor([2.0, 2.0], device=CUDA)) == [(1, [0.0, 1.0])]
     torch.cuda._sleep(10_000_000)  # a busy stream: the read must still wait for the copy it needs
-    assert flags.push(3, torch.full((2,), 3.0, device=CUDA)) == [(2, [1.0, 0.0])]
-    assert flags.flush() == [(3, [3.0, 3.0])]
+    assert flags.push(4, torch.full((2,), 3.0, device=CUDA)) == [(2, [1.0, 0.0])]
+    assert flags.waits.device > 0  # the wait for the busy stream is counted as the device's
+    assert flags.flush() == [(3, [2.0, 2.0]), (4, [3.0, 3.0])]
+
+
+def test_varlen_attention_of_padded_rows_matches_masked_sdpa_on_real_tokens():
+    from bertgpu.model import use_varlen_attention
+
+    config = ModelConfig.preset("mini", vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    plain = BertForPreTraining(config).to(CUDA)
+    fast = BertForPreTraining(config).to(CUDA)
+    fast.load_state_dict(plain.state_dict())
+    assert use_varlen_attention(fast), "this torch has no torch.nn.attention.varlen"
+    batch = _batch(config.vocab_size)
+    outs = []  # rows 1 and 2 padded, the others full (their padding: sequences of length 0)
+    for model in (plain, fast):
+        with autocast("bf16", CUDA):
+            mlm, nsp = model(**batch)
+        real = at_real_tokens(mlm.float(), batch["attention_mask"])
+        real.sum().backward()  # gradients reach every layer through the kernel's backward
+        outs.append((real.detach(), nsp.float(), model))
+    (a, na, _), (b, nb, _) = outs
+    scale = a.abs().max().item()
+    assert (a - b).abs().max().item() <= 0.02 * scale and (na - nb).abs().max().item() <= 0.02 * max(1, na.abs().max())
+    ga = plain.bert.encoder.layer[0].attention.self.query.weight.grad
+    gb = fast.bert.encoder.layer[0].attention.self.query.weight.grad
+    assert torch.isfinite(gb).all() and (ga - gb).norm() <= 0.05 * ga.norm()
+
+
+@pytest.mark.parametrize("extra", [[], ["--no-cuda-graphs"]], ids=["cuda-graphs", "no-cuda-graphs"])
+def test_packed_compiled_pretraining_on_one_gpu_trains_and_reports_its_waits(tmp_path, small_english_data, extra):
+    out = tmp_path / "run"
+    proc = run_cli(
+        "pretrain", "--data", small_english_data, "--out", out, "--model", "mini", "--device", "cuda",
+        "--nproc", "1", "--steps", "30", "--batch-size", "16", "--log-every", "10", "--lr", "5e-4",
+        "--precision", "bf16", "--compile", "--no-nsp", "--pack", *extra,
+    )  # fmt: skip
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [10, 20, 30] and log[-1]["loss"] < log[0]["loss"]
+    assert all(0 <= r["data_wait"] <= 1 and 0 <= r["device_wait"] <= 1 for r in log)
+    assert "| waits data " in proc.stdout
+
+
+def test_fp8_on_a_hopper_gpu_converts_the_large_linears_and_trains(tmp_path, small_english_data):
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 needs compute capability 8.9 or more")
+    pytest.importorskip("torchao.float8")
+    out = tmp_path / "run"
+    run_cli(
+        "pretrain", "--data", small_english_data, "--out", out, "--model", "medium", "--device", "cuda",
+        "--nproc", "1", "--steps", "6", "--batch-size", "16", "--log-every", "3", "--precision", "bf16",
+        "--fp8", "--no-nsp", "--pack", "--max-seq-length", "64",
+    )  # fmt: skip
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert all(r["loss"] == r["loss"] for r in log)
+    transformers.BertForPreTraining.from_pretrained(out / "checkpoints" / "step-0000006")  # names unchanged
 
 
 def test_fused_adamw_skips_a_non_finite_step_on_cuda():
@@ -274,12 +330,21 @@ def test_sharded_layouts_on_two_gpus_with_nccl_bf16_and_compile(tmp_path, small_
     transformers.BertForPreTraining.from_pretrained(out / "checkpoints" / "step-0000012")
 
 
-def test_bench_on_cuda_prints_mfu_and_a_speedup(capsys):
+def test_bench_on_cuda_times_four_configurations_against_the_faster_transformers(capsys, small_english_data):
     from bertgpu.bench import run
 
-    result = run(BenchConfig(model="mini", device="cuda", precision="bf16", batch_size=16, steps=5, warmup=2))
+    # The vocab trained on the sample text (small_english_data's): no MiniLM package needed.
+    vocab = str(small_english_data / "vocab.txt")
+    result = run(
+        BenchConfig(model="mini", device="cuda", precision="bf16", batch_size=16, steps=5, warmup=3, vocab=vocab)
+    )
     out = capsys.readouterr().out
-    assert result["speedup"] > 0 and out.strip().splitlines()[-1] == f"speedup: {result['speedup']:.2f}"
+    names = ("bertgpu", "bertgpu+compile", "transformers", "transformers+compile")
+    assert all(result[f"{n}_seq_per_s"] > 0 for n in names) and "vocab 30,522" in out
+    best = max(result["transformers_seq_per_s"], result["transformers+compile_seq_per_s"])
+    ours = max(result["bertgpu_seq_per_s"], result["bertgpu+compile_seq_per_s"])
+    assert abs(result["speedup"] - ours / best) <= 1e-6
+    assert out.strip().splitlines()[-1] == f"speedup: {result['speedup']:.2f}"
     assert torch.cuda.get_device_name() in out and "MFU" in out
 
 
