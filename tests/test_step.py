@@ -202,3 +202,24 @@ def test_pretrain_logs_its_waits_on_data_and_device(tmp_path, small_english_data
     assert "nsp" not in log[-1]
     events = list((out / "tensorboard").glob("events.*"))
     assert events and b"data_wait" in events[0].read_bytes()
+
+
+def test_fp8_is_a_one_line_error_without_a_hopper_gpu_and_picks_only_large_linears(tmp_path, small_english_data):
+    from bertgpu.config import ModelConfig
+    from bertgpu.fp8 import worth_fp8
+
+    proc = run_cli("pretrain", "--data", small_english_data, "--out", tmp_path / "run", "--model", "tiny",
+                   "--device", "cpu", "--fp8", "--steps", "1", check=False)  # fmt: skip
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert "--fp8 needs a CUDA GPU of compute capability 8.9" in proc.stderr and not (tmp_path / "run").exists()
+    chosen = {
+        name: [
+            n
+            for n, m in BertForPreTraining(ModelConfig.preset(name, vocab_size=30522)).named_modules()
+            if worth_fp8(m, n)
+        ]
+        for name in ("base", "large")
+    }
+    assert chosen["base"] == []  # 768-wide: the casts would cost what float8 saves
+    large = chosen["large"]  # every matmul of the 24 layers (1024 x 1024, 1024 x 4096), the pooler and transform
+    assert len(large) == 24 * 6 + 2 and "cls.predictions.decoder" not in large and "cls.seq_relationship" not in large

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole GPU check in one command (BENCHMARKS.md, GPU): tests/test_cuda.py, the bench table, a real
+# pretraining run and a time-to-quality race against transformers + torch.compile, as one Markdown table
+# on stdout and in $OUT/gpu-check.md when $OUT is set. Under 8 minutes on one H100/H200.
+#
+#   benchmarks/gpu.sh                       # on the GPU machine, from the checkout
+#   benchmarks/gpu.sh --device cpu --smoke  # the script's own logic at a tiny size (tests/test_gpu_script.py)
+#
+# It installs nothing from the network: wheels brought in .whl/ (../shared/GPU.md: e.g. torchao for --fp8)
+# go to /tmp/site with pip --no-index; bertgpu runs from the checkout (PYTHONPATH, python -m bertgpu).
+# $PYTHON picks the interpreter (default python3). Other arguments: benchmarks/gpu_check.py --help.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-python3}"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH="/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+else
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+exec "$PYTHON" benchmarks/gpu_check.py "$@"

