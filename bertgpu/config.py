@@ -659,9 +659,9 @@ class RunConfig:
     )
     cuda_graphs: bool = opt(
         True,
-        "with --compile on one GPU (--nproc 1, --device cuda): no CUDA graphs (torch.compile's "
-        "mode=reduce-overhead, which replays each step's kernels in one launch; they apply there because "
-        "every batch has the same shape)",
+        "with --compile on one GPU (--nproc 1, --device cuda, no gradient accumulation): no CUDA graphs "
+        "(torch.compile's mode=reduce-overhead, which replays each step's kernels in one launch; they apply "
+        "there because every batch has the same shape)",
         flag="--no-cuda-graphs",
     )
     fp8: bool = opt(

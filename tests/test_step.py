@@ -146,6 +146,7 @@ def test_compile_makes_the_whole_step_one_graph_with_one_process_and_keeps_the_n
                         dtype=torch.float64), n_masked=n_masked, global_batch=3, nsp=True)  # fmt: skip
         results.append((sums, [p.grad.clone() for p in net.model.parameters() if p.grad is not None]))
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]  # one graph, reused
+    assert list(net._compiled) == [(pretraining_objective, "default")]
     (s0, g0), (s1, g1), _ = results
     torch.testing.assert_close(s0, s1, atol=1e-5, rtol=1e-6)
     assert len(g0) == len(g1) and all(torch.allclose(a, b, atol=1e-6, rtol=1e-5) for a, b in zip(g0, g1))

@@ -74,7 +74,7 @@ class ParallelModel:
         # --compile with one process: the step's objective through torch.compile with this mode ("default" or
         # "reduce-overhead": CUDA graphs); None: the objective runs as it is (each layer compiled, or eager).
         self.whole_step: str | None = None
-        self._compiled: dict[Callable, Callable] = {}
+        self._compiled: dict[tuple[Callable, str], Callable] = {}
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -132,13 +132,17 @@ class ParallelModel:
         """As ``forward_backward``, with the forward pass and the loss one function: ``objective(module,
         **{k: mb[k] for k in inputs}, **constants)`` returns (loss, log sums). With ``whole_step`` it runs
         compiled as one graph (a module-level function, so that one compilation serves every step)."""
-        run = objective
-        if self.whole_step is not None:
-            if objective not in self._compiled:
-                mode = None if self.whole_step == "default" else self.whole_step
-                self._compiled[objective] = torch.compile(objective, dynamic=False, mode=mode)
-            run = self._compiled[objective]
-        graphs = self.whole_step == "reduce-overhead"
+        run, mode = objective, self.whole_step
+        if mode == "reduce-overhead" and len(micro) > 1:
+            # A replay may reuse the memory of the previous one's outputs, which accumulated gradients are
+            # made of until the optimizer step: CUDA graphs only without gradient accumulation.
+            mode = "default"
+        if mode is not None:
+            if (objective, mode) not in self._compiled:
+                options = {} if mode == "default" else {"mode": mode}
+                self._compiled[objective, mode] = torch.compile(objective, dynamic=False, **options)
+            run = self._compiled[objective, mode]
+        graphs = mode == "reduce-overhead"
         for i, mb in enumerate(micro):
             if graphs:  # the previous replay's outputs are consumed: its buffers may be reused
                 torch.compiler.cudagraph_mark_step_begin()
