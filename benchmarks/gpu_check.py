@@ -50,7 +50,9 @@ FULL = {
     "pretrain": dict(model="base", batch=128, seq=128, steps=320, log_every=40, repeat=40),
     "ttq": dict(model="base", batch=64, seq=128, steps=150, lr="2e-4", eval_instances=500),
     "vocab": BERT_VOCAB,
-    "limits": dict(tests=300, warm=300, bench=150, pretrain=150, ttq=150),
+    "limits": dict(tests=300, warm=150, bench=120, pretrain=150, ttq=120),
+    "budget": 470,  # seconds for the whole check: a phase that would run past it is cut short or left out
+    "warm_share": 0.42,  # the tests and warm-ups end by this share of the budget
 }
 SMOKE = {
     "bench": [("tiny", 4, 32)],
@@ -59,6 +61,8 @@ SMOKE = {
     "ttq": dict(model="tiny", batch=8, seq=64, steps=4, lr="5e-4", eval_instances=32),
     "vocab": 2000,  # a tiny model's runs, saves and evaluations stay quick
     "limits": dict(tests=120, warm=120, bench=60, pretrain=60, ttq=60),
+    "budget": 240,
+    "warm_share": 0.4,
 }
 
 # The transformers side of the time-to-quality race, in its own process: BertForMaskedLM (sdpa) through
@@ -147,7 +151,9 @@ def run(cmd: list[str], log: Path, limit: float, env: dict | None = None) -> tup
 
 
 def failed(code: int | None, log: Path, limit: float) -> str:
-    return f"ran past its {limit:.0f} s (log: {log})" if code is None else f"failed, exit {code} (log: {log})"
+    if code is None:
+        return f"ran past its {limit:.0f} s of the time budget (log: {log})"
+    return f"failed, exit {code} (log: {log})"
 
 
 def make_vocab(work: Path, corpus: Path, size: int) -> Path:
@@ -230,6 +236,7 @@ def main() -> int:
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: the script's own logic, in seconds")
     ap.add_argument("--work", default="", help="work directory (default: $OUT/gpu-check-work or a temporary one)")
     ap.add_argument("--skip", default="", help="comma-separated phases to leave out: tests,bench,pretrain,ttq")
+    ap.add_argument("--budget", type=float, default=0, help="seconds for the whole check (default: 470; smoke 240)")
     args = ap.parse_args()
     plan = SMOKE if args.smoke else FULL
     limits = plan["limits"]
@@ -246,6 +253,13 @@ def main() -> int:
         work = Path(tempfile.mkdtemp(prefix="bertgpu-gpu-check-"))
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    budget = args.budget or plan["budget"]
+    deadline = started + budget
+
+    def allowed(phase: str, until: float = deadline) -> float:
+        """Seconds ``phase`` may run: its own limit, or what is left of the budget."""
+        return max(0.0, min(limits[phase], until - time.perf_counter()))
+
     rows: list[tuple[str, str, str, str, str, str]] = []
     sys.path.insert(0, str(ROOT))
 
@@ -273,7 +287,7 @@ def main() -> int:
     if "tests" not in skip and device == "cuda":
         env = {"PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))}
         tests = pool.submit(run, [PY, "-m", "pytest", "-q", "-n", "4", "-p", "no:cacheprovider", "tests/test_cuda.py"],
-                            work / "tests.log", limits["tests"], env)  # fmt: skip
+                            work / "tests.log", allowed("tests", started + plan["warm_share"] * budget), env)  # fmt: skip
     if device == "cuda":
         warm = [
             bench_args(s, device, vocab, ["--steps", "1", "--warmup", "2"])
@@ -287,7 +301,13 @@ def main() -> int:
             warm.append(ttq_child_args(t, race_data, device, 3))
         env = {"TORCHINDUCTOR_COMPILE_THREADS": str(max(1, (os.cpu_count() or 4) // 4))}
         warmers = ThreadPoolExecutor(max_workers=3)
-        jobs = [warmers.submit(run, cmd, work / f"warm-{i}.log", limits["warm"], env) for i, cmd in enumerate(warm)]
+        warm_until = started + plan["warm_share"] * budget
+
+        def warm_up(i: int, cmd: list[str]):
+            left = allowed("warm", warm_until)  # when the job starts: the warm-ups end together
+            return run(cmd, work / f"warm-{i}.log", left, env) if left > 5 else (None, 0.0, "")
+
+        jobs = [warmers.submit(warm_up, i, cmd) for i, cmd in enumerate(warm)]
         for i, job in enumerate(jobs):
             code, _, _ = job.result()
             if code != 0:
@@ -296,7 +316,7 @@ def main() -> int:
     if tests is not None:
         code, seconds, text = tests.result()
         summary = re.findall(r"(\d+ (?:passed|failed|skipped|errors?))", text.splitlines()[-1] if text.strip() else "")
-        result = ", ".join(summary) if summary else failed(code, work / "tests.log", limits["tests"])
+        result = ", ".join(summary) if summary else failed(code, work / "tests.log", seconds)
         rows.append(("tests/test_cuda.py", "pytest -n 4", result, "", "", f"{seconds:.0f} s"))
     pool.shutdown()
 
@@ -304,12 +324,17 @@ def main() -> int:
     if "bench" not in skip:
         for shape in plan["bench"]:
             log = work / f"bench-{shape[0]}-{shape[1]}x{shape[2]}.log"
-            code, seconds, text = run(bench_args(shape, device, vocab, plan["bench_steps"]), log, limits["bench"])
             name = f"bench {shape[0]} {shape[1]} x {shape[2]}"
+            # The bench rows share what the pretraining run and the race leave them.
+            left = allowed("bench", deadline - 0.3 * budget)
+            if left < 10:
+                rows.append((name, "", "left out: the time budget is spent", "", "", ""))
+                continue
+            code, seconds, text = run(bench_args(shape, device, vocab, plan["bench_steps"]), log, left)
             got = parse_bench(text)
             speedup = re.search(r"^speedup: ([\d.]+)$", text, re.M)
             if code != 0 or "bertgpu" not in got or not speedup:
-                rows.append((name, "", failed(code, log, limits["bench"]), "", "", ""))
+                rows.append((name, "", failed(code, log, left), "", "", ""))
                 continue
 
             def cell(side: str, got: dict = got) -> str:
@@ -327,10 +352,11 @@ def main() -> int:
     if "pretrain" not in skip:
         log, run_dir = work / "pretrain.log", work / "pretrain"
         cmd = pretrain_args(p, data, run_dir, device, p["steps"], ["--log-every", str(p["log_every"])])
-        code, seconds, text = run(cmd, log, limits["pretrain"])
+        left = allowed("pretrain", deadline - 0.15 * budget)
+        code, seconds, text = run(cmd, log, left) if left >= 10 else (None, 0.0, "")
         name = f"pretrain {p['model']} {p['batch']} x {p['seq']}, {p['steps']} steps"
         if code != 0:
-            rows.append((name, "", failed(code, log, limits["pretrain"]), "", "", ""))
+            rows.append((name, "", failed(code, log, left), "", "", ""))
         else:
             windows = log_records(run_dir)[1:] or log_records(run_dir)  # after the first window (compilation)
             seq = statistics.median(r["seq_per_s"] for r in windows)
@@ -349,11 +375,13 @@ def main() -> int:
     if "ttq" not in skip:
         steps = t["steps"]
         log_b, log_t, run_dir = work / "ttq-bertgpu.log", work / "ttq-transformers.log", work / "ttq-bertgpu"
-        code_b, sec_b, _ = run(ttq_bertgpu_args(t, race_data, run_dir, device, steps), log_b, limits["ttq"])
-        code_t, sec_t, text_t = run(ttq_child_args(t, race_data, device, steps), log_t, limits["ttq"])
+        left_b = allowed("ttq", deadline - (deadline - time.perf_counter()) / 2)  # half of what is left each
+        code_b, sec_b, _ = run(ttq_bertgpu_args(t, race_data, run_dir, device, steps), log_b, left_b)
+        left_t = allowed("ttq")
+        code_t, sec_t, text_t = run(ttq_child_args(t, race_data, device, steps), log_t, left_t)
         name = f"time to quality {t['model']} {t['batch']} x {t['seq']}, {steps} steps"
         if code_b != 0 or code_t != 0:
-            why = failed(code_b, log_b, limits["ttq"]) if code_b != 0 else failed(code_t, log_t, limits["ttq"])
+            why = failed(code_b, log_b, left_b) if code_b != 0 else failed(code_t, log_t, left_t)
             rows.append((name, "", why, "", "", ""))
         else:
             theirs = json.loads(text_t.strip().splitlines()[-1])
