@@ -289,9 +289,10 @@ def main() -> int:
         tests = pool.submit(run, [PY, "-m", "pytest", "-q", "-n", "4", "-p", "no:cacheprovider", "tests/test_cuda.py"],
                             work / "tests.log", allowed("tests", started + plan["warm_share"] * budget), env)  # fmt: skip
     if device == "cuda":
+        largest_first = sorted(plan["bench"], key=lambda s: (s[0] != "large", -s[1] * s[2]))
         warm = [
             bench_args(s, device, vocab, ["--steps", "1", "--warmup", "2"])
-            for s in plan["bench"]
+            for s in largest_first
             if "bench" not in skip
         ]
         if "pretrain" not in skip:
