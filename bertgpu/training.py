@@ -401,9 +401,11 @@ class Waits:
 
     def __init__(self):
         self.data = self.device = 0.0
+        self.timed: set[str] = {"device"}  # a loop that times its data says so by timing it
 
     @contextlib.contextmanager
     def on(self, what: str):
+        self.timed.add(what)
         t0 = time.perf_counter()
         try:
             yield
@@ -411,8 +413,11 @@ class Waits:
             setattr(self, what, getattr(self, what) + time.perf_counter() - t0)
 
     def shares(self, seconds: float) -> dict[str, float]:
-        """``data_wait`` and ``device_wait``: the waits as shares of ``seconds``; then start afresh."""
-        out = {"data_wait": min(1.0, self.data / seconds), "device_wait": min(1.0, self.device / seconds)}
+        """``data_wait`` (where the loop times its data) and ``device_wait``: the waits as shares of
+        ``seconds``; then start afresh."""
+        out = {
+            f"{what}_wait": min(1.0, getattr(self, what) / seconds) for what in ("data", "device") if what in self.timed
+        }
         self.data = self.device = 0.0
         return out
 

@@ -181,6 +181,7 @@ def test_one_loader_keeps_its_workers_across_epochs_and_draws_each_epochs_instan
 
 def test_waits_are_shares_of_the_window_with_a_hint_when_data_starves_the_device():
     waits = Waits()
+    assert waits.shares(1.0) == {"device_wait": 0.0}  # a loop that does not time its data logs no share of it
     with waits.on("data"):
         time.sleep(0.05)
     shares = waits.shares(0.2)
