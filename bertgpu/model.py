@@ -13,6 +13,7 @@ One BERT layer (post-LayerNorm, as in the paper)::
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from functools import partial
 
@@ -131,10 +132,26 @@ def _padded_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     return y.view(B, L, H, D)
 
 
+@functools.cache
+def _varlen_works() -> bool:
+    """Whether this torch's variable-length kernel runs here as ``_padded_varlen`` calls it (a GPU, bf16, a
+    sequence of length 0 among others): tried once on a tiny batch, forward and backward."""
+    if _varlen_attn() is None or not torch.cuda.is_available():
+        return False
+    try:
+        q = torch.randn(2, 4, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], device="cuda", dtype=torch.bool)[:, None, None, :]
+        _padded_varlen(q, q, q, mask).float().sum().backward()
+        torch.cuda.synchronize()
+        return bool(torch.isfinite(q.grad).all())
+    except Exception:  # noqa: BLE001 - any failure: the masked SDPA path stays
+        return False
+
+
 def use_varlen_attention(model: nn.Module) -> bool:
     """Let ``model``'s attention take the variable-length kernel for padded batches (batches padded at the
-    end only) where this torch has it; return whether it has."""
-    if _varlen_attn() is None:
+    end only) where this torch has it and it runs here; return whether it does."""
+    if not _varlen_works():
         return False
     for module in model.modules():
         if isinstance(module, BertSelfAttention):

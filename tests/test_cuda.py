@@ -115,7 +115,8 @@ def test_varlen_attention_of_padded_rows_matches_masked_sdpa_on_real_tokens():
     plain = BertForPreTraining(config).to(CUDA)
     fast = BertForPreTraining(config).to(CUDA)
     fast.load_state_dict(plain.state_dict())
-    assert use_varlen_attention(fast), "this torch has no torch.nn.attention.varlen"
+    if not use_varlen_attention(fast):
+        pytest.skip("this torch's torch.nn.attention.varlen is missing or does not run here: masked SDPA stays")
     batch = _batch(config.vocab_size)
     outs = []  # rows 1 and 2 padded, the others full (their padding: sequences of length 0)
     for model in (plain, fast):
