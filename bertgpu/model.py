@@ -128,8 +128,12 @@ def _padded_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     starts = torch.arange(B, device=q.device, dtype=torch.int32) * L
     bounds = torch.stack([starts, starts + lengths], dim=1).flatten()
     cu = torch.cat([bounds, torch.full((1,), B * L, device=q.device, dtype=torch.int32)])
-    y = _varlen_attn()(q.reshape(B * L, H, D), k.reshape(B * L, H, D), v.reshape(B * L, H, D), cu, cu, L, L)
+    y = _VARLEN[0](q.reshape(B * L, H, D), k.reshape(B * L, H, D), v.reshape(B * L, H, D), cu, cu, L, L)
     return y.view(B, L, H, D)
+
+
+# The kernel, looked up once outside any traced code (torch.compile then sees a plain function, no import).
+_VARLEN: list = [None]
 
 
 @functools.cache
@@ -138,6 +142,7 @@ def _varlen_works() -> bool:
     sequence of length 0 among others): tried once on a tiny batch, forward and backward."""
     if _varlen_attn() is None or not torch.cuda.is_available():
         return False
+    _VARLEN[0] = _varlen_attn()
     try:
         q = torch.randn(2, 4, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]], device="cuda", dtype=torch.bool)[:, None, None, :]
