@@ -225,3 +225,32 @@ def test_fp8_is_a_one_line_error_without_a_hopper_gpu_and_picks_only_large_linea
     assert chosen["base"] == []  # 768-wide: the casts would cost what float8 saves
     large = chosen["large"]  # every matmul of the 24 layers (1024 x 1024, 1024 x 4096), the pooler and transform
     assert len(large) == 24 * 6 + 2 and "cls.predictions.decoder" not in large and "cls.seq_relationship" not in large
+
+
+def test_padded_rows_as_variable_length_sequences_attend_as_the_masked_sdpa():
+    """The sequence bounds ``_padded_varlen`` hands flash attention's variable-length kernel (CUDA only; here a
+    plain reference of its contract): at real tokens, the same attention as SDPA with the padding mask."""
+    from bertgpu import model as bert_model
+
+    def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k):  # [T, H, D], each [cu[i], cu[i+1]) a sequence
+        assert torch.equal(cu_q, cu_k) and cu_q.dtype == torch.int32 and max_q == max_k
+        out = torch.zeros_like(q)
+        for a, b in zip(cu_q[:-1].tolist(), cu_q[1:].tolist()):
+            if b > a:
+                qs, ks, vs = (t[a:b].transpose(0, 1) for t in (q, k, v))
+                out[a:b] = F.scaled_dot_product_attention(qs, ks, vs).transpose(0, 1)
+        return out
+
+    B, L, H, D = 3, 8, 2, 4
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, L, H, D, generator=g) for _ in range(3))
+    lengths = torch.tensor([8, 5, 1])  # a full row (its padding: a sequence of length 0), and two padded
+    mask = (torch.arange(L)[None, :] < lengths[:, None])[:, None, None, :]
+    saved, bert_model._VARLEN[0] = bert_model._VARLEN[0], reference_varlen
+    try:
+        got = bert_model._padded_varlen(q, k, v, mask)
+    finally:
+        bert_model._VARLEN[0] = saved
+    want = F.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)), attn_mask=mask).transpose(1, 2)
+    real = mask[:, 0, 0, :]
+    torch.testing.assert_close(got[real], want[real], atol=1e-6, rtol=1e-5)
