@@ -655,7 +655,8 @@ class RunConfig:
         False,
         "torch.compile the step (static shapes: fixed prediction slots per sequence): with one process the "
         "whole forward (embeddings, encoder, masked-slot heads, loss) as one graph, on one GPU also replayed "
-        "as CUDA graphs (see --no-cuda-graphs); with several processes each encoder layer",
+        "as CUDA graphs (see --no-cuda-graphs); with several processes or --activation-checkpointing each "
+        "encoder layer",
     )
     cuda_graphs: bool = opt(
         True,

@@ -127,6 +127,9 @@ def test_compile_makes_the_whole_step_one_graph_with_one_process_and_keeps_the_n
     # Traced by dynamo and AOT autograd as --compile does, run without inductor's code generation (minutes of
     # C++ compiling on 2 cores; its kernels are torch's to test): what is checked is that embeddings, encoder,
     # heads and loss are one graph, forward and backward, with no break, and the same numbers.
+    checkpointed = parallelize(BertForPreTraining(tiny_config()), dims, torch.device("cpu"), compile=True,
+                               activation_checkpointing=True)  # fmt: skip
+    assert checkpointed.whole_step is None  # checkpointed layers: each compiled on its own, as before
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **kw, backend="aot_eager"))
     torch._dynamo.reset()

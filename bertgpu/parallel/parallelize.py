@@ -10,7 +10,8 @@ The order is torchtitan's, and each step composes with the ones before it:
 2. **Activation checkpointing** (``--activation-checkpointing``): each encoder layer keeps only its
    input and recomputes the rest in the backward pass (dropout masks included: the RNG state is
    replayed).
-3. **Compile** (``--compile``): with one process (no data, tensor or pipeline parallelism) the whole
+3. **Compile** (``--compile``): with one process (no data, tensor or pipeline parallelism, no activation
+   checkpointing) the whole
    forward half of a step (embeddings, encoder, gathered heads and loss: the task's objective
    function) as one graph (``ParallelModel.step``), on a GPU replayed as CUDA graphs
    (``mode="reduce-overhead"``) where ``cuda_graphs``; with several, each encoder layer through
@@ -286,7 +287,9 @@ def parallelize(
         apply_tensor_parallel(model, dims)
     if activation_checkpointing:
         apply_activation_checkpointing(model)
-    whole = compile and whole_step_compile(dims)
+    # Under activation checkpointing each layer stays its own graph: the checkpointed regions replay their RNG
+    # in the backward pass, which per-layer compilation has run on GPUs (whole-graph tracing of them has not).
+    whole = compile and whole_step_compile(dims) and not activation_checkpointing
     if compile and not whole:
         layers = encoder_layers(model)
         for key in _layer_keys(layers):
