@@ -152,11 +152,12 @@ def test_fp8_on_a_hopper_gpu_converts_the_large_linears_and_trains(tmp_path, sma
         pytest.skip("float8 needs compute capability 8.9 or more")
     pytest.importorskip("torchao.float8")
     out = tmp_path / "run"
-    run_cli(
-        "pretrain", "--data", small_english_data, "--out", out, "--model", "medium", "--device", "cuda",
-        "--nproc", "1", "--steps", "6", "--batch-size", "16", "--log-every", "3", "--precision", "bf16",
+    proc = run_cli(
+        "pretrain", "--data", small_english_data, "--out", out, "--model", "large", "--device", "cuda",
+        "--nproc", "1", "--steps", "6", "--batch-size", "8", "--log-every", "3", "--precision", "bf16",
         "--fp8", "--no-nsp", "--pack", "--max-seq-length", "64",
     )  # fmt: skip
+    assert "--fp8: 146 linear layers in float8" in proc.stdout  # 24 layers x 6, the pooler and the transform
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert all(r["loss"] == r["loss"] for r in log)
     transformers.BertForPreTraining.from_pretrained(out / "checkpoints" / "step-0000006")  # names unchanged

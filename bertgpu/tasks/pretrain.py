@@ -219,7 +219,9 @@ def train(cfg: PretrainConfig) -> Path:
     if cfg.run.fp8:
         from ..fp8 import apply_fp8
 
-        apply_fp8(model, device)
+        chosen = apply_fp8(model, device)
+        if run.is_main:
+            print(f"--fp8: {len(chosen)} linear layers in float8 (torchao), the rest in {run.precision}", flush=True)
     net = run.parallelize(model, cfg.optim.steps, compile=cfg.run.compile)
     optim = dataclasses.replace(cfg.optim, lr=cfg.optim.peak_lr(global_batch))
     run.build_optimizer(optim, sample_forward=lambda: net(**_sample_batch(dataset, device)))
