@@ -51,6 +51,8 @@ HEAVY_FIRST = [
     "test_new_user.py",
     "test_heldout.py",
     "test_finetune_workflow.py",
+    "test_step.py",
+    "test_gpu_script.py",
 ]
 
 
