@@ -254,7 +254,7 @@ def train(cfg: PretrainConfig) -> Path:
     # One loader for the run: its workers live from the first epoch to the last (data.loader).
     loader, run_batches = run_loader(dataset, cfg.data.loader_workers, device.type == "cuda", seed)
     waits = run.meter.waits
-    # A batch without padding (packing fills every sequence) goes without its attention mask: SDPA's
+    # A batch without any padding (packed sequences that all came out full) goes without its attention mask: SDPA's
     # fastest kernel. The pipeline's stages take a fixed set of tensors: they keep the mask.
     unmask = drop_full_mask if dims.pp == 1 else (lambda batch: batch)
     try:
