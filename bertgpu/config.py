@@ -93,7 +93,12 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        """Read a Hugging Face BERT config.json dict; keys we do not model are ignored."""
+        """Read a Hugging Face BERT config.json dict; keys we do not model are ignored. A ModernBERT one
+        gives a ``modernbert.ModernBertConfig`` (bertgpu.architectures)."""
+        if d.get("model_type") == "modernbert":
+            from .modernbert import ModernBertConfig
+
+            return ModernBertConfig.from_hf_dict(d)  # type: ignore[return-value]
         if d.get("model_type", "bert") not in ("bert",):
             raise UserError(f"not a BERT config (model_type={d.get('model_type')!r})")
         names = {f.name for f in dataclasses.fields(cls)}
@@ -714,8 +719,21 @@ class PretrainConfig:
 
     model: str = opt(
         "",
-        "a preset (tiny, mini, small, medium, base, large), a config.json, or a BERT directory to continue from",
+        "a preset (tiny, mini, small, medium, base, large; with --arch modernbert also modernbert-base and "
+        "modernbert-large), a config.json, or a BERT or ModernBERT directory to continue from",
         required=True,
+    )
+    arch: str = opt(
+        "bert",
+        "the architecture of a preset: bert (Devlin et al.: post-norm, learned positions, MLM + NSP heads) or "
+        "modernbert (Warner et al. 2024: pre-norm, rotary positions with base 160,000 in global and 10,000 in "
+        "local layers, GeGLU, no biases, global attention every third layer and a 128-token sliding window in the "
+        "others, masked LM only: needs --no-nsp; checkpoints load in transformers' ModernBertForMaskedLM). Presets "
+        "tiny ... large keep BERT's depth, width and heads with a GeGLU width of 1.5 x hidden; modernbert-base "
+        "(22 layers) and modernbert-large (28) are ModernBERT's own shapes. Its attention: SDPA with the window as a "
+        "boolean mask (one per forward pass, shared by the local layers) on CPU, FlexAttention block masks on CUDA "
+        "(no L x L mask; --max-seq-length up to 8192, with --pack). A directory's own architecture is kept",
+        choices=["bert", "modernbert"],
     )
     out: str = opt("", "run directory (checkpoints, logs, TensorBoard events)", required=True)
     data: DataConfig = field(default_factory=DataConfig)
@@ -747,6 +765,10 @@ class PretrainConfig:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.pad_vocab_multiple < 1:
             raise UserError(f"--pad-vocab-multiple must be at least 1, got {self.pad_vocab_multiple}")
+        if self.arch == "modernbert" and self.data.nsp:
+            raise UserError(
+                "--arch modernbert trains masked LM only (ModernBERT has no next-sentence head): add --no-nsp"
+            )
 
 
 def fast_recipe(cfg: Any) -> bool:

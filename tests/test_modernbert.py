@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import transformers
-from conftest import at_real_tokens
+from conftest import at_real_tokens, run_cli
 
+from bertgpu import architectures, checkpoint, hf_dir
+from bertgpu.config import ModelConfig
 from bertgpu.data.tokenizer import Tokenizer
 from bertgpu.modernbert import ModernBertConfig, ModernBertForMaskedLM, ModernBertForSequenceClassification, sdpa_masks
 
@@ -110,3 +114,40 @@ def test_local_mask_is_the_window():
     assert local[100, 36] and local[100, 164] and not local[100, 35] and not local[100, 165]
     assert not local[199, 200] and local[299].sum() == 1 and local[299, 299]
     assert masks[False].shape == (1, 1, 1, 300)
+
+
+def test_pretrain_arch_modernbert_checkpoint_loads_in_transformers(tmp_path, small_english_data, english_corpus):
+    """`bertgpu pretrain --arch modernbert` writes a directory that transformers' ModernBertForMaskedLM and
+    AutoTokenizer load as they are, with our logits (1e-5) on real text, padding in the batch, past the window."""
+    out = tmp_path / "run"
+    common = ("--data", small_english_data, "--out", out, "--arch", "modernbert", "--model", "tiny", "--device", "cpu")
+    refused = run_cli("pretrain", *common, check=False)
+    assert refused.returncode != 0 and "add --no-nsp" in refused.stderr and not out.exists()
+    proc = run_cli(
+        "pretrain", *common, "--no-nsp", "--pack", "--max-seq-length", "256", "--batch-size", "4", "--steps", "3"
+    )
+    assert "ModernBertForMaskedLM" in proc.stdout
+    ckpt = checkpoint.latest_checkpoint(out)
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["model_type"] == "modernbert" and config["layer_types"][:2] == ["full_attention", "sliding_attention"]
+
+    theirs = transformers.ModernBertForMaskedLM.from_pretrained(ckpt, attn_implementation="sdpa").eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(ckpt)
+    lines = [line for line in english_corpus.read_text().splitlines() if line.strip()]
+    texts = [" ".join(lines[:40]), " ".join(lines[40:45])]
+    enc = tokenizer(texts, padding=True, truncation=True, max_length=256, return_tensors="pt")
+    ours = Tokenizer(ckpt / "vocab.txt", lowercase=True)
+    assert (
+        enc["input_ids"][1, : int(enc["attention_mask"][1].sum())].tolist()
+        == ours.encode_pair(texts[1], None, 256)["input_ids"]
+    )
+    assert enc["input_ids"].shape[1] == 256 and not enc["attention_mask"].all()
+
+    model = architectures.pretraining_model(ModelConfig.load(ckpt))
+    hf_dir.load_weights(model, ckpt)
+    model.eval()
+    with torch.no_grad():
+        mine, _ = model(enc["input_ids"], attention_mask=enc["attention_mask"])
+        ref = theirs(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+    real = enc["attention_mask"]
+    assert (at_real_tokens(mine, real) - at_real_tokens(ref, real)).abs().max() < ATOL
