@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import csv
 import json
+import shutil
 
 import pytest
 import torch
 import transformers
-from conftest import at_real_tokens, run_cli
+from conftest import at_real_tokens, run_cli, sentiment_reviews
 
 from bertgpu import architectures, checkpoint, hf_dir
+from bertgpu.classifier import Classifier
 from bertgpu.config import ModelConfig
 from bertgpu.data.tokenizer import Tokenizer
 from bertgpu.modernbert import ModernBertConfig, ModernBertForMaskedLM, ModernBertForSequenceClassification, sdpa_masks
@@ -26,6 +29,8 @@ def small_config(vocab_size: int, **overrides) -> ModernBertConfig:
         num_attention_heads=4,
         intermediate_size=96,
         max_position_embeddings=LENGTH,
+        cls_token_id=101,  # bert-base-uncased's [CLS] and [SEP]
+        sep_token_id=102,
     )
     return ModernBertConfig(**{**fields, **overrides})
 
@@ -151,3 +156,80 @@ def test_pretrain_arch_modernbert_checkpoint_loads_in_transformers(tmp_path, sma
         ref = theirs(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
     real = enc["attention_mask"]
     assert (at_real_tokens(mine, real) - at_real_tokens(ref, real)).abs().max() < ATOL
+
+    # fill-mask reads it: the probabilities transformers gives at the [MASK]
+    text = "the value of the [MASK] is returned"
+    proc = run_cli("fill-mask", ckpt, text, "--json", "--top-k", "3", "--device", "cpu")
+    result = json.loads(proc.stdout.splitlines()[0])
+    enc = tokenizer(text.replace("[MASK]", tokenizer.mask_token), return_tensors="pt")
+    with torch.no_grad():
+        probs = theirs(**enc).logits[0, result["position"]].softmax(-1)
+    top = probs.topk(3)
+    assert result["tokens"] == tokenizer.convert_ids_to_tokens(top.indices.tolist())
+    assert result["probabilities"] == pytest.approx(top.values.tolist(), abs=1e-5)
+
+    # and evaluate on prepared data: masked-LM figures, no NSP ones (it has no such head)
+    proc = run_cli("evaluate", "--model", out, "--data", small_english_data, "--eval-instances", "64", "--json")
+    metrics = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert 0 < metrics["eval_mlm_loss"] < 10 and not any(k.startswith("eval_nsp") for k in metrics)
+
+    # and finetune starts from it: its encoder and the head's transform (as transformers loads them), a new classifier
+    train, _ = sentiment_reviews(tmp_path / "reviews", test_per_class=10, train_per_class=40, seed=0)
+    tune = ("finetune", "--model", out, "--train", train, "--out", tmp_path / "clf", "--epochs", "1", "--device", "cpu")
+    refused = run_cli(*tune, "--lora-rank", "4", check=False)
+    assert refused.returncode == 2 and "ModernBERT is fine-tuned whole" in refused.stderr
+    run_cli(*tune, "--max-seq-length", "16")
+    clf = transformers.ModernBertForSequenceClassification.from_pretrained(tmp_path / "clf" / "best")
+    for name in ("model.layers.1.mlp.Wi.weight", "head.dense.weight"):  # started there, moved a little (lr 2e-5)
+        moved = (clf.state_dict()[name] - theirs.state_dict()[name]).abs().max()
+        assert 0 < moved < 1e-3, (name, moved)
+
+
+def write_hf_modernbert(path, vocab) -> None:
+    """A random tiny ModernBERT written by transformers itself (save_pretrained), with the vocab as its tokenizer."""
+    config = small_config(len(Tokenizer(vocab).vocab), num_hidden_layers=3, max_position_embeddings=512)
+    torch.manual_seed(0)
+    hf_model(transformers.ModernBertForMaskedLM, config).save_pretrained(path)
+    transformers.BertTokenizer(vocab=str(vocab), do_lower_case=True).save_pretrained(path)
+    shutil.copyfile(vocab, path / "vocab.txt")  # transformers 5 writes tokenizer.json only; bertgpu reads WordPiece
+
+
+def test_finetune_evaluate_predict_from_a_transformers_modernbert(tmp_path, small_uncased_vocab):
+    """A ModernBERT directory of transformers' own is the start of `finetune`; the classifier it writes is a
+    ModernBertForSequenceClassification that transformers loads with our logits; evaluate and predict read it."""
+    start = tmp_path / "hf"
+    write_hf_modernbert(start, small_uncased_vocab)
+    train, test = sentiment_reviews(tmp_path / "reviews", test_per_class=50, train_per_class=100, seed=0)
+    out = tmp_path / "clf"
+    proc = run_cli(
+        "finetune", "--model", start, "--train", train, "--out", out, "--epochs", "1", "--batch-size", "16",
+        "--max-seq-length", "32", "--lr", "3e-4", "--warmup", "0.1", "--eval-split", "0.1", "--device", "cpu",
+        "--seed", "0", "--log-every", "20",
+    )  # fmt: skip
+    assert "ModernBertForSequenceClassification" in proc.stdout
+    best = out / "best"
+    assert json.loads((best / "config.json").read_text())["architectures"] == ["ModernBertForSequenceClassification"]
+
+    theirs = transformers.ModernBertForSequenceClassification.from_pretrained(best, attn_implementation="sdpa").eval()
+    assert theirs.config.id2label == {0: "negative", 1: "positive"}
+    tokenizer = transformers.AutoTokenizer.from_pretrained(best)
+    enc = tokenizer(["我觉得不错!", "质量很差, 不推荐, 再也不买了"], padding=True, return_tensors="pt")
+    clf = Classifier.load(best, device="cpu")
+    with torch.no_grad():
+        mine = clf.model(enc["input_ids"], None, enc["attention_mask"])
+        ref = theirs(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"]).logits
+    assert (mine - ref).abs().max() < ATOL
+
+    # evaluate's accuracy is the share of the test reviews whose prediction is their label
+    run_cli("evaluate", "--model", best, "--data", test, "--device", "cpu")
+    metrics = json.loads((best / "eval_results.json").read_text())
+    with open(test, encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f))
+    predicted = clf([row["text"] for row in rows])
+    right = sum(p["label"] == row["label"] for p, row in zip(predicted, rows))
+    assert metrics["accuracy"] == pytest.approx(right / len(rows))
+    proc = run_cli("predict", "--model", best, "质量很差, 不推荐", "--device", "cpu")
+    label, score = proc.stdout.strip().split("\t")
+    assert label == clf("质量很差, 不推荐")["label"] and float(score) == pytest.approx(
+        clf("质量很差, 不推荐")["score"], abs=1e-3
+    )
