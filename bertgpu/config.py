@@ -730,9 +730,11 @@ class PretrainConfig:
         "local layers, GeGLU, no biases, global attention every third layer and a 128-token sliding window in the "
         "others, masked LM only: needs --no-nsp; checkpoints load in transformers' ModernBertForMaskedLM). Presets "
         "tiny ... large keep BERT's depth, width and heads with a GeGLU width of 1.5 x hidden; modernbert-base "
-        "(22 layers) and modernbert-large (28) are ModernBERT's own shapes. Its attention: SDPA with the window as a "
-        "boolean mask (one per forward pass, shared by the local layers) on CPU, FlexAttention block masks on CUDA "
-        "(no L x L mask; --max-seq-length up to 8192, with --pack). A directory's own architecture is kept",
+        "(22 layers) and modernbert-large (28) are ModernBERT's own shapes; --max-seq-length up to 8192 (with --pack "
+        "for long sequences). Its attention: on CUDA FlexAttention block masks (blocks outside the window skipped); "
+        "elsewhere SDPA, the local layers with one L x L band mask per forward pass below 1024 tokens and block by "
+        "block (2 x 128 queries against 256 keys each) from 1024 on, so no L x L mask is held there; global layers "
+        "only ever get a key-padding mask. A directory's own architecture is kept",
         choices=["bert", "modernbert"],
     )
     out: str = opt("", "run directory (checkpoints, logs, TensorBoard events)", required=True)

@@ -265,8 +265,8 @@ class ModernBertAttention(nn.Module):
         cos, sin = rotary
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         p = self.dropout_p if self.training else 0.0
-        if isinstance(mask, FlexMask):
-            y = mask.attend(q, k, v)  # FlexAttention has no dropout: attention_dropout is 0 in ModernBERT
+        if isinstance(mask, (FlexMask, LocalBlocks)):
+            y = mask.attend(q, k, v, p)
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return self.out_drop(self.Wo(y.transpose(1, 2).reshape(B, L, -1)))
@@ -310,7 +310,9 @@ class FlexMask:
             mask_mod, batch if keep is not None else None, None, length, length, device=device
         )
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
+        """FlexAttention has no dropout: attention_dropout is 0 in ModernBERT (--dropout > 0 is not applied
+        inside attention here)."""
         from torch.nn.attention.flex_attention import flex_attention
 
         if q.device.type != "cuda":  # the eager reference (tests on CPU)
@@ -318,6 +320,45 @@ class FlexMask:
         if FlexMask._kernel is None:
             FlexMask._kernel = torch.compile(flex_attention, dynamic=False)
         return FlexMask._kernel(q, k, v, block_mask=self.block_mask)
+
+
+class LocalBlocks:
+    """Sliding-window attention without an L x L mask, for long sequences through SDPA: the queries in
+    blocks of ``2 * window``, each block attending to its own keys and ``window`` more on either side
+    (a band of block + 2 x window keys), so memory and work grow with L x (4 x window), not L x L.
+
+    Each block's mask is the band |q - k| <= window (the same for every block), the key padding and the
+    ends of the sequence; each query also sees itself (as ``sdpa_masks``)."""
+
+    def __init__(self, attention_mask: torch.Tensor | None, batch: int, length: int, window: int, device) -> None:
+        self.w, self.b = window, 2 * window
+        self.n = -(-length // self.b)
+        self.length = length
+        padded = self.n * self.b
+        keep = torch.zeros(batch, padded + 2 * window, dtype=torch.bool, device=device)
+        keep[:, window : window + length] = True if attention_mask is None else attention_mask.bool()
+        keys = keep.unfold(1, self.b + 2 * window, self.b)  # [B, n, b + 2w]: each block's keys
+        j = torch.arange(self.b, device=device)[:, None]
+        m = torch.arange(self.b + 2 * window, device=device)[None, :]
+        band = (m - j >= 0) & (m - j <= 2 * window)  # |q - k| <= w, with k = block start + m - w
+        self.mask = (band & keys[:, :, None, :]) | (m - j == window)  # [B, n, b, b + 2w]; the diagonal
+        self.mask = self.mask[:, None]  # [B, 1 (heads), n, b, b + 2w]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
+        B, H, L, d = q.shape
+        pad = self.n * self.b - L
+        qb = F.pad(q, (0, 0, 0, pad)).view(B, H, self.n, self.b, d)
+        kb, vb = (
+            F.pad(t, (0, 0, self.w, pad + self.w)).unfold(2, self.b + 2 * self.w, self.b).transpose(-1, -2)
+            for t in (k, v)
+        )  # [B, H, n, b + 2w, d]
+        y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=self.mask, dropout_p=dropout_p)
+        return y.reshape(B, H, self.n * self.b, d)[:, :, :L]
+
+
+# From this length on, a local layer attends block by block through SDPA (LocalBlocks) instead of with one
+# L x L mask: at 1024 tokens and a 128-token window the band is a quarter of the matrix.
+BLOCKED_FROM = 1024
 
 
 def sdpa_masks(
@@ -349,6 +390,7 @@ class ModernBertModel(nn.Module):
             raise ValueError(f"attention must be one of {ATTENTION_KINDS}, not {attention!r}")
         self.config = config
         self.attention = attention
+        self.blocked_from = BLOCKED_FROM  # SDPA: local layers block by block from this length on
         self.embeddings = ModernBertEmbeddings(config, pad_vocab_multiple)
         self.layers = nn.ModuleList(ModernBertEncoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
@@ -376,6 +418,9 @@ class ModernBertModel(nn.Module):
                 False: FlexMask(attention_mask, batch, length, None, device),
                 True: FlexMask(attention_mask, batch, length, self.config.window, device),
             }
+        if length >= self.blocked_from and length - 1 > self.config.window:
+            keys = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+            return {False: keys, True: LocalBlocks(attention_mask, batch, length, self.config.window, device)}
         return sdpa_masks(attention_mask, length, self.config.window, device)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

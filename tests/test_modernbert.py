@@ -95,6 +95,26 @@ def test_flex_attention_equals_sdpa(batch):
     assert (at_real_tokens(a, real) - at_real_tokens(b, real)).abs().max() < ATOL
 
 
+def test_blocked_local_attention_equals_the_mask(batch):
+    """Local layers block by block (LocalBlocks, long sequences on CPU) give the L x L mask's logits and
+    gradients, with padding and a length that is no multiple of the blocks."""
+    config = small_config(30522)
+    torch.manual_seed(0)
+    ours = ModernBertForMaskedLM(config)
+    blocked = ModernBertForMaskedLM(config)
+    blocked.load_state_dict(ours.state_dict())
+    blocked.model.blocked_from = 1
+    part = {k: v[:, :500] for k, v in batch.items()}
+    grads = []
+    for model in (ours, blocked):
+        logits, _ = model(part["input_ids"], attention_mask=part["attention_mask"])
+        at_real_tokens(logits, part["attention_mask"]).logsumexp(-1).sum().backward()
+        grads.append((logits.detach(), model.model.layers[1].attn.Wqkv.weight.grad.clone()))
+    real = part["attention_mask"]
+    assert (at_real_tokens(grads[0][0], real) - at_real_tokens(grads[1][0], real)).abs().max() < ATOL
+    assert (grads[0][1] - grads[1][1]).abs().max() < 1e-4 * grads[0][1].abs().max()
+
+
 def test_classifier_logits_equal_transformers(uncased_vocab, batch):
     for pooling in ("cls", "mean"):
         config = small_config(30522, id2label={0: "neg", 1: "pos", 2: "neutral"}, classifier_pooling=pooling)
@@ -233,3 +253,19 @@ def test_finetune_evaluate_predict_from_a_transformers_modernbert(tmp_path, smal
     assert label == clf("质量很差, 不推荐")["label"] and float(score) == pytest.approx(
         clf("质量很差, 不推荐")["score"], abs=1e-3
     )
+
+
+def test_long_packed_sequences(tmp_path, small_english_data):
+    """--max-seq-length past BERT's 512 positions: a ModernBERT trains on 2048-token packed sequences (local
+    layers block by block), a BERT preset is refused in one line."""
+    flags = ("--data", small_english_data, "--model", "tiny", "--no-nsp", "--pack", "--max-seq-length", "2048")
+    flags += ("--max-predictions", "300", "--batch-size", "2", "--steps", "2", "--device", "cpu", "--log-every", "1")
+    proc = run_cli("pretrain", *flags, "--out", tmp_path / "bert", check=False)
+    assert proc.returncode == 2 and "beyond the model's 512 positions" in proc.stderr
+    proc = run_cli("pretrain", *flags, "--out", tmp_path / "modern", "--arch", "modernbert")
+    losses = [
+        json.loads(line)["mlm_loss"]
+        for line in (tmp_path / "modern" / "log.jsonl").read_text().splitlines()
+        if "mlm_loss" in line
+    ]
+    assert len(losses) >= 2 and all(0 < x < 10 for x in losses)
