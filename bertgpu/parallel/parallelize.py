@@ -38,7 +38,10 @@ from .dims import ParallelDims
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList | nn.ModuleDict:
     """The encoder layers of a BertModel, or of a model holding one as ``.bert``: a ModuleList, or a
-    pipeline stage's ModuleDict of the layers it keeps (keyed by their index, so names stay HF's)."""
+    pipeline stage's ModuleDict of the layers it keeps (keyed by their index, so names stay HF's). A model
+    that says where its layers are (``encoder_layers()``: ModernBERT's) is asked."""
+    if hasattr(model, "encoder_layers"):
+        return model.encoder_layers()
     return getattr(model, "bert", model).encoder.layer
 
 

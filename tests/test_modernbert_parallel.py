@@ -1,0 +1,61 @@
+"""A ModernBERT spread over gloo processes ends on one process's parameters with the same global batch (as
+tests/test_parallel.py proves for BERT): DDP, FSDP, unequal batches and accumulation; 1e-6 after 3 AdamW steps,
+fp32, dropout 0. Sequences of 256 tokens, so that local and global layers attend differently."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_cli
+from safetensors.torch import load_file
+from test_parallel import losses, worst_difference
+
+COMMON = [
+    "--arch", "modernbert", "--model", "tiny", "--no-nsp", "--pack", "--max-seq-length", "256",
+    "--max-predictions", "40", "--precision", "fp32", "--dropout", "0", "--seed", "7", "--steps", "3",
+    "--lr", "1e-4", "--warmup", "1", "--log-every", "1", "--device", "cpu", "--loader-workers", "0",
+]  # fmt: skip
+LAYOUTS = {
+    "ddp-2procs-x-4": (["--nproc", "2", "--batch-size", "4"], "2 processes = dp 2, ddp"),
+    "fsdp-2procs-x-4": (["--nproc", "2", "--batch-size", "4", "--strategy", "fsdp"], "2 processes = dp 2, fsdp"),
+    "unequal-6-and-2-ac": (
+        ["--nproc", "2", "--batch-size", "6,2", "--activation-checkpointing"],
+        "2 processes = dp 2, ddp",
+    ),
+    "1proc-x-4-x-accum2": (["--nproc", "1", "--batch-size", "4", "--grad-accum", "2"], "1 process"),
+}
+TOLERANCE = 1e-6
+
+
+def final_weights(run_dir):
+    ckpt = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    assert ckpt.name == "step-0000003"
+    return load_file(ckpt / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, small_english_data):
+    out = tmp_path_factory.mktemp("runs") / "one-by-8"
+    run_cli("pretrain", "--data", small_english_data, "--out", out, "--nproc", "1", "--batch-size", "8", *COMMON)
+    first = losses(out)
+    assert len(first) == 3 and first[0] != first[-1]
+    return out
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_same_parameters_as_one_process(name, reference, tmp_path, small_english_data):
+    flags, described = LAYOUTS[name]
+    out = tmp_path / name
+    proc = run_cli("pretrain", "--data", small_english_data, "--out", out, *flags, *COMMON)
+    assert described in proc.stdout and "global batch 8" in proc.stdout, proc.stdout
+    worst = worst_difference(final_weights(reference), final_weights(out))
+    assert worst <= TOLERANCE, f"max abs parameter difference {worst:.3g}"
+    assert losses(out) == pytest.approx(losses(reference), abs=1e-5)
+
+
+def test_tensor_and_pipeline_parallel_are_refused(tmp_path, small_english_data):
+    for flags in (["--tp", "2"], ["--pp", "2"]):
+        proc = run_cli(
+            "pretrain", "--data", small_english_data, "--out", tmp_path / "x", "--nproc", "2", *flags, *COMMON,
+            check=False,
+        )  # fmt: skip
+        assert proc.returncode == 2 and "data parallelism" in proc.stderr and len(proc.stderr.splitlines()) == 1
