@@ -1,6 +1,8 @@
 """A ModernBERT spread over gloo processes ends on one process's parameters with the same global batch (as
 tests/test_parallel.py proves for BERT): DDP, FSDP, unequal batches and accumulation; 1e-6 after 3 AdamW steps,
-fp32, dropout 0. Sequences of 256 tokens, so that local and global layers attend differently."""
+fp32, dropout 0. Sequences of 256 tokens, so that local and global layers attend differently. Tensor parallel
+uses ModernBERT's own plan (parallel/modernbert_tp.py: each process's rows of the fused Wqkv and Wi are the
+matching q/k/v and input/gate slices); a wrong slicing would attend with other heads and fail the parity."""
 
 from __future__ import annotations
 
@@ -22,6 +24,11 @@ LAYOUTS = {
         "2 processes = dp 2, ddp",
     ),
     "1proc-x-4-x-accum2": (["--nproc", "1", "--batch-size", "4", "--grad-accum", "2"], "1 process"),
+    "tp2-x-8": (["--nproc", "2", "--batch-size", "8", "--tp", "2"], "2 processes = tp 2"),
+    "dp2-x-tp2-ddp-x-4-ac": (
+        ["--nproc", "4", "--batch-size", "4", "--tp", "2", "--activation-checkpointing"],
+        "4 processes = dp 2 x tp 2, ddp",
+    ),
 }
 TOLERANCE = 1e-6
 
@@ -52,10 +59,10 @@ def test_same_parameters_as_one_process(name, reference, tmp_path, small_english
     assert losses(out) == pytest.approx(losses(reference), abs=1e-5)
 
 
-def test_tensor_and_pipeline_parallel_are_refused(tmp_path, small_english_data):
-    for flags in (["--tp", "2"], ["--pp", "2"]):
-        proc = run_cli(
-            "pretrain", "--data", small_english_data, "--out", tmp_path / "x", "--nproc", "2", *flags, *COMMON,
-            check=False,
-        )  # fmt: skip
-        assert proc.returncode == 2 and "data parallelism" in proc.stderr and len(proc.stderr.splitlines()) == 1
+@pytest.mark.parametrize(
+    "flags, says",
+    [(["--nproc", "2", "--pp", "2"], "pipeline stages"), (["--nproc", "4", "--tp", "2", "--strategy", "fsdp"], "FSDP")],
+)
+def test_what_is_not_supported_is_refused_in_one_line(flags, says, tmp_path, small_english_data):
+    proc = run_cli("pretrain", "--data", small_english_data, "--out", tmp_path / "x", *flags, *COMMON, check=False)
+    assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr

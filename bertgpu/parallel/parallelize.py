@@ -264,8 +264,14 @@ def parallelize(
 
 
 def apply_tensor_parallel(model: nn.Module, dims: ParallelDims) -> None:
-    """Megatron-style tensor parallelism of every encoder layer over the tp mesh."""
+    """Megatron-style tensor parallelism of every encoder layer over the tp mesh (a ModernBERT's fused
+    weights: ``modernbert_tp``)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    if getattr(getattr(model, "config", None), "model_type", "bert") == "modernbert":
+        from . import modernbert_tp
+
+        return modernbert_tp.apply(encoder_layers(model), dims.tp_mesh)
 
     plan = {
         "attention.self.query": ColwiseParallel(),
