@@ -6,6 +6,8 @@ matching q/k/v and input/gate slices); a wrong slicing would attend with other h
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 from conftest import run_cli
 from safetensors.torch import load_file
@@ -66,3 +68,19 @@ def test_same_parameters_as_one_process(name, reference, tmp_path, small_english
 def test_what_is_not_supported_is_refused_in_one_line(flags, says, tmp_path, small_english_data):
     proc = run_cli("pretrain", "--data", small_english_data, "--out", tmp_path / "x", *flags, *COMMON, check=False)
     assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def test_tensor_parallel_run_resumes_exactly_on_its_layout_and_on_one_process(tmp_path, small_english_data):
+    """A --tp 2 checkpoint (optimizer state of the strided Wqkv/Wi written whole over the group) resumes to the
+    uninterrupted run's weights, under --tp 2 again and on one process."""
+    flags = ("--data", small_english_data, "--batch-size", "8", "--save-every", "1", *COMMON)
+    full = tmp_path / "full"
+    run_cli("pretrain", "--out", full, "--nproc", "2", "--tp", "2", *flags)
+    for name, layout in (("tp2", ["--nproc", "2", "--tp", "2"]), ("one", ["--nproc", "1"])):
+        again = tmp_path / name
+        shutil.copytree(full, again)
+        shutil.rmtree(again / "checkpoints" / "step-0000003")
+        proc = run_cli("pretrain", "--out", again, *layout, "--resume", *flags)
+        assert "resuming from" in proc.stdout and "step 2" in proc.stdout, proc.stdout
+        worst = worst_difference(final_weights(full), final_weights(again))
+        assert worst <= TOLERANCE, (name, worst)
