@@ -27,6 +27,11 @@ LAYOUTS = {
     ),
     "1proc-x-4-x-accum2": (["--nproc", "1", "--batch-size", "4", "--grad-accum", "2"], "1 process"),
     "tp2-x-8": (["--nproc", "2", "--batch-size", "8", "--tp", "2"], "2 processes = tp 2"),
+    "pp2-x-8-1f1b": (["--nproc", "2", "--batch-size", "8", "--pp", "2"], "2 processes = pp 2"),
+    "pp2-x-dp2-x-4-gpipe-fsdp": (
+        ["--nproc", "4", "--batch-size", "4", "--pp", "2", "--pp-schedule", "gpipe", "--strategy", "fsdp"],
+        "4 processes = pp 2 x dp 2, fsdp",
+    ),
     "dp2-x-tp2-ddp-x-4-ac": (
         ["--nproc", "4", "--batch-size", "4", "--tp", "2", "--activation-checkpointing"],
         "4 processes = dp 2 x tp 2, ddp",
@@ -63,7 +68,10 @@ def test_same_parameters_as_one_process(name, reference, tmp_path, small_english
 
 @pytest.mark.parametrize(
     "flags, says",
-    [(["--nproc", "2", "--pp", "2"], "pipeline stages"), (["--nproc", "4", "--tp", "2", "--strategy", "fsdp"], "FSDP")],
+    [
+        (["--nproc", "4", "--pp", "2", "--tp", "2"], "FSDP"),
+        (["--nproc", "4", "--tp", "2", "--strategy", "fsdp"], "FSDP"),
+    ],
 )
 def test_what_is_not_supported_is_refused_in_one_line(flags, says, tmp_path, small_english_data):
     proc = run_cli("pretrain", "--data", small_english_data, "--out", tmp_path / "x", *flags, *COMMON, check=False)

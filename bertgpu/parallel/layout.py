@@ -25,15 +25,10 @@ def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
     dims = ParallelDims(launch.world_size(cfg.run.nproc, cfg.run.device), parallel.tp, parallel.strategy, parallel.pp)
     dims.check_model(model_config)
     if getattr(model_config, "model_type", "bert") == "modernbert":
-        if dims.pp > 1:
-            raise UserError(
-                "a ModernBERT trains with data and tensor parallelism (--strategy, --tp): pipeline stages (--pp) "
-                "split BERT models only so far"
-            )
-        if dims.tp > 1 and dims.strategy == "fsdp":
+        if dims.tp > 1 and (dims.strategy == "fsdp" or dims.pp > 1):
             raise UserError(
                 "a ModernBERT's tensor-parallel weights (fused Q/K/V and GeGLU, strided over --tp) cannot be "
-                "sharded again by FSDP: use --strategy ddp with --tp, or --strategy fsdp without it"
+                "sharded again by FSDP (which --pp uses too): with --tp use --strategy ddp and no --pp"
             )
     precision = resolve_precision(cfg.run.precision, torch.device(cfg.run.device), cpu_bf16=fast_recipe(cfg))
     if dims.pp > 1:
