@@ -1,5 +1,6 @@
 """A ModernBERT spread over gloo processes ends on one process's parameters with the same global batch (as
-tests/test_parallel.py proves for BERT): DDP, FSDP, unequal batches and accumulation; 1e-6 after 3 AdamW steps,
+tests/test_parallel.py proves for BERT): DDP, FSDP, unequal batches with activation checkpointing, tensor
+parallel (alone and with DDP) and pipeline stages (alone and with FSDP); 1e-6 after 3 AdamW steps,
 fp32, dropout 0. Sequences of 256 tokens, so that local and global layers attend differently. Tensor parallel
 uses ModernBERT's own plan (parallel/modernbert_tp.py: each process's rows of the fused Wqkv and Wi are the
 matching q/k/v and input/gate slices); a wrong slicing would attend with other heads and fail the parity."""
@@ -25,7 +26,6 @@ LAYOUTS = {
         ["--nproc", "2", "--batch-size", "6,2", "--activation-checkpointing"],
         "2 processes = dp 2, ddp",
     ),
-    "1proc-x-4-x-accum2": (["--nproc", "1", "--batch-size", "4", "--grad-accum", "2"], "1 process"),
     "tp2-x-8": (["--nproc", "2", "--batch-size", "8", "--tp", "2"], "2 processes = tp 2"),
     "pp2-x-8-1f1b": (["--nproc", "2", "--batch-size", "8", "--pp", "2"], "2 processes = pp 2"),
     "pp2-x-dp2-x-4-gpipe-fsdp": (
