@@ -831,8 +831,8 @@ class FillMaskConfig:
     model: str = opt(
         "",
         "a BERT directory with a masked-LM head: a `bertgpu pretrain` checkpoint (or its run "
-        "directory, for the newest checkpoint) or a local Hugging Face BertForMaskedLM or "
-        "BertForPreTraining",
+        "directory, for the newest checkpoint) or a local Hugging Face BertForMaskedLM, "
+        "BertForPreTraining or ModernBertForMaskedLM",
         positional=True,
         nargs=None,
     )
@@ -1034,7 +1034,10 @@ class FinetuneConfig:
     """`bertgpu finetune`: train a sequence classifier on labelled text, data parallel over processes."""
 
     model: str = opt(
-        "", "a BERT directory: one of our pretraining checkpoints or any local Hugging Face BERT", required=True
+        "",
+        "a BERT or ModernBERT directory: one of our pretraining checkpoints or any local Hugging Face BERT or "
+        "ModernBERT with a WordPiece vocab.txt",
+        required=True,
     )
     train: str = opt("", "training data: " + _DATA_FILE, required=True)
     eval: str = opt("", "evaluation data with the same columns (default: hold out --eval-split of --train)")
