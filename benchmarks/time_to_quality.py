@@ -6,7 +6,8 @@ wall-clock budget, one after the other on this machine:
 - **transformers** as its users pretrain: BertForMaskedLM, DataCollatorForLanguageModeling (15%,
   80/10/10), the text packed into blocks of --seq tokens as run_mlm does, Trainer's defaults (AdamW
   fused where torch has it, linear decay) with the same lr, warmup share and batch;
-- **bertgpu** `pretrain --no-nsp` on 2 processes, once per --recipe asked for (bert, fast).
+- **bertgpu** `pretrain --no-nsp` on 2 processes, once per --recipe asked for (bert, fast), and once per
+  architecture of --arch (bert, modernbert: the same preset's depth, width and heads).
 
 Each side's linear schedule is sized to the steps it can take in the budget (a 20-step calibration run
 measures its speed first), and each side saves its weights every --every seconds of its run. Afterwards,
@@ -16,6 +17,9 @@ packed as run_mlm packs. The headline is the time-to-quality ratio: the time tra
 reach its final held-out loss, divided by the time bertgpu needs to reach that same loss.
 
     python benchmarks/time_to_quality.py --corpus DIR_OR_FILES... [--budget 300] [--variants transformers,bert,fast]
+        [--arch bert,modernbert]
+
+Without a transformers variant, the first run is the reference of the ratios.
 
 A corpus: the Python documentation sources of Debian's python3.11-doc (`apt-get download python3.11-doc`,
 `dpkg-deb -x python3.11-doc_*.deb DIR`, then DIR/usr/share/doc/python3.11/html/_sources).
@@ -144,9 +148,9 @@ def heldout_batches(blocks, tokenizer, maskings: int, seed: int):
 
 def heldout_loss(model_dir: Path, batches) -> float:
     import torch
-    from transformers import BertForMaskedLM
+    from transformers import AutoModelForMaskedLM
 
-    model = BertForMaskedLM.from_pretrained(model_dir).eval()
+    model = AutoModelForMaskedLM.from_pretrained(model_dir).eval()  # BertForMaskedLM or ModernBertForMaskedLM
     total = count = 0.0
     with torch.no_grad():
         for batch in batches:
@@ -181,10 +185,11 @@ def run_transformers(work: Path, args, shape: dict, blocks_path: Path, tokenizer
     return out
 
 
-def run_bertgpu(work: Path, args, data: Path, variant: str) -> Path:
+def run_bertgpu(work: Path, args, data: Path, variant: str, arch: str = "bert") -> Path:
     """``variant``: a recipe, optionally with more flags after a colon (``bert:--pack``)."""
     recipe, _, extra = variant.partition(":")
-    out = work / ("bertgpu-" + "".join(c if c.isalnum() else "-" for c in variant).strip("-"))
+    name = variant if arch == "bert" else f"{arch}-{variant}"
+    out = work / ("bertgpu-" + "".join(c if c.isalnum() else "-" for c in name).strip("-"))
     shutil.rmtree(out, ignore_errors=True)
     flags = [
         "pretrain",
@@ -192,6 +197,8 @@ def run_bertgpu(work: Path, args, data: Path, variant: str) -> Path:
         data,
         "--model",
         args.model,
+        "--arch",
+        arch,
         "--no-nsp",
         "--recipe",
         recipe,
@@ -218,7 +225,8 @@ def run_bertgpu(work: Path, args, data: Path, variant: str) -> Path:
     last = [json.loads(line) for line in (work / "calibrate" / "log.jsonl").read_text().splitlines()][-1]
     steps = int(args.budget * last["steps_per_s"])
     print(
-        f"bertgpu --recipe {recipe} {extra}: {1000 / last['steps_per_s']:.0f} ms/step -> a schedule of {steps} steps",
+        f"bertgpu --arch {arch} --recipe {recipe} {extra}: {1000 / last['steps_per_s']:.0f} ms/step -> a schedule "
+        f"of {steps} steps",
         flush=True,
     )
     del calib
@@ -291,6 +299,9 @@ def main() -> None:
         default="transformers,bert,fast",
         help="comma-separated: transformers, or a bertgpu recipe with more flags after a colon",
     )
+    parser.add_argument(
+        "--arch", default="bert", help="comma-separated bertgpu architectures, each run with every bertgpu variant"
+    )
     parser.add_argument("--heldout-every", type=int, default=20)
     parser.add_argument("--plot", default=str(ROOT / "benchmarks" / "time_to_quality.png"))
     args = parser.parse_args()
@@ -345,15 +356,17 @@ def main() -> None:
             runs[variant] = run_transformers(work, args, shape, work / "blocks.pt", tokenizer_dir)
         else:
             recipe, _, extra = variant.partition(":")
-            runs[f"bertgpu --recipe {recipe} {extra}".strip()] = run_bertgpu(work, args, data, variant)
+            for arch in args.arch.split(","):
+                label = f"bertgpu{'' if args.arch == 'bert' else ' --arch ' + arch} --recipe {recipe} {extra}".strip()
+                runs[label] = run_bertgpu(work, args, data, variant, arch)
     curves = {name: curve(path, batches) for name, path in runs.items()}
     (work / "curves.json").write_text(json.dumps(curves, indent=1))
     report(curves, args)
 
 
 def report(curves: dict[str, list[tuple[float, float]]], args) -> None:
-    peer = curves.get("transformers")
-    print("\n| run | held-out MLM loss at the end | time to transformers' final loss | ratio |")
+    peer = curves.get("transformers") or next(iter(curves.values()))
+    print(f"\n| run | held-out MLM loss at the end | time to {next(iter(curves))}'s final loss | ratio |")
     print("| --- | --- | --- | --- |")
     target = peer[-1][1] if peer else None
     peer_time = time_to_reach(peer, target) if peer else None
@@ -379,7 +392,7 @@ def report(curves: dict[str, list[tuple[float, float]]], args) -> None:
         ax.axhline(target, color="grey", linestyle=":", linewidth=1)
     ax.set_xlabel("wall-clock seconds (2 CPU cores)")
     ax.set_ylabel("held-out masked-token loss (nats)")
-    ax.set_title(f"BERT-{args.model}, vocab {args.vocab_size}, batch {args.batch}, seq {args.seq}")
+    ax.set_title(f"{args.model} ({args.arch}), vocab {args.vocab_size}, batch {args.batch}, seq {args.seq}")
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()

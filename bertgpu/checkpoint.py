@@ -353,7 +353,21 @@ def optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
         for key, value in values.items():
             if not torch.is_tensor(value):
                 raise TypeError(f"optimizer state {name}.{key} is a {type(value).__name__}, not a tensor")
+            values[key] = _unstrided(value)
     return {"state": state}
+
+
+def _unstrided(tensor: Any) -> Any:
+    """A DTensor strided over a tensor-parallel group (a ModernBERT's fused weights: parallel.modernbert_tp),
+    made whole over that group: torch.distributed.checkpoint writes and reads contiguous shards only. Any
+    other tensor as it is."""
+    from torch.distributed.tensor import DTensor, Replicate
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    if isinstance(tensor, DTensor) and any(isinstance(p, _StridedShard) for p in tensor.placements):
+        placements = [Replicate() if isinstance(p, _StridedShard) else p for p in tensor.placements]
+        return tensor.redistribute(placements=placements)
+    return tensor
 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, path: str | os.PathLike) -> None:
@@ -400,6 +414,12 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, pat
                     f"{list(saved[flat].size)}, the model's parameter {list(value.shape)}: resume with "
                     "the model settings the run was started with (such as the vocab padding)"
                 )
+    strided = {}  # whole over the tensor-parallel group to load, strided again after (_unstrided)
+    for name, values in template["state"].items():
+        for key, value in values.items():
+            whole = _unstrided(value)
+            if whole is not value:
+                strided[name, key], values[key] = value.placements, whole
     try:
         with _single_process_is_meant():
             dcp.load(
@@ -413,6 +433,8 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, pat
             f"{folder}: cannot load the optimizer state, the files are damaged ({reason}); "
             f"delete {path} to resume from the checkpoint before it"
         ) from None
+    for (name, key), placements in strided.items():
+        template["state"][name][key] = template["state"][name][key].redistribute(placements=placements)
     # strict=False: parameters that had no state when saved (no gradient yet) have none now either.
     set_optimizer_state_dict(model, optimizer, template, options=StateDictOptions(strict=False))
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import checkpoint, hf_dir
+from . import architectures, checkpoint, hf_dir
 from .config import ModelConfig
 from .data.classification import collate
 from .data.tokenizer import Tokenizer, vocab_is_cased
@@ -104,7 +104,7 @@ class Classifier:
                 f"(fine-tune it first: bertgpu finetune --model {path} ...)"
             )
         tokenizer = Tokenizer(model_vocab(path), lowercase=model_lowercase(path))
-        model = BertForSequenceClassification(config)
+        model = architectures.classification_model(config)
         missing, _ = hf_dir.load_weights(model, path)
         if any(name.startswith("classifier.") for name in missing):
             raise UserError(

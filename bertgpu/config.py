@@ -93,7 +93,12 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        """Read a Hugging Face BERT config.json dict; keys we do not model are ignored."""
+        """Read a Hugging Face BERT config.json dict; keys we do not model are ignored. A ModernBERT one
+        gives a ``modernbert.ModernBertConfig`` (bertgpu.architectures)."""
+        if d.get("model_type") == "modernbert":
+            from .modernbert import ModernBertConfig
+
+            return ModernBertConfig.from_hf_dict(d)  # type: ignore[return-value]
         if d.get("model_type", "bert") not in ("bert",):
             raise UserError(f"not a BERT config (model_type={d.get('model_type')!r})")
         names = {f.name for f in dataclasses.fields(cls)}
@@ -733,8 +738,23 @@ class PretrainConfig:
 
     model: str = opt(
         "",
-        "a preset (tiny, mini, small, medium, base, large), a config.json, or a BERT directory to continue from",
+        "a preset (tiny, mini, small, medium, base, large; with --arch modernbert also modernbert-base and "
+        "modernbert-large), a config.json, or a BERT or ModernBERT directory to continue from",
         required=True,
+    )
+    arch: str = opt(
+        "bert",
+        "the architecture of a preset: bert (Devlin et al.: post-norm, learned positions, MLM + NSP heads) or "
+        "modernbert (Warner et al. 2024: pre-norm, rotary positions with base 160,000 in global and 10,000 in "
+        "local layers, GeGLU, no biases, global attention every third layer and a 128-token sliding window in the "
+        "others, masked LM only: needs --no-nsp; checkpoints load in transformers' ModernBertForMaskedLM). Presets "
+        "tiny ... large keep BERT's depth, width and heads with a GeGLU width of 1.5 x hidden; modernbert-base "
+        "(22 layers) and modernbert-large (28) are ModernBERT's own shapes; --max-seq-length up to 8192 (with --pack "
+        "for long sequences). Its attention: on CUDA FlexAttention block masks (blocks outside the window skipped); "
+        "elsewhere SDPA, the local layers with one L x L band mask per forward pass below 1024 tokens and block by "
+        "block (2 x 128 queries against 256 keys each) from 1024 on, so no L x L mask is held there; global layers "
+        "only ever get a key-padding mask. A directory's own architecture is kept",
+        choices=["bert", "modernbert"],
     )
     out: str = opt("", "run directory (checkpoints, logs, TensorBoard events)", required=True)
     data: DataConfig = field(default_factory=DataConfig)
@@ -766,6 +786,10 @@ class PretrainConfig:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.pad_vocab_multiple < 1:
             raise UserError(f"--pad-vocab-multiple must be at least 1, got {self.pad_vocab_multiple}")
+        if self.arch == "modernbert" and self.data.nsp:
+            raise UserError(
+                "--arch modernbert trains masked LM only (ModernBERT has no next-sentence head): add --no-nsp"
+            )
 
 
 def fast_recipe(cfg: Any) -> bool:
@@ -826,8 +850,8 @@ class FillMaskConfig:
     model: str = opt(
         "",
         "a BERT directory with a masked-LM head: a `bertgpu pretrain` checkpoint (or its run "
-        "directory, for the newest checkpoint) or a local Hugging Face BertForMaskedLM or "
-        "BertForPreTraining",
+        "directory, for the newest checkpoint) or a local Hugging Face BertForMaskedLM, "
+        "BertForPreTraining or ModernBertForMaskedLM",
         positional=True,
         nargs=None,
     )
@@ -1033,7 +1057,10 @@ class FinetuneConfig:
     """`bertgpu finetune`: train a sequence classifier on labelled text, data parallel over processes."""
 
     model: str = opt(
-        "", "a BERT directory: one of our pretraining checkpoints or any local Hugging Face BERT", required=True
+        "",
+        "a BERT or ModernBERT directory: one of our pretraining checkpoints or any local Hugging Face BERT or "
+        "ModernBERT with a WordPiece vocab.txt",
+        required=True,
     )
     train: str = opt("", "training data: " + _DATA_FILE, required=True)
     eval: str = opt("", "evaluation data with the same columns (default: hold out --eval-split of --train)")

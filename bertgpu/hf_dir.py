@@ -46,6 +46,8 @@ _VOCAB_ROWS = (
     "predictions.bias",
     "predictions.decoder.weight",
     "predictions.decoder.bias",
+    "embeddings.tok_embeddings.weight",  # ModernBERT's, and its decoder's bias
+    "decoder.bias",
 )
 
 
@@ -172,8 +174,26 @@ def write_pretrained(
     save_file(tensors, directory / WEIGHTS_NAME, metadata={"format": "pt"})
     _write_json(directory / "config.json", config.to_hf_dict(architecture))
     shutil.copyfile(vocab_path, directory / "vocab.txt")
+    if getattr(config, "model_type", "bert") == "modernbert":
+        # transformers reads a ModernBERT's tokenizer from tokenizer.json only (it has no slow one to convert)
+        write_fast_tokenizer(directory / "vocab.txt", do_lower_case, directory / "tokenizer.json")
     _write_json(directory / "tokenizer_config.json", tokenizer_config)
     _write_json(directory / "special_tokens_map.json", SPECIAL_TOKENS)
+
+
+def write_fast_tokenizer(vocab_path: Path, do_lower_case: bool, path: Path) -> None:
+    """The WordPiece vocab as a tokenizers' tokenizer.json (BERT's normalizer, pre-tokenizer, [CLS] ... [SEP]
+    post-processing and ## decoding): the ids of bertgpu's own tokenizer."""
+    import tokenizers
+    from tokenizers import decoders, processors
+
+    from .data.tokenizer import Tokenizer
+
+    ours = Tokenizer(vocab_path, do_lower_case)
+    backend = tokenizers.Tokenizer.from_str(ours.backend.to_str())
+    backend.post_processor = processors.BertProcessing(("[SEP]", ours.sep_id), ("[CLS]", ours.cls_id))
+    backend.decoder = decoders.WordPiece()
+    path.write_text(backend.to_str(), encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,6 +245,12 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> tuple[list[str], 
 
     target_has_bert = isinstance(getattr(model, "bert", None), nn.Module)
     named = {_map_key(key, target_has_bert): key for key in loaded}
+    if hasattr(model, "encoder_prefixes") and isinstance(getattr(model, "model", None), nn.Module):
+        # ModernBERT: a bare ModernBertModel's file has no "model." prefix (transformers' base_model_prefix)
+        named = {
+            ("model." + k if k.startswith(("embeddings.", "layers.", "final_norm.")) else k): v
+            for k, v in named.items()
+        }
     # A tied alias stands for its source: it fills the source only when the file lacks it.
     aliases: dict[str, str] = getattr(model, "tied_weights", {})
     for alias, source in aliases.items():
@@ -254,7 +280,8 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> tuple[list[str], 
 
     missing = [k for k in own if k not in state and k not in aliases]
     encoder_prefix = "bert." if target_has_bert else ""
-    required = [k for k in missing if k.startswith((encoder_prefix + "embeddings.", encoder_prefix + "encoder."))]
+    prefixes = getattr(model, "encoder_prefixes", (encoder_prefix + "embeddings.", encoder_prefix + "encoder."))
+    required = [k for k in missing if k.startswith(prefixes)]
     if required:
         raise UserError(
             f"{file}: not a checkpoint for this model, {len(required)} encoder weights missing (first: {required[0]})"

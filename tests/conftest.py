@@ -41,6 +41,7 @@ HEAVY_FIRST = [
     "test_elastic.py",
     "test_parallel.py",
     "test_pipeline.py",
+    "test_modernbert_parallel.py",
     "test_communication.py",
     "test_resume.py",
     "test_finetune.py",

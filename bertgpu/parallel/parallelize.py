@@ -43,7 +43,10 @@ from .dims import ParallelDims
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList | nn.ModuleDict:
     """The encoder layers of a BertModel, or of a model holding one as ``.bert``: a ModuleList, or a
-    pipeline stage's ModuleDict of the layers it keeps (keyed by their index, so names stay HF's)."""
+    pipeline stage's ModuleDict of the layers it keeps (keyed by their index, so names stay HF's). A model
+    that says where its layers are (``encoder_layers()``: ModernBERT's) is asked."""
+    if hasattr(model, "encoder_layers"):
+        return model.encoder_layers()
     return getattr(model, "bert", model).encoder.layer
 
 
@@ -319,8 +322,14 @@ def whole_step_compile(dims: ParallelDims) -> bool:
 
 
 def apply_tensor_parallel(model: nn.Module, dims: ParallelDims) -> None:
-    """Megatron-style tensor parallelism of every encoder layer over the tp mesh."""
+    """Megatron-style tensor parallelism of every encoder layer over the tp mesh (a ModernBERT's fused
+    weights: ``modernbert_tp``)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    if getattr(getattr(model, "config", None), "model_type", "bert") == "modernbert":
+        from . import modernbert_tp
+
+        return modernbert_tp.apply(encoder_layers(model), dims.tp_mesh)
 
     plan = {
         "attention.self.query": ColwiseParallel(),

@@ -35,6 +35,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..model import BertForPreTraining
+from . import modernbert_stages
 from .compression import Compression
 from .dims import ParallelDims
 from .parallelize import (
@@ -118,6 +119,8 @@ class _Stage(nn.Module):
 
 def _keep_stages(model: nn.Module, layers: list[range], first: bool, last: bool) -> None:
     """Delete from ``model`` what this process's stages do not hold, in place; parameter names stay."""
+    if modernbert_stages.is_modernbert(model):
+        return modernbert_stages.keep(model, layers, first, last)
     bert = model.bert
     kept = [i for r in layers for i in r]
     bert.encoder.layer = nn.ModuleDict({str(i): bert.encoder.layer[i] for i in kept})
@@ -163,7 +166,9 @@ def parallelize_pipeline(
     if compile:
         for key in layers:
             layers[key].compile(dynamic=False)
-    stages = [_Stage(model, [str(i) for i in split[s]], s == 0, s == n_stages - 1) for s in ids]
+    modern = modernbert_stages.is_modernbert(model)
+    stage_cls = modernbert_stages.Stage if modern else _Stage
+    stages = [stage_cls(model, [str(i) for i in split[s]], s == 0, s == n_stages - 1) for s in ids]
     if dims.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -185,9 +190,11 @@ def parallelize_pipeline(
     else:
         cls = ScheduleGPipe if kind == "gpipe" else Schedule1F1B
         net.schedule = cls(pipe_stages[0], n_micro, loss_fn=net._loss, scale_grads=False)
-    net._tied_group = _embedding_group(dims) if isinstance(model, BertForPreTraining) else None
+    masked_lm = modernbert_stages.is_masked_lm(model) if modern else isinstance(model, BertForPreTraining)
+    net._tied_group = _embedding_group(dims) if masked_lm else None
+    net.tied_names = (modernbert_stages.DECODER, modernbert_stages.EMBEDDING) if modern else (DECODER, EMBEDDING)
     model.gather_stages = net.gather_state_dict  # hf_dir: the whole model's weights, from every stage
-    model.optimizer_aliases = {DECODER: EMBEDDING} if last and not first else {}
+    model.optimizer_aliases = dict([net.tied_names]) if last and not first else {}
     return net
 
 
@@ -229,6 +236,7 @@ class PipelineModel(ParallelModel):
         self.stages, self.first, self.last = stages, first, last
         self.schedule: Any = None
         self._tied_group = None
+        self.tied_names = (DECODER, EMBEDDING)  # (the last stage's copy, the first stage's matrix)
         self._loss_now: Callable[[Any, torch.Tensor], torch.Tensor] | None = None
         self.seq_length: int | None = None  # pad sequences to this many tokens (batches of any length)
         self.rows: dict[bool, int] = {}  # the rows every batch is padded to, in training and in evaluation
@@ -340,7 +348,8 @@ class PipelineModel(ParallelModel):
         if self._tied_group is None:
             return None
         named = dict(self.model.named_parameters())
-        return named.get(EMBEDDING) if self.first else named.get(DECODER)
+        decoder, embedding = self.tied_names
+        return named.get(embedding) if self.first else named.get(decoder)
 
     def sync_tied_gradients(self) -> None:
         """Sum the gradients of the two copies of the tied matrix (first and last stage), so that both take

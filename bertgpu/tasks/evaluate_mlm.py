@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from .. import atomic, evaluation, hf_dir
+from .. import architectures, atomic, evaluation, hf_dir
 from ..config import DataConfig, EvaluateConfig, ModelConfig
 from ..data.heldout import EvalSet
 from ..data.pretraining import check_nsp_possible
@@ -70,14 +70,14 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, float]:
     dims = ParallelDims(env.world_size)  # every process a data-parallel rank holding the whole model
     dims.build_mesh(env.device.type)
     model_dir, config, corpus, data = _plan(cfg)
-    model = BertForPreTraining(config)
+    model = architectures.pretraining_model(config)
     missing, _ = hf_dir.load_weights(model, model_dir)
-    if any(name.startswith("cls.predictions") for name in missing):
+    if architectures.mlm_head_missing(model, missing):
         raise UserError(
             f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: masked-LM "
             "evaluation needs a pretraining checkpoint, BertForMaskedLM or BertForPreTraining"
         )
-    has_nsp = not any(name.startswith("cls.seq_relationship") for name in missing)
+    has_nsp = isinstance(model, BertForPreTraining) and not any(n.startswith("cls.seq_relationship") for n in missing)
     eval_set = EvalSet(corpus, data, cfg.seed, cfg.eval_instances, str(cfg.data))
     eval_set.check_enough(dims.dp)
     metrics = evaluation.evaluate_mlm(

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .. import checkpoint, hf_dir
+from .. import architectures, checkpoint, hf_dir
 from ..classifier import model_lowercase, model_vocab
 from ..config import FillMaskConfig, ModelConfig
 from ..data.tokenizer import Tokenizer
@@ -42,9 +42,9 @@ def load_masked_lm(path: str, device: torch.device) -> tuple[BertForPreTraining,
     """The model with its masked-LM head, its tokenizer and its directory; one line when it has no such head."""
     model_dir = model_directory(path)
     config = ModelConfig.load(model_dir)
-    model = BertForPreTraining(config)
+    model = architectures.pretraining_model(config)
     missing, _ = hf_dir.load_weights(model, model_dir)
-    if any(name.startswith("cls.predictions") for name in missing):
+    if architectures.mlm_head_missing(model, missing):
         raise UserError(
             f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: fill-mask needs a "
             "pretraining checkpoint, BertForMaskedLM or BertForPreTraining"

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .. import atomic, checkpoint, hf_dir, lora, model_card
+from .. import architectures, atomic, checkpoint, hf_dir, lora, model_card
 from ..classifier import model_lowercase, model_vocab
 from ..config import FinetuneConfig, ModelConfig, OptimConfig, accumulation, parse_nnodes
 from ..data.classification import (
@@ -56,7 +56,6 @@ from .predict import check_model_dir, compute_metrics, predict_logits
 # transformers' Trainer defaults that have no flag here (its Adam epsilon and gradient clipping are
 # config.FinetuneOptimConfig's).
 DEFAULT_EVAL_SPLIT = 0.1
-ARCHITECTURE = "BertForSequenceClassification"
 METRICS_NAME = "metrics.json"
 # What the log sums between two log lines, and over an epoch (summed over the data-parallel ranks).
 LOG_SUMS = ("loss", "correct", "examples", "tokens")
@@ -224,7 +223,7 @@ def train(cfg: FinetuneConfig) -> Path:
         vocab_path=model_vocab(plan.model_dir),
         do_lower_case=plan.lowercase,
         fixed=fixed,
-        architecture=ARCHITECTURE,
+        architecture=architectures.class_names(plan.model_config)[1],
     )
     for warning in plan.warnings:
         run.warn(warning)
@@ -259,7 +258,7 @@ def train(cfg: FinetuneConfig) -> Path:
         loop.step,
         {"loss": "min", "accuracy": "max", "eval_loss": "min", "eval_accuracy": "max", "eval_f1": "max"},
         f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  "
-        f"(transformers.BertForSequenceClassification.from_pretrained('{out / 'best'}'), "
+        f"(transformers.{architectures.class_names(plan.model_config)[1]}.from_pretrained('{out / 'best'}'), "
         f"or bertgpu predict --model {out / 'best'} TEXT)",
     )
     return out / "best"
@@ -279,11 +278,11 @@ def build_model(cfg: FinetuneConfig, plan: Plan, run: TrainingRun) -> BertForSeq
     resume, the checkpoint's whole classifier; with LoRA, the frozen base from --model again and the
     checkpoint's adapter and head."""
     torch.manual_seed(cfg.run.seed)
-    model = BertForSequenceClassification(plan.model_config)
+    model = architectures.classification_model(plan.model_config)
     if run.resume_from is not None and not cfg.adapter.enabled:
         hf_dir.load_weights(model, run.resume_from)
     else:
-        hf_dir.load_weights(model if plan.keep_head else model.bert, plan.model_dir)
+        hf_dir.load_weights(model if plan.keep_head else architectures.encoder(model), plan.model_dir)
     if cfg.adapter.enabled:
         lora.apply(model, cfg.adapter, run.device, run.precision, base_model=plan.model_dir)
         if run.resume_from is not None:
@@ -528,7 +527,7 @@ def save_epoch(
         plan.model_config,
         vocab_path=model_vocab(plan.model_dir),
         do_lower_case=plan.lowercase,
-        architecture=ARCHITECTURE,
+        architecture=architectures.class_names(plan.model_config)[1],
         json_files={
             METRICS_NAME: record,
             checkpoint.RUN_CONFIG_NAME: {

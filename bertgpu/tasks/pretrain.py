@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import checkpoint, evaluation, hf_dir
-from ..config import PRESETS, ModelConfig, PretrainConfig, accumulation, parse_nnodes
+from .. import architectures, checkpoint, evaluation, hf_dir
+from ..config import ModelConfig, PretrainConfig, accumulation, parse_nnodes
 from ..data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
 from ..data.loader import run_loader
 from ..data.pretraining import (
@@ -41,7 +41,7 @@ from ..data.pretraining import (
 from ..data.shards import ShardedCorpus, warn_if_unknown
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
-from ..model import BertForPreTraining, training_flops_per_sequence, use_varlen_attention
+from ..model import BertForPreTraining, use_varlen_attention
 from ..parallel import launch
 from ..parallel.compression import describe as describe_compression
 from ..parallel.layout import check_layout
@@ -86,13 +86,20 @@ def check(cfg: PretrainConfig) -> Plan:
     corpus = ShardedCorpus(cfg.data.data)
     init_from = None
     model = cfg.model
-    if model in PRESETS:
-        mcfg = ModelConfig.preset(model, vocab_size=corpus.vocab_size)
+    if model in architectures.presets(cfg.arch):
+        mcfg = architectures.preset(cfg.arch, model, corpus.vocab_size, load_vocab(corpus.vocab_path))
     else:
         path = Path(model)
         if not path.exists():
-            raise UserError(f"--model {model}: not a preset ({', '.join(PRESETS)}) and no such file or directory")
+            raise UserError(
+                f"--model {model}: not a preset ({', '.join(architectures.presets(cfg.arch))}) and no such file "
+                "or directory"
+            )
         mcfg = ModelConfig.load(path)
+        if cfg.arch == "modernbert":
+            architectures.check_arch(cfg.arch, mcfg, f"--model {model}")
+        if architectures.arch_of(mcfg) == "modernbert" and cfg.data.nsp:
+            raise UserError(f"--model {model} is a ModernBERT, trained on masked LM only: add --no-nsp")
         if path.is_dir():
             if (path / "model.safetensors").exists() or (path / "pytorch_model.bin").exists():
                 init_from = path
@@ -114,7 +121,7 @@ def check(cfg: PretrainConfig) -> Plan:
 
         check_fp8(cfg.run.device)
     if cfg.dropout is not None:
-        mcfg = dataclasses.replace(mcfg, hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
+        mcfg = architectures.with_dropout(mcfg, cfg.dropout)
     dims = check_layout(cfg, mcfg)
     heldout_split(cfg, corpus, None, dims.dp)
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.run.resume else None
@@ -242,7 +249,9 @@ def train(cfg: PretrainConfig) -> Path:
         start_line(cfg, run, plan, eval_set, loop, global_batch, optim.lr, len(dataset)),
         cfg.optim.steps,
         Throughput(
-            training_flops_per_sequence(plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions),
+            architectures.training_flops_per_sequence(
+                plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions
+            ),
             peak_flops(device, run.precision),
             dims.world_size,
         ),
@@ -285,11 +294,12 @@ def train(cfg: PretrainConfig) -> Path:
         **({"nsp_loss": "min", "nsp_acc": "max"} if cfg.data.nsp else {}),
         **evaluation.SUMMARY_KEYS,
     }
+    hf_class = architectures.class_names(plan.model_config)[0]
     run.summary(
         loop.step,
         keys,
-        f"checkpoint: {saved}  (a Hugging Face BERT directory: "
-        f"transformers.BertForPreTraining.from_pretrained('{saved}'); bertgpu fill-mask {saved} TEXT)",
+        f"checkpoint: {saved}  (a Hugging Face directory: "
+        f"transformers.{hf_class}.from_pretrained('{saved}'); bertgpu fill-mask {saved} TEXT)",
     )
     return saved
 
@@ -298,9 +308,11 @@ def build_model(cfg: PretrainConfig, plan: Plan, resume_from: Path | None) -> Be
     """The model with the same initial weights on every process: the seed's, or those of the checkpoint
     resumed or the model continued from."""
     torch.manual_seed(cfg.run.seed)
-    model = BertForPreTraining(plan.model_config, pad_vocab_multiple=cfg.pad_vocab_multiple)
+    model = architectures.pretraining_model(plan.model_config, pad_vocab_multiple=cfg.pad_vocab_multiple)
     if resume_from is not None or plan.init_from is not None:
         hf_dir.load_weights(model, resume_from or plan.init_from)
+    if not isinstance(model, BertForPreTraining):  # ModernBERT: no pooler, no NSP head
+        return architectures.prefer_flex_attention(model, cfg.run.device)
     if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
         for unused in (model.bert.pooler, model.cls.seq_relationship):
             unused.requires_grad_(False)

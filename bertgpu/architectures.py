@@ -1,0 +1,122 @@
+"""Which architecture a model is, and its classes: the one place the tasks dispatch on it.
+
+``bert`` is ``bertgpu.model`` (BERT as Devlin et al., transformers' ``BertFor*``), ``modernbert`` is
+``bertgpu.modernbert`` (transformers' ``ModernBertFor*``). A config is a ``config.ModelConfig`` or a
+``modernbert.ModernBertConfig``; a config.json says which by its ``model_type``
+(``ModelConfig.load`` returns either).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from torch import nn
+
+from .config import PRESETS, ModelConfig
+from .errors import UserError
+
+ARCHS = ("bert", "modernbert")
+
+
+def arch_of(config: Any) -> str:
+    return "modernbert" if getattr(config, "model_type", "bert") == "modernbert" else "bert"
+
+
+def presets(arch: str) -> list[str]:
+    from .modernbert import OWN_SHAPES
+
+    return [*PRESETS, *OWN_SHAPES] if arch == "modernbert" else list(PRESETS)
+
+
+def preset(arch: str, name: str, vocab_size: int, vocab: list[str] | None = None) -> Any:
+    """The preset ``name`` of ``arch`` for a vocab of ``vocab_size`` tokens (``vocab``: its tokens, whose
+    [PAD], [CLS] and [SEP] ids a ModernBERT config records)."""
+    if arch == "bert":
+        return ModelConfig.preset(name, vocab_size=vocab_size)
+    from .modernbert import ModernBertConfig
+
+    ids = {t: i for i, t in enumerate(vocab or [])}
+    return ModernBertConfig.preset(
+        name,
+        vocab_size,
+        pad_token_id=ids.get("[PAD]", 0),
+        cls_token_id=ids.get("[CLS]"),
+        sep_token_id=ids.get("[SEP]"),
+    )
+
+
+def with_dropout(config: Any, p: float) -> Any:
+    """``config`` with every dropout probability at ``p``."""
+    if arch_of(config) == "modernbert":
+        return config.with_dropout(p)
+    return dataclasses.replace(config, hidden_dropout_prob=p, attention_probs_dropout_prob=p)
+
+
+def pretraining_model(config: Any, pad_vocab_multiple: int = 1) -> nn.Module:
+    """BertForPreTraining or ModernBertForMaskedLM: forward(input_ids, token_type_ids, attention_mask,
+    mlm_positions) -> (mlm_logits, nsp_logits; zeros for ModernBERT)."""
+    if arch_of(config) == "modernbert":
+        from .modernbert import ModernBertForMaskedLM
+
+        return ModernBertForMaskedLM(config, pad_vocab_multiple=pad_vocab_multiple)
+    from .model import BertForPreTraining
+
+    return BertForPreTraining(config, pad_vocab_multiple=pad_vocab_multiple)
+
+
+def prefer_flex_attention(model: nn.Module, device: str) -> nn.Module:
+    """A ModernBERT on CUDA attends through FlexAttention (block masks: the blocks outside a local layer's
+    window are skipped, no L x L mask is held), where this torch has it; elsewhere through SDPA."""
+    inner = getattr(model, "model", None)
+    if device == "cuda" and getattr(inner, "attention", None) == "sdpa":
+        try:
+            import torch.nn.attention.flex_attention  # noqa: F401
+        except ImportError:
+            return model
+        inner.attention = "flex"
+    return model
+
+
+def classification_model(config: Any) -> nn.Module:
+    if arch_of(config) == "modernbert":
+        from .modernbert import ModernBertForSequenceClassification
+
+        return ModernBertForSequenceClassification(config)
+    from .model import BertForSequenceClassification
+
+    return BertForSequenceClassification(config)
+
+
+def encoder(model: nn.Module) -> nn.Module:
+    """The bare encoder inside a classifier (what a pretrained checkpoint's weights are loaded into when
+    the head is fresh). ModernBERT's classifier takes the whole file: its ``head`` is the masked-LM head's
+    transform, which transformers also loads from a ModernBertForMaskedLM; the classifier stays new."""
+    return model if arch_of(model.config) == "modernbert" else model.bert
+
+
+def mlm_head_missing(model: nn.Module, missing: list[str]) -> bool:
+    """Whether loading left the masked-LM head of ``model`` (a pretraining model) without weights."""
+    prefixes = getattr(model, "mlm_head_prefixes", ("cls.predictions",))
+    return any(name.startswith(prefixes) for name in missing)
+
+
+def class_names(config: Any) -> tuple[str, str]:
+    """transformers' (masked-LM, sequence-classification) class names of this architecture."""
+    if arch_of(config) == "modernbert":
+        return "ModernBertForMaskedLM", "ModernBertForSequenceClassification"
+    return "BertForPreTraining", "BertForSequenceClassification"
+
+
+def training_flops_per_sequence(config: Any, seq_len: int, num_predictions: int) -> float:
+    if arch_of(config) == "modernbert":
+        from .modernbert import training_flops_per_sequence as flops
+    else:
+        from .model import training_flops_per_sequence as flops
+    return flops(config, seq_len, num_predictions)
+
+
+def check_arch(arch: str, config: Any, where: str) -> None:
+    """An --arch that contradicts the model directory's own."""
+    if arch != arch_of(config):
+        raise UserError(f"--arch {arch}, but {where} is a {arch_of(config)} model: leave --arch out or give another")

@@ -1,0 +1,573 @@
+"""ModernBERT in plain PyTorch (Warner et al. 2024), parameter for parameter the model of transformers.
+
+Module and parameter names are exactly those of transformers' ``ModernBertModel``,
+``ModernBertForMaskedLM`` and ``ModernBertForSequenceClassification``, so a state dict moves between
+the two unchanged (``bertgpu.hf_dir`` does the file side). Everything here is pure computation: no
+files, no processes, no distribution.
+
+One ModernBERT layer (pre-LayerNorm, no biases; layer 0 has no attention norm, the embedding norm
+stands in for it)::
+
+    x = x + Wo · Attention(rope(q), rope(k), v)      with q, k, v = split(Wqkv · LN(x))
+    x = x + Wo · (GELU(a) * g)                       with a, g = split(Wi · LN(x))   (GeGLU)
+
+Every ``global_attn_every_n_layers``-th layer (0, 3, 6, ...) attends over the whole sequence with
+rotary base ``global_rope_theta``; the others over a sliding window, each token seeing the tokens at
+most ``local_attention // 2`` positions away on either side, with rotary base ``local_rope_theta``.
+
+Attention runs through PyTorch's scaled_dot_product_attention with one boolean mask per kind of layer,
+built once per forward pass and shared by its layers (global: the key padding, [B, 1, 1, L], never
+L x L; local: the band and the padding, [B, 1, L, L]); or, with ``attention="flex"`` (CUDA), through
+FlexAttention with block masks, which skip the blocks outside the window and never hold an L x L mask.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import UserError
+from .model import ACT_FNS, padded_vocab_size
+
+# (layers, hidden, heads, intermediate) of ModernBERT's own two models (answerdotai/ModernBERT-base, -large):
+# deeper and narrower than BERT's of the same name, with a GeGLU width of their own.
+OWN_SHAPES: dict[str, tuple[int, int, int, int]] = {
+    "modernbert-base": (22, 768, 12, 1152),
+    "modernbert-large": (28, 1024, 16, 2624),
+}
+# The GeGLU width of a preset of BERT's shape (tiny ... large): ModernBERT-base's 1152 / 768.
+GEGLU_RATIO = 1.5
+ATTENTION_KINDS = ("sdpa", "flex")
+
+
+@dataclass
+class ModernBertConfig:
+    """The architecture, with the field names of transformers' ModernBertConfig (config.json's)."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    intermediate_size: int = 1152
+    num_hidden_layers: int = 22
+    num_attention_heads: int = 12
+    hidden_activation: str = "gelu"
+    max_position_embeddings: int = 8192
+    initializer_range: float = 0.02
+    initializer_cutoff_factor: float = 2.0
+    norm_eps: float = 1e-5
+    norm_bias: bool = False
+    pad_token_id: int = 0
+    cls_token_id: int | None = None
+    sep_token_id: int | None = None
+    global_attn_every_n_layers: int = 3
+    local_attention: int = 128  # the whole window: a token sees local_attention // 2 positions either side
+    global_rope_theta: float = 160000.0
+    local_rope_theta: float = 10000.0
+    attention_bias: bool = False
+    attention_dropout: float = 0.0
+    embedding_dropout: float = 0.0
+    mlp_bias: bool = False
+    mlp_dropout: float = 0.0
+    decoder_bias: bool = True
+    classifier_pooling: str = "cls"
+    classifier_dropout: float = 0.0
+    classifier_bias: bool = False
+    classifier_activation: str = "gelu"
+    # Which layers attend globally ("full_attention") or locally ("sliding_attention"); None: every
+    # global_attn_every_n_layers-th from layer 0, as ModernBERT.
+    layer_types: list[str] | None = None
+    # Sequence classification (fine-tuning): label names by id, as transformers stores them.
+    id2label: dict[int, str] | None = None
+
+    model_type = "modernbert"
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise UserError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
+            )
+        if (self.hidden_size // self.num_attention_heads) % 2:
+            raise UserError(f"the head width {self.hidden_size // self.num_attention_heads} must be even (rotary)")
+        for act in (self.hidden_activation, self.classifier_activation):
+            if act not in ACT_FNS:
+                raise UserError(f"unsupported activation {act!r} (supported: {', '.join(ACT_FNS)})")
+        if self.global_attn_every_n_layers < 1 or self.local_attention < 2:
+            raise UserError("global_attn_every_n_layers must be at least 1 and local_attention at least 2")
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise UserError(f"classifier_pooling must be cls or mean, not {self.classifier_pooling!r}")
+        if self.layer_types is None:
+            n = self.global_attn_every_n_layers
+            self.layer_types = [
+                "sliding_attention" if i % n else "full_attention" for i in range(self.num_hidden_layers)
+            ]
+        if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= {
+            "full_attention",
+            "sliding_attention",
+        }:
+            raise UserError("layer_types must name full_attention or sliding_attention for each of the layers")
+        if self.id2label is not None:
+            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+
+    # The fields BERT's config calls otherwise, for code that reads either.
+    @property
+    def hidden_dropout_prob(self) -> float:
+        return self.mlp_dropout
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.id2label) if self.id2label else 2
+
+    @property
+    def window(self) -> int:
+        """How far a local layer's token sees on each side (transformers' sliding_window)."""
+        return self.local_attention // 2
+
+    def with_dropout(self, p: float) -> ModernBertConfig:
+        """Every dropout probability set to ``p`` (pretrain --dropout)."""
+        return dataclasses.replace(self, attention_dropout=p, embedding_dropout=p, mlp_dropout=p)
+
+    @classmethod
+    def preset(cls, name: str, vocab_size: int, **overrides: Any) -> ModernBertConfig:
+        """A BERT preset's depth, width and heads (tiny ... large; GeGLU width 1.5 x hidden, as
+        ModernBERT-base), or ModernBERT's own shape (modernbert-base, modernbert-large)."""
+        from .config import PRESETS
+
+        if name in OWN_SHAPES:
+            layers, hidden, heads, inter = OWN_SHAPES[name]
+        elif name in PRESETS:
+            layers, hidden, heads = PRESETS[name]
+            inter = int(GEGLU_RATIO * hidden)
+        else:
+            raise UserError(f"unknown model preset {name!r} (choose from {', '.join([*PRESETS, *OWN_SHAPES])})")
+        return cls(
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=inter,
+            **overrides,
+        )
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> ModernBertConfig:
+        """Read a Hugging Face ModernBERT config.json dict (old and new rotary keys); keys we do not model
+        are ignored."""
+        if d.get("model_type") != "modernbert":
+            raise UserError(f"not a ModernBERT config (model_type={d.get('model_type')!r})")
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in names and v is not None}
+        rope = d.get("rope_parameters") or {}
+        for kind, key in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
+            params = rope.get(kind) or {}
+            if params.get("rope_type", "default") != "default":
+                raise UserError(f"rotary scaling {params['rope_type']!r} is not supported (default rotary only)")
+            if "rope_theta" in params:
+                kwargs[key] = params["rope_theta"]
+        if d.get("rope_scaling"):
+            raise UserError("rotary scaling (rope_scaling) is not supported (default rotary only)")
+        return cls(**kwargs)
+
+    def to_hf_dict(self, architecture: str = "ModernBertForMaskedLM") -> dict[str, Any]:
+        d = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        if self.id2label:
+            d["id2label"] = {str(i): name for i, name in self.id2label.items()}
+            d["label2id"] = {name: i for i, name in self.id2label.items()}
+        # Both the rotary keys of transformers 5 and those of 4.x, and the token ids its tokenizer-less
+        # code reads (bos/eos: ModernBERT's are its [CLS] and [SEP]).
+        d["rope_parameters"] = {
+            "full_attention": {"rope_type": "default", "rope_theta": self.global_rope_theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": self.local_rope_theta},
+        }
+        d.update(
+            model_type="modernbert",
+            architectures=[architecture],
+            bos_token_id=self.cls_token_id,
+            eos_token_id=self.sep_token_id,
+            tie_word_embeddings=True,
+        )
+        return {k: v for k, v in d.items() if v is not None}
+
+
+def _trunc_normal(module: nn.Module, std: float, cutoff: float) -> None:
+    nn.init.trunc_normal_(module.weight, mean=0.0, std=std, a=-cutoff * std, b=cutoff * std)
+    if getattr(module, "bias", None) is not None:
+        nn.init.zeros_(module.bias)
+
+
+class ModernBertEmbeddings(nn.Module):
+    """Token embeddings, LayerNorm and dropout (no position embeddings: positions are rotary)."""
+
+    def __init__(self, config: ModernBertConfig, pad_vocab_multiple: int = 1) -> None:
+        super().__init__()
+        rows = padded_vocab_size(config.vocab_size, pad_vocab_multiple)
+        self.tok_embeddings = nn.Embedding(rows, config.hidden_size, padding_idx=config.pad_token_id)
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        self.drop = nn.Dropout(config.embedding_dropout)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.norm(self.tok_embeddings(input_ids)))
+
+
+class ModernBertMLP(nn.Module):
+    """GeGLU: Wi makes the input and the gate (its two halves, in that order), Wo projects back.
+
+    The halves are counted from Wi's width, not the config, so that the same code runs on a slice of
+    it (tensor parallel: each process holds matching rows of both halves)."""
+
+    def __init__(self, config: ModernBertConfig) -> None:
+        super().__init__()
+        self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.act = ACT_FNS[config.hidden_activation]
+        self.drop = nn.Dropout(config.mlp_dropout)
+        self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, gate = self.Wi(x).chunk(2, dim=-1)
+        return self.Wo(self.drop(self.act(a) * gate))
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x`` [B, heads, L, d] by the angles of cos/sin [L, d] (computed in fp32, as transformers)."""
+    xf = x.float()
+    return (xf * cos + rotate_half(xf) * sin).to(x.dtype)
+
+
+class ModernBertAttention(nn.Module):
+    """Self-attention with one fused Q/K/V projection (Wqkv: rows q, then k, then v) and rotary positions.
+
+    Heads are counted from Wqkv's width, so that the same code runs on a slice of the heads (tensor
+    parallel: each process holds the matching q, k and v rows of its heads)."""
+
+    def __init__(self, config: ModernBertConfig, layer_idx: int) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.head_dim = h // config.num_attention_heads
+        self.Wqkv = nn.Linear(h, 3 * h, bias=config.attention_bias)
+        self.Wo = nn.Linear(h, h, bias=config.attention_bias)
+        self.dropout_p = config.attention_dropout
+        self.out_drop = nn.Dropout(config.attention_dropout) if config.attention_dropout > 0 else nn.Identity()
+        self.local = config.layer_types[layer_idx] == "sliding_attention"
+
+    def forward(self, x: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor], mask: Any) -> torch.Tensor:
+        B, L, _ = x.shape
+        qkv = self.Wqkv(x).view(B, L, 3, -1, self.head_dim)  # [B, L, 3, heads, d]
+        q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=2))  # each [B, heads, L, d]
+        cos, sin = rotary
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        p = self.dropout_p if self.training else 0.0
+        if isinstance(mask, (FlexMask, LocalBlocks)):
+            y = mask.attend(q, k, v, p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        return self.out_drop(self.Wo(y.transpose(1, 2).reshape(B, L, -1)))
+
+
+class ModernBertEncoderLayer(nn.Module):
+    def __init__(self, config: ModernBertConfig, layer_idx: int) -> None:
+        super().__init__()
+        h, eps, bias = config.hidden_size, config.norm_eps, config.norm_bias
+        # Layer 0's input is the embedding norm's output already (transformers: an Identity, no weights).
+        self.attn_norm = nn.Identity() if layer_idx == 0 else nn.LayerNorm(h, eps=eps, bias=bias)
+        self.attn = ModernBertAttention(config, layer_idx)
+        self.mlp_norm = nn.LayerNorm(h, eps=eps, bias=bias)
+        self.mlp = ModernBertMLP(config)
+
+    def forward(self, x: torch.Tensor, rotary: dict[bool, Any], masks: dict[bool, Any]) -> torch.Tensor:
+        local = self.attn.local
+        x = x + self.attn(self.attn_norm(x), rotary[local], masks[local])
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class FlexMask:
+    """A FlexAttention block mask and the compiled kernel that reads it: the band of a local layer (and
+    the key padding), evaluated per 128 x 128 block, so blocks outside the window are skipped and no
+    L x L mask is held."""
+
+    _kernel = None
+
+    def __init__(self, attention_mask: torch.Tensor | None, batch: int, length: int, window: int | None, device):
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        keep = None if attention_mask is None else attention_mask.bool()
+
+        def mask_mod(b, h, q, kv):
+            ok = (q - kv).abs() <= window if window is not None else q >= 0
+            if keep is not None:
+                ok = ok & keep[b, kv]
+            return ok
+
+        self.block_mask = create_block_mask(
+            mask_mod, batch if keep is not None else None, None, length, length, device=device
+        )
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
+        """FlexAttention has no dropout: attention_dropout is 0 in ModernBERT (--dropout > 0 is not applied
+        inside attention here)."""
+        from torch.nn.attention.flex_attention import flex_attention
+
+        if q.device.type != "cuda":  # the eager reference (tests on CPU)
+            return flex_attention(q, k, v, block_mask=self.block_mask)
+        if FlexMask._kernel is None:
+            FlexMask._kernel = torch.compile(flex_attention, dynamic=False)
+        return FlexMask._kernel(q, k, v, block_mask=self.block_mask)
+
+
+class LocalBlocks:
+    """Sliding-window attention without an L x L mask, for long sequences through SDPA: the queries in
+    blocks of ``2 * window``, each block attending to its own keys and ``window`` more on either side
+    (a band of block + 2 x window keys), so memory and work grow with L x (4 x window), not L x L.
+
+    Each block's mask is the band |q - k| <= window (the same for every block), the key padding and the
+    ends of the sequence; each query also sees itself (as ``sdpa_masks``)."""
+
+    def __init__(self, attention_mask: torch.Tensor | None, batch: int, length: int, window: int, device) -> None:
+        self.w, self.b = window, 2 * window
+        self.n = -(-length // self.b)
+        self.length = length
+        padded = self.n * self.b
+        keep = torch.zeros(batch, padded + 2 * window, dtype=torch.bool, device=device)
+        keep[:, window : window + length] = True if attention_mask is None else attention_mask.bool()
+        keys = keep.unfold(1, self.b + 2 * window, self.b)  # [B, n, b + 2w]: each block's keys
+        j = torch.arange(self.b, device=device)[:, None]
+        m = torch.arange(self.b + 2 * window, device=device)[None, :]
+        band = (m - j >= 0) & (m - j <= 2 * window)  # |q - k| <= w, with k = block start + m - w
+        self.mask = (band & keys[:, :, None, :]) | (m - j == window)  # [B, n, b, b + 2w]; the diagonal
+        self.mask = self.mask[:, None]  # [B, 1 (heads), n, b, b + 2w]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
+        B, H, L, d = q.shape
+        pad = self.n * self.b - L
+        qb = F.pad(q, (0, 0, 0, pad)).view(B, H, self.n, self.b, d)
+        kb, vb = (
+            F.pad(t, (0, 0, self.w, pad + self.w)).unfold(2, self.b + 2 * self.w, self.b).transpose(-1, -2)
+            for t in (k, v)
+        )  # [B, H, n, b + 2w, d]
+        y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=self.mask, dropout_p=dropout_p)
+        return y.reshape(B, H, self.n * self.b, d)[:, :, :L]
+
+
+# From this length on, a local layer attends block by block through SDPA (LocalBlocks) instead of with one
+# L x L mask: at 1024 tokens and a 128-token window the band is a quarter of the matrix.
+BLOCKED_FROM = 1024
+
+
+def sdpa_masks(
+    attention_mask: torch.Tensor | None, length: int, window: int, device: torch.device
+) -> dict[bool, torch.Tensor | None]:
+    """The boolean masks (True: attend) of global (False) and local (True) layers for SDPA.
+
+    Global layers: the key padding, [B, 1, 1, L], or None without padding. Local layers: the band
+    |q - k| <= window and the key padding, [B, 1, L, L] (None when the window covers the sequence and
+    there is no padding). Each query also sees itself, so that a padding position far from every real
+    token is never a row without keys (SDPA would give it NaN, which would then reach real tokens
+    through the values); real tokens' rows are unchanged by that.
+    """
+    keys = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+    if length - 1 <= window:
+        return {False: keys, True: keys}
+    pos = torch.arange(length, device=device)
+    band = (pos[:, None] - pos[None, :]).abs() <= window
+    local = band if keys is None else (band & keys) | torch.eye(length, dtype=torch.bool, device=device)
+    return {False: keys, True: local[None, None] if local.dim() == 2 else local}
+
+
+class ModernBertModel(nn.Module):
+    """The encoder: embeddings, N layers, final norm."""
+
+    def __init__(self, config: ModernBertConfig, pad_vocab_multiple: int = 1, attention: str = "sdpa") -> None:
+        super().__init__()
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention must be one of {ATTENTION_KINDS}, not {attention!r}")
+        self.config = config
+        self.attention = attention
+        self.blocked_from = BLOCKED_FROM  # SDPA: local layers block by block from this length on
+        self.embeddings = ModernBertEmbeddings(config, pad_vocab_multiple)
+        self.layers = nn.ModuleList(ModernBertEncoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+        d = config.hidden_size // config.num_attention_heads
+        for name, theta in (("global_inv_freq", config.global_rope_theta), ("local_inv_freq", config.local_rope_theta)):
+            inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+            self.register_buffer(name, inv, persistent=False)  # not in state dicts, as in transformers
+        init_weights(self, config)
+
+    def rotary(self, length: int, device: torch.device) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
+        """cos and sin [L, head_dim] of global (False) and local (True) layers, in fp32."""
+        pos = torch.arange(length, device=device, dtype=torch.float32)
+        out = {}
+        for local, inv in ((False, self.global_inv_freq), (True, self.local_inv_freq)):
+            freqs = pos[:, None] * inv.to(device=device, dtype=torch.float32)[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            out[local] = (emb.cos(), emb.sin())
+        return out
+
+    def masks(self, attention_mask: torch.Tensor | None, batch: int, length: int, device: torch.device) -> dict:
+        if attention_mask is not None and bool(attention_mask.all()):
+            attention_mask = None  # no padding: SDPA may take its fastest kernel
+        if self.attention == "flex":
+            return {
+                False: FlexMask(attention_mask, batch, length, None, device),
+                True: FlexMask(attention_mask, batch, length, self.config.window, device),
+            }
+        if length >= self.blocked_from and length - 1 > self.config.window:
+            keys = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+            return {False: keys, True: LocalBlocks(attention_mask, batch, length, self.config.window, device)}
+        return sdpa_masks(attention_mask, length, self.config.window, device)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Return the sequence output [B, L, H] (after the final norm)."""
+        B, L = input_ids.shape
+        x = self.embeddings(input_ids)
+        rotary = self.rotary(L, x.device)
+        masks = self.masks(attention_mask, B, L, x.device)
+        for layer in self.layers:
+            x = layer(x, rotary, masks)
+        return self.final_norm(x)
+
+
+class ModernBertPredictionHead(nn.Module):
+    def __init__(self, config: ModernBertConfig) -> None:
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
+        self.act = ACT_FNS[config.classifier_activation]
+        self.norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.act(self.dense(x)))
+
+
+def init_weights(module: nn.Module, config: ModernBertConfig) -> None:
+    """transformers' ModernBertPreTrainedModel._init_weights: truncated normals, the output projections
+    scaled down with depth; LayerNorms at one (and zero)."""
+    std = config.initializer_range
+    cutoff = config.initializer_cutoff_factor or 3.0
+    out = std / math.sqrt(2.0 * config.num_hidden_layers)
+    for m in module.modules():
+        if isinstance(m, ModernBertEmbeddings):
+            _trunc_normal(m.tok_embeddings, std, cutoff)
+        elif isinstance(m, ModernBertMLP):
+            _trunc_normal(m.Wi, std, cutoff)
+            _trunc_normal(m.Wo, out, cutoff)
+        elif isinstance(m, ModernBertAttention):
+            _trunc_normal(m.Wqkv, std, cutoff)
+            _trunc_normal(m.Wo, out, cutoff)
+        elif isinstance(m, ModernBertPredictionHead):
+            _trunc_normal(m.dense, out, cutoff)
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+class ModernBertForMaskedLM(nn.Module):
+    """ModernBERT with its masked-LM head: transform (dense, GELU, norm), then the decoder, tied to the
+    token embeddings, with a bias.
+
+    The forward pass has the signature and outputs of ``BertForPreTraining``'s, so that pretraining,
+    evaluation and fill-mask run either: ``token_type_ids`` are ignored (ModernBERT has no segments), and
+    the second output is zeros [B, 2] in place of NSP logits (ModernBERT is trained on MLM only).
+    ``pad_vocab_multiple`` pads the embedding and decoder rows as BERT's; files hold vocab_size rows.
+    """
+
+    tied_weights = {"decoder.weight": "model.embeddings.tok_embeddings.weight"}
+    encoder_prefixes = ("model.embeddings.", "model.layers.", "model.final_norm.")
+    mlm_head_prefixes = ("head.", "decoder.")
+
+    def __init__(self, config: ModernBertConfig, pad_vocab_multiple: int = 1, attention: str = "sdpa") -> None:
+        super().__init__()
+        self.config = config
+        self.vocab_size = config.vocab_size
+        rows = padded_vocab_size(config.vocab_size, pad_vocab_multiple)
+        self.model = ModernBertModel(config, pad_vocab_multiple, attention)
+        self.head = ModernBertPredictionHead(config)
+        self.decoder = nn.Linear(config.hidden_size, rows, bias=config.decoder_bias)
+        init_weights(self.head, config)
+        if self.decoder.bias is not None:
+            nn.init.zeros_(self.decoder.bias)
+        self.decoder.weight = self.model.embeddings.tok_embeddings.weight
+        with torch.no_grad():  # padded vocab rows start (and, never receiving a gradient, stay) zero
+            self.decoder.weight[config.vocab_size :].zero_()
+
+    def encoder_layers(self) -> nn.ModuleList:
+        return self.model.layers
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        mlm_positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return (mlm_logits, zeros [B, 2]); mlm_logits is [B, P, V] at ``mlm_positions`` [B, P] when
+        given (only the masked slots go through the head and decoder), else [B, L, V]."""
+        x = self.model(input_ids, attention_mask)
+        if mlm_positions is not None:
+            x = torch.gather(x, 1, mlm_positions.unsqueeze(-1).expand(-1, -1, x.size(-1)))
+        logits = self.decoder(self.head(x))[..., : self.vocab_size]
+        return logits, logits.new_zeros(input_ids.size(0), 2)
+
+
+class ModernBertForSequenceClassification(nn.Module):
+    """ModernBERT with transformers' classification head: the [CLS] (or mean) pooling, the prediction
+    head's transform, dropout, a linear classifier."""
+
+    encoder_prefixes = ("model.embeddings.", "model.layers.", "model.final_norm.")
+
+    def __init__(self, config: ModernBertConfig, attention: str = "sdpa") -> None:
+        super().__init__()
+        self.config = config
+        self.model = ModernBertModel(config, attention=attention)
+        self.head = ModernBertPredictionHead(config)
+        self.drop = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        init_weights(self.head, config)
+        _trunc_normal(self.classifier, config.hidden_size**-0.5, config.initializer_cutoff_factor or 3.0)
+
+    def encoder_layers(self) -> nn.ModuleList:
+        return self.model.layers
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Return logits [B, num_labels]; ``token_type_ids`` are ignored (ModernBERT has no segments)."""
+        x = self.model(input_ids, attention_mask)
+        if self.config.classifier_pooling == "cls":
+            pooled = x[:, 0]
+        else:
+            m = torch.ones(x.shape[:2], device=x.device) if attention_mask is None else attention_mask
+            m = m.to(x.dtype).unsqueeze(-1)
+            pooled = (x * m).sum(1) / m.sum(1)
+        return self.classifier(self.drop(self.head(pooled)))
+
+
+def training_flops_per_sequence(config: ModernBertConfig, seq_len: int, num_predictions: int) -> float:
+    """Model FLOPs of one pretraining step for one sequence, matmuls only, for MFU (as model.py's for BERT):
+    per layer and token Wqkv 3·2h², Wo 2h², GeGLU 3·2hi, scores and weighted sum 2·2·h·(keys seen: L in global
+    layers, at most 2w+1 in local ones); the head P·(2h² + 2hV); training = 3 x forward."""
+    h, i, L, V = config.hidden_size, config.intermediate_size, seq_len, config.vocab_size
+    forward = 0.0
+    for kind in config.layer_types or []:
+        keys = L if kind == "full_attention" else min(L, 2 * config.window + 1)
+        forward += L * (8 * h * h + 6 * h * i + 4 * keys * h)
+    forward += num_predictions * (2 * h * h + 2 * h * V)
+    return 3.0 * forward
+
+
+__all__ = [
+    "ModernBertConfig",
+    "ModernBertForMaskedLM",
+    "ModernBertForSequenceClassification",
+    "ModernBertModel",
+]

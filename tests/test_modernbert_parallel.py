@@ -1,0 +1,94 @@
+"""A ModernBERT spread over gloo processes ends on one process's parameters with the same global batch (as
+tests/test_parallel.py proves for BERT): DDP, FSDP, unequal batches with activation checkpointing, tensor
+parallel (alone and with DDP) and pipeline stages (alone and with FSDP); 1e-6 after 3 AdamW steps,
+fp32, dropout 0. Sequences of 256 tokens, so that local and global layers attend differently. Tensor parallel
+uses ModernBERT's own plan (parallel/modernbert_tp.py: each process's rows of the fused Wqkv and Wi are the
+matching q/k/v and input/gate slices); a wrong slicing would attend with other heads and fail the parity."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from conftest import run_cli
+from safetensors.torch import load_file
+from test_parallel import losses, worst_difference
+
+COMMON = [
+    "--arch", "modernbert", "--model", "tiny", "--no-nsp", "--pack", "--max-seq-length", "256",
+    "--max-predictions", "40", "--precision", "fp32", "--dropout", "0", "--seed", "7", "--steps", "3",
+    "--lr", "1e-4", "--warmup", "1", "--log-every", "1", "--device", "cpu", "--loader-workers", "0",
+]  # fmt: skip
+LAYOUTS = {
+    "ddp-2procs-x-4": (["--nproc", "2", "--batch-size", "4"], "2 processes = dp 2, ddp"),
+    "fsdp-2procs-x-4": (["--nproc", "2", "--batch-size", "4", "--strategy", "fsdp"], "2 processes = dp 2, fsdp"),
+    "unequal-6-and-2-ac": (
+        ["--nproc", "2", "--batch-size", "6,2", "--activation-checkpointing"],
+        "2 processes = dp 2, ddp",
+    ),
+    "tp2-x-8": (["--nproc", "2", "--batch-size", "8", "--tp", "2"], "2 processes = tp 2"),
+    "pp2-x-8-1f1b": (["--nproc", "2", "--batch-size", "8", "--pp", "2"], "2 processes = pp 2"),
+    "pp2-x-dp2-x-4-gpipe-fsdp": (
+        ["--nproc", "4", "--batch-size", "4", "--pp", "2", "--pp-schedule", "gpipe", "--strategy", "fsdp"],
+        "4 processes = pp 2 x dp 2, fsdp",
+    ),
+    "dp2-x-tp2-ddp-x-4-ac": (
+        ["--nproc", "4", "--batch-size", "4", "--tp", "2", "--activation-checkpointing"],
+        "4 processes = dp 2 x tp 2, ddp",
+    ),
+}
+TOLERANCE = 1e-6
+
+
+def final_weights(run_dir):
+    ckpt = sorted((run_dir / "checkpoints").glob("step-*"))[-1]
+    assert ckpt.name == "step-0000003"
+    return load_file(ckpt / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, small_english_data):
+    out = tmp_path_factory.mktemp("runs") / "one-by-8"
+    run_cli("pretrain", "--data", small_english_data, "--out", out, "--nproc", "1", "--batch-size", "8", *COMMON)
+    first = losses(out)
+    assert len(first) == 3 and first[0] != first[-1]
+    return out
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_same_parameters_as_one_process(name, reference, tmp_path, small_english_data):
+    flags, described = LAYOUTS[name]
+    out = tmp_path / name
+    proc = run_cli("pretrain", "--data", small_english_data, "--out", out, *flags, *COMMON)
+    assert described in proc.stdout and "global batch 8" in proc.stdout, proc.stdout
+    worst = worst_difference(final_weights(reference), final_weights(out))
+    assert worst <= TOLERANCE, f"max abs parameter difference {worst:.3g}"
+    assert losses(out) == pytest.approx(losses(reference), abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (["--nproc", "4", "--pp", "2", "--tp", "2"], "FSDP"),
+        (["--nproc", "4", "--tp", "2", "--strategy", "fsdp"], "FSDP"),
+    ],
+)
+def test_what_is_not_supported_is_refused_in_one_line(flags, says, tmp_path, small_english_data):
+    proc = run_cli("pretrain", "--data", small_english_data, "--out", tmp_path / "x", *flags, *COMMON, check=False)
+    assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def test_tensor_parallel_run_resumes_exactly_on_its_layout_and_on_one_process(tmp_path, small_english_data):
+    """A --tp 2 checkpoint (optimizer state of the strided Wqkv/Wi written whole over the group) resumes to the
+    uninterrupted run's weights, under --tp 2 again and on one process."""
+    flags = ("--data", small_english_data, "--batch-size", "8", "--save-every", "1", *COMMON)
+    full = tmp_path / "full"
+    run_cli("pretrain", "--out", full, "--nproc", "2", "--tp", "2", *flags)
+    for name, layout in (("tp2", ["--nproc", "2", "--tp", "2"]), ("one", ["--nproc", "1"])):
+        again = tmp_path / name
+        shutil.copytree(full, again)
+        shutil.rmtree(again / "checkpoints" / "step-0000003")
+        proc = run_cli("pretrain", "--out", again, *layout, "--resume", *flags)
+        assert "resuming from" in proc.stdout and "step 2" in proc.stdout, proc.stdout
+        worst = worst_difference(final_weights(full), final_weights(again))
+        assert worst <= TOLERANCE, (name, worst)
