@@ -42,6 +42,7 @@ from ..model import BertForSequenceClassification
 from ..parallel import launch
 from ..parallel.dims import ParallelDims
 from ..parallel.layout import check_layout
+from ..paths import refuse_clobbering
 from ..training import (
     Sums,
     Throughput,
@@ -79,6 +80,7 @@ class Plan:
 
 def check(cfg: FinetuneConfig) -> Plan:
     """Every user mistake we can see before training, as a UserError. No side effects."""
+    refuse_clobbering({"--out": cfg.out}, {"--model": cfg.model, "--train": cfg.train, "--eval": cfg.eval})
     model_dir, base = check_model_dir(cfg.model)
     if cfg.max_seq_length > base.max_position_embeddings:
         raise UserError(

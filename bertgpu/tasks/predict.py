@@ -40,6 +40,7 @@ from ..data.classification import (
 from ..data.tokenizer import load_vocab
 from ..errors import UserError
 from ..parallel import ParallelDims, launch
+from ..paths import refuse_clobbering
 from ..training import autocast, console_is_tty, resolve_precision
 from .common import run_workers
 
@@ -161,7 +162,6 @@ def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
     names = as_data_labels([config.id2label[i] for i in sorted(config.id2label)], examples)
     check_labels(examples, names, f"the model's labels ({model_dir / 'config.json'})")
     output = Path(cfg.output) if cfg.output else model_dir / "eval_results.json"
-    refuse_overwriting_input(output, "--output", cfg.data, "--data")
     if output.is_dir() or not os.access(output.parent, os.W_OK):
         raise UserError(f"cannot write the metrics to {output}; choose another --output")
     return examples, names, output
@@ -170,6 +170,7 @@ def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
 def run_evaluate(cfg: EvaluateConfig) -> None:
     """Check, then evaluate here or in local workers (each takes a share of the batches). A
     `bertgpu finetune` output directory stands for its final classifier, ``best/``."""
+    refuse_clobbering({"--output": cfg.output}, {"--model": cfg.model, "--data": cfg.data})
     cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device), model=str(classifier_dir(cfg.model)))
     check_evaluate(cfg)
     run_workers(evaluate, cfg)
@@ -219,6 +220,7 @@ PREDICTION_COLUMNS = ("prediction", "probability")
 def run_predict(cfg: PredictConfig) -> None:
     """One text (or pair) printed, or a whole file written. A `bertgpu finetune` output directory
     stands for its final classifier, ``best/``."""
+    refuse_clobbering({"--output": cfg.output}, {"--model": cfg.model, "--input": cfg.input})
     cfg = dataclasses.replace(cfg, model=str(classifier_dir(cfg.model)))
     device = launch.resolve_device(cfg.device)
     if not cfg.input:
@@ -231,7 +233,6 @@ def run_predict(cfg: PredictConfig) -> None:
         result = clf(cfg.texts[0], cfg.texts[1] if len(cfg.texts) == 2 else None)
         print(f"{result['label']}\t{result['score']:.4f}")
         return
-    refuse_overwriting_input(Path(cfg.output), "--output", cfg.input, "--input")
     table = read_table(cfg.input, cfg.format)
     require_columns(table, text_column=cfg.text_column, pair_column=cfg.pair_column or None)
     out_format = detect_format(cfg.output) if Path(cfg.output).suffix else table.format
@@ -291,16 +292,3 @@ def _render(table: Table, predictions: dict[int, tuple[str, float]], fmt: str, c
             writer.writerow(["" if row.get(c) is None else row[c] for c in columns])
     data = buffer.getvalue().encode("utf-8")
     return gzip.compress(data) if compress else data
-
-
-def refuse_overwriting_input(output: Path, output_flag: str, data: str, data_flag: str) -> None:
-    """A one-line error when an output file is the input it is made from (it would be lost)."""
-    source = Path(data)
-    same = output.resolve() == source.resolve()
-    if not same and output.exists() and source.exists():
-        same = os.path.samefile(output, source)  # a link, or another spelling of the same file
-    if same:
-        raise UserError(
-            f"{output_flag} {output} is the {data_flag} file: writing it would destroy the data; "
-            f"choose another {output_flag}"
-        )

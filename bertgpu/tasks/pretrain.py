@@ -46,6 +46,7 @@ from ..model import BertForPreTraining, training_flops_per_sequence
 from ..parallel import launch
 from ..parallel.compression import describe as describe_compression
 from ..parallel.layout import check_layout
+from ..paths import refuse_clobbering
 from ..training import (
     Sums,
     Throughput,
@@ -86,6 +87,10 @@ def _check_same_vocab(model_dir: Path, corpus: ShardedCorpus, data_dir: str) -> 
 
 def check(cfg: PretrainConfig) -> Plan:
     """Every user mistake we can see before training, as a UserError. No side effects."""
+    model_path = None if cfg.model in PRESETS else cfg.model
+    refuse_clobbering(
+        {"--out": cfg.out}, {"--model": model_path, "--data": cfg.data.data, "--eval-data": cfg.heldout.eval_data}
+    )
     corpus = ShardedCorpus(cfg.data.data)
     init_from = None
     model = cfg.model
