@@ -183,8 +183,10 @@ def test_misleading_errors_say_what_is_wrong(tmp_path, english_corpus, classifie
     args = ["inspect", english_corpus]
     assert_one_line_error_in_process(args, "is a corpus file, not prepared data", "bertgpu prepare")
     model, _ = classifier
-    args = ["finetune", "--model", model, "--train", tmp_path, "--out", tmp_path / "o"]
-    assert_one_line_error_in_process(args, f"{tmp_path} is a directory", ".csv, .tsv or .jsonl")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    args = ["finetune", "--model", model, "--train", folder, "--out", tmp_path / "o"]
+    assert_one_line_error_in_process(args, f"{folder} is a directory", ".csv, .tsv or .jsonl")
     # argparse's own exits, in this process: the exit code and what it prints
     from bertgpu.cli import main
 

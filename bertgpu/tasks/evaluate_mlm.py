@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -107,5 +108,5 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, float]:
             )
         if cfg.output:
             atomic.write_json(Path(cfg.output), result)
-            print(f"metrics: {cfg.output}", flush=True)
+            print(f"metrics: {cfg.output}", file=sys.stderr if cfg.json else sys.stdout, flush=True)
     return result
