@@ -812,14 +812,21 @@ class FillMaskConfig:
         positional=True,
         nargs=None,
     )
-    text: str = opt("", "the text, with [MASK] where tokens are to be predicted", positional=True, nargs=None)
+    text: list[str] = opt([], "texts, each with [MASK] where tokens are to be predicted", positional=True, nargs="*")
+    input: str = opt("", "fill the masks of every line of this file instead (- for standard input)")
     top_k: int = opt(5, "candidates to show per [MASK]")
-    json: bool = opt(False, "print one JSON object per [MASK] instead of text")
+    json: bool = opt(
+        False, "print one JSON object per [MASK] instead of text (with the text and its number, from 1, when several)"
+    )
     device: str = opt("auto", "where to run", choices=_DEVICE_CHOICES)
 
     def __post_init__(self) -> None:
+        if isinstance(self.text, str):  # a --config file of one text
+            self.text = [self.text] if self.text else []
         if self.top_k < 1:
             raise UserError(f"--top-k must be at least 1, got {self.top_k}")
+        if bool(self.text) == bool(self.input):
+            raise UserError("give texts with [MASK] or --input FILE (one text per line), not both nor neither")
 
 
 @dataclass

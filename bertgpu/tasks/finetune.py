@@ -464,7 +464,18 @@ def end_epoch(
     )
     run.log.log(loop.step, {k: v for k, v in record.items() if k != "step"}, line, write=run.write)
     loop.kept = save_epoch(
-        run.out, epoch, run.net.model, plan, cfg, record, loop.kept, best, is_best, run.is_main, dims.describe()
+        run.out,
+        epoch,
+        run.net.model,
+        plan,
+        cfg,
+        record,
+        loop.kept,
+        best,
+        is_best,
+        run.is_main,
+        dims.describe(),
+        run.precision,
     )
     if run.is_main:
         atomic.write_json(
@@ -587,6 +598,7 @@ def save_epoch(
     is_best: bool,
     is_main: bool,
     layout: str = "1 process",
+    precision: str | None = None,
 ) -> list[Path]:
     """Write this epoch's checkpoint (every process calls this: the weights are gathered from them),
     keep the best and the newest up to --save-total-limit, and refresh ``out/best``. Every directory
@@ -609,7 +621,13 @@ def save_epoch(
             },
         },
         card=model_card.render(
-            "finetune", cfg, record["step"], plan.model_config, layout, {k: v for k, v in record.items() if k != "step"}
+            "finetune",
+            cfg,
+            record["step"],
+            plan.model_config,
+            layout,
+            {k: (v, record["step"]) for k, v in record.items() if k != "step"},
+            precision,
         ),
     )
     kept = kept + [path]

@@ -246,6 +246,10 @@ def train(cfg: PretrainConfig) -> Path:
         loop,
     )
 
+    if eval_set is not None and run.resume_from is None:  # the held-out curve starts from the untrained model
+        run.meter.pause()
+        run.records.evaluate(0)
+        run.meter.resume()
     saved, batches = run.resume_from, None
     try:
         while loop.step < cfg.optim.steps:
