@@ -12,7 +12,6 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 from .errors import UserError
 
@@ -47,7 +46,7 @@ def _expand(value: Input) -> list[str]:
 
 def refuse_clobbering(outputs: Mapping[str, str | os.PathLike | None], inputs: Mapping[str, Input]) -> None:
     """A one-line UserError when an output (flag -> path) is, contains or lies inside an input (label ->
-    path(s)); labels name what the user gave (``--model``, ``--data``, ``the newest checkpoint of --model``).
+    path(s)); labels name what the user gave (``--model``, ``--data``, ``the corpus``).
     Call it before anything is deleted or written."""
     for out_flag, out in outputs.items():
         if out is None or str(out) == "":
@@ -75,13 +74,3 @@ def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
-
-
-def newest_checkpoint(model: str | os.PathLike) -> Path | None:
-    """The checkpoint a `bertgpu pretrain` run directory given as ``--model`` stands for (None: not a run)."""
-    from .checkpoint import latest_checkpoint
-
-    path = Path(model)
-    if not path.is_dir() or (path / "config.json").is_file():
-        return None
-    return latest_checkpoint(path)
