@@ -106,6 +106,16 @@ CASES = {
         "run",
         "is --model",
     ),
+    "pretrain --out --eval-data": (
+        "pretrain --data {data} --eval-data {corpus_dir} --model tiny --out {corpus_dir} --overwrite TINY",
+        "corpus_dir",
+        "is --eval-data",
+    ),
+    "finetune --model PRESET --out --vocab": (
+        "finetune --model tiny --vocab {vocab} --train {train} --out {vocab} --overwrite TINY",
+        "data",
+        "is --vocab",
+    ),
     "finetune --model RUN --out RUN": (
         "finetune --model {run} --train {train} --out {run} --overwrite TINY",
         "run",
