@@ -9,7 +9,7 @@ OUT=${OUT:-demo-out}
 STEPS=${STEPS:-300}
 mkdir -p "$OUT"
 
-echo "== 1/6 text: People's Daily 1998-01 and 16,363 shopping reviews (their text only: the labels wait for step 5)"
+echo "== 1/7 text: People's Daily 1998-01 and 16,363 shopping reviews (their text only: the labels wait for step 5)"
 python - "$OUT" <<'PY'
 import sys
 from bertgpu import samples
@@ -18,14 +18,14 @@ train, test = samples.write_sentiment_dataset(f"{out}/reviews", test_per_class=5
 print(samples.write_chinese_corpus(f"{out}/news.txt"), samples.write_texts_corpus(train, f"{out}/review-text.txt"))
 PY
 
-echo "== 2/6 bertgpu vocab"
+echo "== 2/7 bertgpu vocab"
 bertgpu vocab "$OUT/news.txt" "$OUT/review-text.txt" --size 8000 --out "$OUT/vocab.txt" --overwrite
 
-echo "== 3/6 bertgpu prepare (--zh-wwm: which characters start a Chinese word, for whole-word masking)"
+echo "== 3/7 bertgpu prepare (--zh-wwm: which characters start a Chinese word, for whole-word masking)"
 bertgpu prepare "$OUT/news.txt" "$OUT/review-text.txt" --vocab "$OUT/vocab.txt" --out "$OUT/data" --workers 2 \
   --zh-wwm --overwrite
 
-echo "== 4/6 bertgpu pretrain (--wwm: a Chinese word's characters are masked together)"
+echo "== 4/7 bertgpu pretrain (--wwm: a Chinese word's characters are masked together)"
 if python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   NPROC=()            # every GPU of this machine
 else
@@ -37,11 +37,14 @@ bertgpu pretrain --data "$OUT/data" --model tiny --out "$OUT/run" "${NPROC[@]}" 
 
 CKPT=$(ls -d "$OUT"/run/checkpoints/step-* | tail -n 1)
 
-echo "== 5/6 bertgpu finetune: the pretrained model on the labelled reviews, evaluated on the 1,000 held out"
-bertgpu finetune --model "$CKPT" --train "$OUT/reviews/train.csv" --eval "$OUT/reviews/test.csv" \
-  --out "$OUT/classifier" "${NPROC[@]}" --epochs 1 --batch-size 32 --max-seq-length 64 --log-every 64 --overwrite
+echo "== 5/7 bertgpu finetune: the pretrained model on the labelled reviews (5% held out to choose the epoch)"
+bertgpu finetune --model "$CKPT" --train "$OUT/reviews/train.csv" --eval-split 0.05 --out "$OUT/classifier" \
+  "${NPROC[@]}" --epochs 2 --batch-size 32 --max-seq-length 64 --log-every 80 --overwrite
 
-echo "== 6/6 bertgpu predict: reviews nobody trained on"
+echo "== 6/7 bertgpu evaluate: the 1,000 reviews nobody trained on or chose anything by"
+bertgpu evaluate --model "$OUT/classifier" --data "$OUT/reviews/test.csv"
+
+echo "== 7/7 bertgpu predict: new reviews"
 bertgpu predict --model "$OUT/classifier" "这本书写得很好，我非常喜欢。" "房间干净，服务周到，下次还住这里。" \
   "质量太差了，用了两天就坏了。" "等了一个小时才上菜，服务员态度也很差。"
 
@@ -53,7 +56,7 @@ The pretrained model is a Hugging Face BERT directory:
   python -c "from transformers import BertForPreTraining; m = BertForPreTraining.from_pretrained('$CKPT')"
   bertgpu fill-mask $CKPT "这本书写得很[MASK]。"
   continue pretraining: bertgpu pretrain --data $OUT/data --model $CKPT --out $OUT/run2
-The fine-tuned classifier (the best epoch; bertgpu evaluate --model $OUT/classifier --data FILE scores it) is:
+The fine-tuned classifier (the best epoch) is:
   $OUT/classifier/best
   bertgpu predict --model $OUT/classifier "质量很差，不推荐。" "很好用"
   python -c "from bertgpu import Classifier; print(Classifier.load('$OUT/classifier')('很好用'))"
