@@ -106,7 +106,7 @@ def test_a_preset_needs_a_vocab_and_lr_wins(tmp_path, reviews, small_uncased_voc
         "3e-4",
         *TINY,
     )
-    assert "bertgpu finetune: lr 3e-4 (--lr)" in proc.stdout and "peak lr 0.0003" in proc.stdout
+    assert "bertgpu: lr 3e-4 (--lr)" in proc.stdout and "peak lr 0.0003" in proc.stdout
 
 
 def test_predict_scores_each_of_several_texts(from_preset, capsys):

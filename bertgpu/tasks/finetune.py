@@ -198,7 +198,7 @@ def run_finetune(cfg: FinetuneConfig) -> None:
         check_out_dir(cfg.out, cfg.run.overwrite, cfg.run.resume)
         if int(os.environ.get("RANK", 0)) == 0:
             print(plan.labels_line, flush=True)
-            print(f"bertgpu finetune: {lr_line}", flush=True)
+            print(f"bertgpu: {lr_line}", flush=True)
     if announce_resume(
         cfg,
         "--epochs",
