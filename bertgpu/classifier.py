@@ -69,13 +69,36 @@ def classifier_dir(path: str | os.PathLike) -> Path:
     return path
 
 
+def finetuned_config(model_dir: str | os.PathLike) -> dict | None:
+    """The config of the `bertgpu finetune` run that wrote a classifier (its bertgpu.json); None for others."""
+    try:
+        run = json.loads((Path(model_dir) / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(run, dict) or run.get("task") != "finetune" or not isinstance(run.get("config"), dict):
+        return None
+    return run["config"]
+
+
 def finetuned_max_length(model_dir: str | os.PathLike) -> int | None:
     """The --max-seq-length the classifier was fine-tuned with (its bertgpu.json), if it was fine-tuned by us."""
     try:
-        run = json.loads((Path(model_dir) / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))
-        return int(run["config"]["max_seq_length"]) if run.get("task") == "finetune" else None
-    except (OSError, ValueError, KeyError, TypeError):
+        return int((finetuned_config(model_dir) or {})["max_seq_length"])
+    except (KeyError, TypeError, ValueError):
         return None
+
+
+# The column flags of fine-tuning, evaluation and prediction, with their defaults.
+COLUMNS = {"text_column": "text", "pair_column": "", "label_column": "label"}
+
+
+def finetuned_columns(model_dir: str | os.PathLike) -> dict[str, str] | None:
+    """The --text-column, --pair-column and --label-column a classifier was fine-tuned with (its bertgpu.json);
+    None when it was not fine-tuned by `bertgpu finetune` (then whether it takes pairs is unknown)."""
+    run = finetuned_config(model_dir)
+    if run is None:
+        return None
+    return {name: str(run.get(name) or default) for name, default in COLUMNS.items()}
 
 
 class Classifier:

@@ -29,6 +29,7 @@ from .config import (
     VocabConfig,
 )
 from .errors import UserError
+from .paths import refuse_clobbering
 
 
 def _unwrap_optional(t: Any) -> tuple[Any, bool]:
@@ -314,7 +315,11 @@ def main(argv: list[str] | None = None) -> None:
         commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     cls, fn, _ = COMMANDS[args.command]
     try:
-        fn(build_config(cls, args))
+        cfg = build_config(cls, args)
+        if getattr(args, "config", None):  # the file is an input too (each command checks its own inputs)
+            outputs = {flag: getattr(cfg, name, "") for name, flag in (("out", "--out"), ("output", "--output"))}
+            refuse_clobbering(outputs, {"--config": args.config})
+        fn(cfg)
     except UserError as e:
         print(f"bertgpu: error: {e}", file=sys.stderr)
         sys.exit(2)

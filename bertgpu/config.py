@@ -502,7 +502,7 @@ class OptimConfig:
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise UserError(f"--steps must be at least 1, got {self.steps}")
-        if self.lr <= 0:
+        if self.lr is not None and self.lr <= 0:  # None: fine-tuning's default by the model's width
             raise UserError(f"--lr must be positive, got {self.lr}")
         _check_lr_scaling(self.reference_batch)
         if not 0 <= self.rmsprop_alpha < 1:
@@ -855,14 +855,21 @@ class FillMaskConfig:
         positional=True,
         nargs=None,
     )
-    text: str = opt("", "the text, with [MASK] where tokens are to be predicted", positional=True, nargs=None)
+    text: list[str] = opt([], "texts, each with [MASK] where tokens are to be predicted", positional=True, nargs="*")
+    input: str = opt("", "fill the masks of every line of this file instead (- for standard input)")
     top_k: int = opt(5, "candidates to show per [MASK]")
-    json: bool = opt(False, "print one JSON object per [MASK] instead of text")
+    json: bool = opt(
+        False, "print one JSON object per [MASK] instead of text (with the text and its number, from 1, when several)"
+    )
     device: str = opt("auto", "where to run", choices=_DEVICE_CHOICES)
 
     def __post_init__(self) -> None:
+        if isinstance(self.text, str):  # a --config file of one text
+            self.text = [self.text] if self.text else []
         if self.top_k < 1:
             raise UserError(f"--top-k must be at least 1, got {self.top_k}")
+        if bool(self.text) == bool(self.input):
+            raise UserError("give texts with [MASK] or --input FILE (one text per line), not both nor neither")
 
 
 @dataclass
@@ -930,6 +937,7 @@ _FORMAT_HELP = "file format, when the extension does not tell"
 _TEXT_HELP = "column holding the text"
 _PAIR_HELP = "column holding the second text of sentence-pair tasks"
 _LABEL_HELP = "column holding the label (names or integers)"
+_SAVED_COLUMN = " (default: the classifier's, from its fine-tuning run; else {})"
 LORA_TARGETS = "query,value"
 LORA_DROPOUT = 0.1
 QUANTIZE = ["int8", "nf4"]
@@ -1020,11 +1028,26 @@ class FinetuneOptimConfig(OptimConfig):
     """Fine-tuning's optimizer: AdamW with transformers' Trainer defaults. Only the learning rate, its
     scaling, warm-up and weight decay are flags; the number of steps follows from --epochs."""
 
-    lr: float = opt(2e-5, "peak learning rate (AdamW; before --lr-scaling)")
+    lr: float | None = opt(
+        None,
+        "peak learning rate (AdamW; before --lr-scaling) (default: by the model's width, 2e-5 from hidden size "
+        "768 up, as BERT's and transformers' Trainer's, 2e-5 x (768 / hidden)^2 below it: tiny 7.2e-4, mini "
+        "1.8e-4, small and medium 4.5e-5)",
+    )
     warmup: float = opt(0.0, "linear warmup: steps if >= 1, else a fraction of all steps")
     weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)")
     clip: float = opt(1.0, "clip the global gradient norm to this (0: no clipping)")
     adam_eps: float = opt(1e-8, "AdamW/LAMB/RMSprop epsilon")
+
+
+def finetune_lr(hidden_size: int) -> float:
+    """Fine-tuning's default peak lr for a model of this width: 2e-5 (BERT's, transformers' Trainer's) from
+    hidden size 768 up; below it 2e-5 x (768 / hidden)^2, to 2 significant figures, since narrower models
+    take larger steps (tiny reached 0.914 held-out accuracy on the reviews with 5e-4 and 0.799 with 2e-5;
+    BENCHMARKS.md: Fine-tuning's learning rate by width)."""
+    if hidden_size >= 768:
+        return 2e-5
+    return float(f"{2e-5 * (768 / hidden_size) ** 2:.2g}")
 
 
 # The optimizer fields fine-tuning keeps at their defaults (no flag).
@@ -1058,10 +1081,13 @@ class FinetuneConfig:
 
     model: str = opt(
         "",
-        "a BERT or ModernBERT directory: one of our pretraining checkpoints or any local Hugging Face BERT or "
-        "ModernBERT with a WordPiece vocab.txt",
+        "a BERT or ModernBERT directory: one of our pretraining checkpoints (or a pretraining run directory, for "
+        "its newest) or any local Hugging Face BERT or ModernBERT with a WordPiece vocab.txt; or a preset ("
+        + ", ".join(PRESETS)
+        + ") to fine-tune from random weights, with --vocab (the baseline that shows what pretraining buys)",
         required=True,
     )
+    vocab: str = opt("", "with a preset --model: the vocab.txt to tokenize with (the model gets a row per entry)")
     train: str = opt("", "training data: " + _DATA_FILE, required=True)
     eval: str = opt("", "evaluation data with the same columns (default: hold out --eval-split of --train)")
     eval_split: float | None = opt(
@@ -1135,9 +1161,9 @@ class EvaluateConfig:
     data: str = opt(
         "", "labelled data (" + _DATA_FILE + "), or a directory written by `bertgpu prepare`", required=True
     )
-    text_column: str = opt("text", _TEXT_HELP)
-    pair_column: str = opt("", _PAIR_HELP)
-    label_column: str = opt("label", _LABEL_HELP)
+    text_column: str = opt("", _TEXT_HELP + _SAVED_COLUMN.format("text"))
+    pair_column: str = opt("", _PAIR_HELP + _SAVED_COLUMN.format("none"))
+    label_column: str = opt("", _LABEL_HELP + _SAVED_COLUMN.format("label"))
     format: str | None = opt(None, _FORMAT_HELP, choices=["csv", "tsv", "jsonl"])
     output: str = opt("", "where to write the metrics as JSON (default: eval_results.json in --model)")
     batch_size: int = opt(32, "examples per process per forward pass")
@@ -1156,7 +1182,7 @@ class EvaluateConfig:
         flag="--no-nsp",
     )
     seed: int = opt(42, "prepared data: the seed that picks and masks the evaluation instances")
-    json: bool = opt(False, "prepared data: print the metrics as one JSON object")
+    json: bool = opt(False, "print the metrics as one JSON object (the --output file's) instead of a line")
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
@@ -1170,20 +1196,33 @@ class EvaluateConfig:
 class PredictConfig:
     """`bertgpu predict`: the label and its probability for a text (and pair text), or for a whole file."""
 
-    texts: list[str] = opt([], "a text to classify, and optionally its pair text", positional=True, nargs="*")
+    texts: list[str] = opt(
+        [],
+        "texts to classify, each on its own (a line each: label, probability, text); for a sentence-pair "
+        "classifier, a text and its pair text",
+        positional=True,
+        nargs="*",
+    )
     model: str = opt(
         "",
         "a fine-tuned classifier directory (`bertgpu finetune`'s --out or its best/, or a transformers one)",
         required=True,
     )
-    input: str = opt("", "classify every row of this file instead: " + _DATA_FILE)
+    input: str = opt(
+        "",
+        "classify every row of this file instead: "
+        + _DATA_FILE
+        + ", or plain text of one text per line (a .txt file, or - for standard input unless --format says "
+        "otherwise)",
+    )
     output: str = opt(
         "",
         "with --input: write its rows plus columns prediction and probability here "
-        "(.csv, .tsv or .jsonl; default: the input's format)",
+        "(.csv, .tsv or .jsonl; default: the input's format); without it, a line per row is printed "
+        "(label, probability, text; tab-separated)",
     )
-    text_column: str = opt("text", _TEXT_HELP + " (with --input)")
-    pair_column: str = opt("", _PAIR_HELP + " (with --input)")
+    text_column: str = opt("", _TEXT_HELP + " (with --input)" + _SAVED_COLUMN.format("text"))
+    pair_column: str = opt("", _PAIR_HELP + " (with --input)" + _SAVED_COLUMN.format("none"))
     format: str | None = opt(None, _FORMAT_HELP + " (of --input)", choices=["csv", "tsv", "jsonl"])
     batch_size: int = opt(32, "examples per forward pass")
     max_seq_length: int = opt(0, "tokens per example at most (0: the length the model was fine-tuned with)")
@@ -1192,10 +1231,10 @@ class PredictConfig:
     def __post_init__(self) -> None:
         if self.input and self.texts:
             raise UserError("give either texts to classify or --input FILE, not both")
-        if not self.input and not 1 <= len(self.texts) <= 2:
-            raise UserError(f"give a text (and optionally its pair text) or --input FILE; got {len(self.texts)} texts")
-        if self.input and not self.output:
-            raise UserError("--input needs --output FILE for the predictions")
+        if not self.input and not self.texts:
+            raise UserError("give texts to classify (or a text and its pair text), or --input FILE")
+        if self.output and not self.input:
+            raise UserError("--output goes with --input FILE; texts given on the command line are printed")
         if self.batch_size < 1:
             raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
         _check_length(self.max_seq_length, allow_auto=True)

@@ -18,12 +18,22 @@ def _value(value: Any) -> str:
 
 
 def render(
-    task: str, run_config: Any, step: int, model_config: ModelConfig, layout: str, metrics: dict[str, Any] | None = None
+    task: str,
+    run_config: Any,
+    step: int,
+    model_config: ModelConfig,
+    layout: str,
+    metrics: dict[str, tuple[Any, int]] | None = None,
+    precision: str | None = None,
 ) -> str:
-    """The card's Markdown. ``task`` is ``pretrain`` or ``finetune``; ``metrics`` the figures to show
-    (the last log window's for pretraining, the epoch's evaluation for fine-tuning)."""
+    """The card's Markdown. ``task`` is ``pretrain`` or ``finetune``; ``metrics`` the figures to show, each
+    with the step it was measured at (the newest logged and held-out values for pretraining, the epoch's
+    evaluation for fine-tuning); ``precision`` the one the run used (``--precision auto`` resolved). Paths are
+    shown as the user gave them."""
     cfg = dataclasses.asdict(run_config)
     run = cfg["run"]
+    if precision and precision != run["precision"]:
+        run = {**run, "precision": f"{precision} (--precision {run['precision']})"}
     m = model_config
     shape = (
         f"{m.num_hidden_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
@@ -85,7 +95,7 @@ def render(
             ("accumulation", _accumulation(run)),
             (
                 "learning rate",
-                f"{cfg['optim']['lr']:g} (AdamW), warmup {cfg['optim']['warmup']:g}, "
+                f"{_lr(cfg['optim']['lr'])} (AdamW), warmup {cfg['optim']['warmup']:g}, "
                 f"weight decay {cfg['optim']['weight_decay']:g}",
             ),
             ("LoRA rank", cfg["adapter"]["lora_rank"] or "none (full fine-tuning)"),
@@ -116,10 +126,10 @@ def render(
     ]
     lines += [f"| {name} | {_value(value)} |" for name, value in recipe]
     if metrics:
-        lines += ["", "## Metrics", "", "| metric | value |", "| --- | --- |"]
+        lines += ["", "## Metrics", "", "| metric | value | at step |", "| --- | --- | --- |"]
         lines += [
-            f"| {name} | {_value(value)} |"
-            for name, value in metrics.items()
+            f"| {name} | {_value(value)} | {at:,} |"
+            for name, (value, at) in metrics.items()
             if isinstance(value, (int, float)) and not isinstance(value, bool)
         ]
     lines += [
@@ -140,6 +150,10 @@ def render(
         "",
     ]
     return "\n".join(lines)
+
+
+def _lr(lr: Any) -> str:
+    return "the width's default" if lr is None else f"{lr:g}"
 
 
 def _recipe(cfg: dict[str, Any]) -> str:

@@ -168,3 +168,11 @@ def write_sentiment_dataset(
             writer.writerows(rows)
         paths.append(out / name)
     return paths[0], paths[1]
+
+
+def write_texts_corpus(table: str | os.PathLike, out: str | os.PathLike, column: str = "text") -> Path:
+    """The ``column`` of a CSV file (``write_sentiment_dataset``'s train.csv) as a corpus, one text per document
+    and no labels: the task's own unlabelled text to pretrain on (the demo's in-domain text)."""
+    with open(table, encoding="utf-8", newline="") as f:
+        texts = [" ".join(row[column].split()) for row in csv.DictReader(f)]
+    return _write([[t] for t in texts if t], out)

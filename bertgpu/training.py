@@ -496,6 +496,7 @@ class RunLog:
                 if line.strip() and json.loads(line)["step"] <= start_step
             ]
             atomic.write_text(path, "".join(line + "\n" for line in kept))
+            self.history = [json.loads(line) for line in kept]  # a resumed run's summary covers the whole run
         self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
         self.jsonl = open(path, "a", encoding="utf-8")
 
@@ -518,6 +519,15 @@ class RunLog:
         """The newest record's values of ``keys`` (those it has)."""
         newest = self.history[-1] if self.history else {}
         return {k: newest[k] for k in keys if k in newest}
+
+    def latest(self, *keys: str) -> dict[str, tuple[Any, int]]:
+        """For each of ``keys``, the newest value logged and its step (the keys never logged left out)."""
+        found: dict[str, tuple[Any, int]] = {}
+        for record in reversed(self.history):
+            for key in keys:
+                if key in record and key not in found:
+                    found[key] = (record[key], record["step"])
+        return {key: found[key] for key in keys if key in found}
 
     def summary(self, keys: dict[str, str]) -> list[str]:
         """One line per key of ``keys`` (name -> "min" or "max": which is better) that the records hold:

@@ -159,11 +159,11 @@ def test_outputs_never_overwrite_their_inputs(tmp_path, classifier, capsys):
     model, data = classifier
     before = data.read_bytes()
     args = ["evaluate", "--model", model, "--data", data, "--output", data]
-    assert_one_line_error_in_process(args, f"--output {data} is the --data file")
+    assert_one_line_error_in_process(args, f"--output {data} is --data")
     link = tmp_path / "link.csv"
     link.symlink_to(data)
     args = ["predict", "--model", model, "--input", data, "--output", link]
-    assert_one_line_error_in_process(args, "is the --input file")
+    assert_one_line_error_in_process(args, "is --input")
     assert data.read_bytes() == before
     proc = run_cli("predict", "--model", model, " ", check=False)  # as a file's empty rows, nothing to classify
     assert_one_line_error(proc, "an empty text")
@@ -183,8 +183,10 @@ def test_misleading_errors_say_what_is_wrong(tmp_path, english_corpus, classifie
     args = ["inspect", english_corpus]
     assert_one_line_error_in_process(args, "is a corpus file, not prepared data", "bertgpu prepare")
     model, _ = classifier
-    args = ["finetune", "--model", model, "--train", tmp_path, "--out", tmp_path / "o"]
-    assert_one_line_error_in_process(args, f"{tmp_path} is a directory", ".csv, .tsv or .jsonl")
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    args = ["finetune", "--model", model, "--train", folder, "--out", tmp_path / "o"]
+    assert_one_line_error_in_process(args, f"{folder} is a directory", ".csv, .tsv or .jsonl")
     # argparse's own exits, in this process: the exit code and what it prints
     from bertgpu.cli import main
 

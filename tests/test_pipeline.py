@@ -118,11 +118,11 @@ def test_same_parameters_as_one_process_with_the_global_batch(name, layouts):
 
 @pytest.mark.parametrize("name", ["1f1b", "3d"])
 def test_held_out_evaluation_runs_through_the_schedule(name, layouts):
-    """Evaluation at the step-2 checkpoint and the end: forward only through the schedule (its shapes
-    inferred anew on each switch from and back to training), the last batch padded, the outputs sent
-    from the last stage; the figures are one process's."""
+    """Evaluation before the first step, at the step-2 checkpoint and the end: forward only through the
+    schedule (its shapes inferred anew on each switch from and back to training), the last batch padded,
+    the outputs sent from the last stage; the figures are one process's."""
     ours, ref = evaluations(layouts(name)), evaluations(layouts("one-process"))
-    assert [r["step"] for r in ours] == [r["step"] for r in ref] == [2, 3]
+    assert [r["step"] for r in ours] == [r["step"] for r in ref] == [0, 2, 3]
     for mine, theirs in zip(ours, ref):
         for key in ("eval_mlm_loss", "eval_mlm_acc", "eval_nsp_loss", "eval_nsp_acc"):
             assert mine[key] == pytest.approx(theirs[key], abs=1e-6), key

@@ -67,17 +67,29 @@ class Table:
     rows: list[tuple[int, dict[str, Any]]]  # (line number where the record starts, record)
 
 
-def read_table(path: str | Path, fmt: str | None = None) -> Table:
-    """Read a CSV (with header), TSV (with header) or JSONL (one object per line) file."""
+def read_table(path: str | Path, fmt: str | None = None, text: str | None = None) -> Table:
+    """Read a CSV (with header), TSV (with header) or JSONL (one object per line) file (``text``: its
+    content, already read, e.g. from standard input)."""
     path = Path(path)
     fmt = detect_format(path, fmt)
-    text = _read_text(path)
+    text = _read_text(path) if text is None else text
     if not text.strip():
         raise UserError(f"{path} is empty")
     table = _read_jsonl(path, text) if fmt == "jsonl" else _read_delimited(path, text, fmt)
     if not table.rows:
         raise UserError(f"{path} has a header but no rows" if fmt != "jsonl" else f"{path} holds no JSON objects")
     return table
+
+
+def read_lines(path: str | Path, text: str | None = None) -> Table:
+    """Plain text, one text per line (blank lines skipped), as a table of one column, ``text``
+    (``text``: the content, already read, e.g. from standard input)."""
+    path = Path(path)
+    text = _read_text(path) if text is None else text
+    rows = [(number, {"text": line}) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+    if not rows:
+        raise UserError(f"{path} holds no text")
+    return Table(path, "lines", ["text"], rows)
 
 
 def _read_text(path: Path) -> str:

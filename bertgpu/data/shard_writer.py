@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from .. import atomic
 from ..errors import UserError
+from ..paths import refuse_clobbering
 from . import sentences, words
 from .corpus import CorpusReader, Document, resolve_inputs
 from .shards import FORMAT, MAX_UNK_SHARE, VERSION, token_dtype
@@ -257,6 +258,7 @@ def prepare(
     (``words``); the token ids stay those of plain ``prepare``. More than ``max_unk_share`` of the
     tokens being [UNK] is an error: the vocab does not fit the text.
     """
+    refuse_clobbering({"--out": out_dir}, {"the corpus": inputs, "--vocab": vocab})
     if workers < 1:
         raise UserError(f"workers must be at least 1, not {workers}")
     if shard_tokens < 1:

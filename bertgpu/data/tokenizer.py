@@ -24,6 +24,7 @@ from tokenizers.models import WordPiece
 
 from .. import atomic
 from ..errors import UserError
+from ..paths import refuse_clobbering
 from .corpus import CorpusReader, resolve_inputs
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
@@ -193,6 +194,7 @@ def train_vocab(
     ``RAYON_NUM_THREADS=1`` does not help), so keep the file rather than expecting to regenerate it. The corpus
     may hold plain text, JSON Lines and Parquet files, as for ``prepare`` (records' text in ``text_field``).
     """
+    refuse_clobbering({"--out": out}, {"the corpus": inputs})
     if Path(out).exists() and not overwrite:
         raise UserError(
             f"--out {out} already exists; pass --overwrite to replace it (a vocab cannot be trained "

@@ -506,8 +506,10 @@ class TrainingRun:
             "layout_name": self.dims.describe(),
         }
         self.last_save, self.time_due = time.monotonic(), False
-        metrics = self.log.last(*self.records.card_keys) if self.records.card_keys else None
-        card = model_card.render(self.task, self.cfg, loop.step, self.model_config, self.dims.describe(), metrics)
+        metrics = self.log.latest(*self.records.card_keys) if self.records.card_keys else None
+        card = model_card.render(
+            self.task, self.cfg, loop.step, self.model_config, self.dims.describe(), metrics, self.precision
+        )
         return checkpoint.save_checkpoint(
             self.out,
             loop.step,
@@ -591,7 +593,11 @@ class TrainingRun:
         if not self.is_main:
             return
         took = format_duration(time.perf_counter() - self.started)
-        lines = [f"bertgpu {self.task}: done, steps {self.start_step:,} -> {step:,} in {took}"]
+        # A resumed run's log holds the steps before (training.RunLog): the lines cover the whole run.
+        this_start = f"this start: {self.start_step:,} -> {step:,} in {took}" if self.start_step else f"in {took}"
+        lines = [
+            f"bertgpu {self.task}: done, steps 0 -> {step:,} " + (f"({this_start})" if self.start_step else this_start)
+        ]
         lines += [f"  {line}" for line in (self.log.summary(keys) if self.log else [])]
         lines.append(f"  {where}")
         print("\n".join(lines), flush=True)

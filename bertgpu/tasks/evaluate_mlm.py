@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -23,10 +24,10 @@ from ..data.tokenizer import vocab_sha256
 from ..errors import UserError
 from ..model import BertForPreTraining
 from ..parallel import ParallelDims, launch
+from ..paths import refuse_clobbering
 from ..training import resolve_precision
 from .common import run_workers
 from .fill_mask import model_directory
-from .predict import refuse_overwriting_input
 
 DEFAULT_LENGTH = 128  # --max-seq-length 0 on prepared data: BERT's pretraining length
 
@@ -53,12 +54,11 @@ def _plan(cfg: EvaluateConfig) -> tuple[Path, ModelConfig, ShardedCorpus, DataCo
     if data.nsp:
         check_nsp_possible(corpus)
     resolve_precision(cfg.precision, torch.device(launch.resolve_device(cfg.device)))
-    if cfg.output:
-        refuse_overwriting_input(Path(cfg.output), "--output", str(Path(cfg.data) / "meta.json"), "--data")
     return model_dir, config, corpus, data
 
 
 def run(cfg: EvaluateConfig) -> None:
+    refuse_clobbering({"--output": cfg.output}, {"--model": cfg.model, "--data": cfg.data})
     cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device))
     model_dir, *_ = _plan(cfg)
     cfg = dataclasses.replace(cfg, model=str(model_dir))
@@ -108,5 +108,5 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, float]:
             )
         if cfg.output:
             atomic.write_json(Path(cfg.output), result)
-            print(f"metrics: {cfg.output}", flush=True)
+            print(f"metrics: {cfg.output}", file=sys.stderr if cfg.json else sys.stdout, flush=True)
     return result

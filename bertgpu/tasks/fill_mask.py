@@ -7,6 +7,7 @@ learned something fills "the capital of france is [MASK]." with a city.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -88,14 +89,38 @@ def fill_mask(model: BertForPreTraining, tokenizer: Tokenizer, text: str, top_k:
     ]
 
 
-def run(cfg: FillMaskConfig) -> list[dict[str, Any]]:
+def texts_of(cfg: FillMaskConfig) -> list[str]:
+    """The texts given, or the non-blank lines of --input (``-``: standard input)."""
+    if not cfg.input:
+        return list(cfg.text)
+    if cfg.input == "-":
+        lines = sys.stdin.read().splitlines()
+    else:
+        try:
+            lines = Path(cfg.input).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UserError(f"--input {cfg.input}: {getattr(e, 'strerror', None) or e}") from None
+    texts = [line.strip() for line in lines if line.strip()]
+    if not texts:
+        raise UserError(f"--input {cfg.input} holds no text")
+    return texts
+
+
+def run(cfg: FillMaskConfig) -> list[list[dict[str, Any]]]:
+    texts = texts_of(cfg)
     device = torch.device(launch.resolve_device(cfg.device))
     model, tokenizer, _ = load_masked_lm(cfg.model, device)
-    results = fill_mask(model, tokenizer, cfg.text, cfg.top_k)
-    for n, result in enumerate(results, 1):
-        if cfg.json:
-            print(json.dumps(result, ensure_ascii=False))
-        else:
-            candidates = "  ".join(f"{t} {p:.4f}" for t, p in zip(result["tokens"], result["probabilities"]))
-            print(f"[MASK] {n}: {candidates}")
-    return results
+    every = []
+    for number, text in enumerate(texts, 1):
+        results = fill_mask(model, tokenizer, text, cfg.top_k)
+        every.append(results)
+        if len(texts) > 1 and not cfg.json:
+            print(("\n" if number > 1 else "") + text)
+        for n, result in enumerate(results, 1):
+            if cfg.json:
+                shown = {"text": text, "number": number, **result} if len(texts) > 1 else result
+                print(json.dumps(shown, ensure_ascii=False))
+            else:
+                candidates = "  ".join(f"{t} {p:.4f}" for t, p in zip(result["tokens"], result["probabilities"]))
+                print(f"[MASK] {n}: {candidates}")
+    return every

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from .. import architectures, atomic, checkpoint, hf_dir, lora, model_card
 from ..classifier import model_lowercase, model_vocab
-from ..config import FinetuneConfig, ModelConfig, OptimConfig, accumulation, parse_nnodes
+from ..config import PRESETS, FinetuneConfig, ModelConfig, OptimConfig, accumulation, finetune_lr, parse_nnodes
 from ..data.classification import (
     ClassificationDataset,
     Examples,
@@ -36,12 +36,13 @@ from ..data.classification import (
     train_batches,
 )
 from ..data.sharing import shares_of
-from ..data.tokenizer import Tokenizer
+from ..data.tokenizer import Tokenizer, load_vocab, vocab_is_cased
 from ..errors import UserError
 from ..model import BertForSequenceClassification
 from ..parallel import launch
 from ..parallel.dims import ParallelDims
 from ..parallel.layout import check_layout
+from ..paths import refuse_clobbering
 from ..training import (
     Sums,
     Throughput,
@@ -65,7 +66,7 @@ LOG_SUMS = ("loss", "correct", "examples", "tokens")
 class Plan:
     """What ``check`` worked out: the model to build, where its weights come from, and the data."""
 
-    model_dir: Path
+    model_dir: Path | None  # None: a preset, random weights
     model_config: ModelConfig  # id2label = the training labels
     keep_head: bool  # the directory already holds a classifier for exactly these labels
     lowercase: bool
@@ -74,11 +75,30 @@ class Plan:
     warnings: list[str]
     dp: int  # data-parallel processes: the global batch is batch size x dp x accumulation steps
     labels_line: str = ""  # the examples per label in --train
+    vocab: Path = Path()  # the model directory's vocab.txt, or --vocab with a preset
 
 
 def check(cfg: FinetuneConfig) -> Plan:
     """Every user mistake we can see before training, as a UserError. No side effects."""
-    model_dir, base = check_model_dir(cfg.model)
+    refuse_clobbering(
+        {"--out": cfg.out},
+        {
+            "--model": None if cfg.model in PRESETS else cfg.model,
+            "--vocab": cfg.vocab,
+            "--train": cfg.train,
+            "--eval": cfg.eval,
+        },
+    )
+    if cfg.model in PRESETS:
+        model_dir, base, vocab = None, *_preset(cfg)
+        lowercase = not vocab_is_cased(vocab)
+    else:
+        if cfg.vocab:
+            raise UserError(
+                f"--vocab goes with a preset --model ({', '.join(PRESETS)}); {cfg.model} brings its own vocab.txt"
+            )
+        model_dir, base = check_model_dir(cfg.model)
+        vocab, lowercase = model_vocab(model_dir), model_lowercase(model_dir)
     if cfg.max_seq_length > base.max_position_embeddings:
         raise UserError(
             f"--max-seq-length {cfg.max_seq_length} is beyond the model's "
@@ -86,6 +106,10 @@ def check(cfg: FinetuneConfig) -> Plan:
         )
     dims = check_layout(resolve_device(cfg), base)
     if cfg.adapter.enabled:
+        if model_dir is None:
+            raise UserError(
+                f"--lora-rank adapts a pretrained model; the preset {cfg.model} has random weights (fine-tune it whole)"
+            )
         lora.check(cfg.adapter, base)
     columns = dict(
         text_column=cfg.text_column, pair_column=cfg.pair_column or None, label_column=cfg.label_column, fmt=cfg.format
@@ -105,21 +129,65 @@ def check(cfg: FinetuneConfig) -> Plan:
     return Plan(
         model_dir,
         config,
-        base.id2label == id2label,
-        model_lowercase(model_dir),
+        model_dir is not None and base.id2label == id2label,
+        lowercase,
         train,
         evaluation,
         [w for w in warnings if w],
         dims.dp,
         labels_line,
+        vocab,
     )
+
+
+def _preset(cfg: FinetuneConfig) -> tuple[ModelConfig, Path]:
+    """A preset's config, sized to --vocab, and the vocab (a preset brings none)."""
+    if not cfg.vocab:
+        raise UserError(
+            f"--model {cfg.model} is a preset with random weights: give --vocab VOCAB.txt to tokenize with "
+            "(`bertgpu vocab` trains one on your text)"
+        )
+    vocab = Path(cfg.vocab)
+    if not vocab.is_file():
+        raise UserError(f"--vocab {cfg.vocab}: no such file")
+    return ModelConfig.preset(cfg.model, vocab_size=len(load_vocab(vocab))), vocab
+
+
+def _short(lr: float) -> str:
+    """7.2e-4, 2e-5, 0.001: a learning rate as people write it."""
+    return f"{lr:g}" if lr >= 1e-3 else f"{lr:.1e}".replace(".0e", "e").replace("e-0", "e-")
+
+
+def resolve_lr(cfg: FinetuneConfig, model_config: ModelConfig) -> tuple[FinetuneConfig, str]:
+    """``cfg`` with --lr set (the width's default when not given), and a line saying which lr and why."""
+    if cfg.optim.lr is not None:
+        return cfg, f"lr {_short(cfg.optim.lr)} (--lr)"
+    lr = finetune_lr(model_config.hidden_size)
+    why = (
+        f"lr {_short(lr)}: the default for hidden size {model_config.hidden_size}"
+        + (
+            f" (2e-5 x (768 / {model_config.hidden_size})^2; narrower models take larger steps)"
+            if model_config.hidden_size < 768
+            else " (BERT's)"
+        )
+        + "; --lr sets another"
+    )
+    return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=lr)), why
 
 
 def run_finetune(cfg: FinetuneConfig) -> None:
     """Check, then fine-tune here or in local workers."""
     cfg = resolve_device(cfg)
     plan = check(cfg)
-    if plan.model_dir != Path(cfg.model):
+    cfg, lr_line = resolve_lr(cfg, plan.model_config)
+    if plan.model_dir is None:
+        print(
+            f"bertgpu: --model {cfg.model} is a preset: fine-tuning from random weights "
+            f"({plan.model_config.num_hidden_layers} layers, hidden {plan.model_config.hidden_size}, "
+            f"vocab {cfg.vocab})",
+            flush=True,
+        )
+    elif plan.model_dir != Path(cfg.model):
         print(
             f"bertgpu: --model {cfg.model} is a run directory: starting from its newest checkpoint, {plan.model_dir}",
             flush=True,
@@ -129,6 +197,7 @@ def run_finetune(cfg: FinetuneConfig) -> None:
         check_out_dir(cfg.out, cfg.run.overwrite, cfg.run.resume)
         if int(os.environ.get("RANK", 0)) == 0:
             print(plan.labels_line, flush=True)
+            print(f"bertgpu: {lr_line}", flush=True)
     if announce_resume(
         cfg,
         "--epochs",
@@ -187,12 +256,13 @@ class Loop(LoopState):
 
 def train(cfg: FinetuneConfig) -> Path:
     plan = check(cfg)
+    cfg = resolve_lr(cfg, plan.model_config)[0]  # set by run_finetune; a config built elsewhere gets the default
     run = TrainingRun(cfg, plan.model_config)
     dims, device, out = run.dims, run.device, run.out
     sizes, accum = accumulation(cfg.run, dims.dp)  # --grad-accum, or what makes --global-batch on this layout
 
     # Data: encoded once; every epoch a fresh order, cut into global batches shared by the data-parallel ranks.
-    tokenizer = Tokenizer(model_vocab(plan.model_dir), plan.lowercase)
+    tokenizer = Tokenizer(plan.vocab, plan.lowercase)
     label2id = {name: i for i, name in plan.model_config.id2label.items()}
     train_set = ClassificationDataset(plan.train, tokenizer, cfg.max_seq_length, label2id)
     eval_set = ClassificationDataset(plan.eval, tokenizer, cfg.max_seq_length, label2id)
@@ -220,7 +290,7 @@ def train(cfg: FinetuneConfig) -> Path:
     run.resume_loop(loop)
     run.checkpoints(
         plan.model_config,
-        vocab_path=model_vocab(plan.model_dir),
+        vocab_path=plan.vocab,
         do_lower_case=plan.lowercase,
         fixed=fixed,
         architecture=architectures.class_names(plan.model_config)[1],
@@ -281,7 +351,7 @@ def build_model(cfg: FinetuneConfig, plan: Plan, run: TrainingRun) -> BertForSeq
     model = architectures.classification_model(plan.model_config)
     if run.resume_from is not None and not cfg.adapter.enabled:
         hf_dir.load_weights(model, run.resume_from)
-    else:
+    elif plan.model_dir is not None:  # else a preset: the seeded random initialisation
         hf_dir.load_weights(model if plan.keep_head else architectures.encoder(model), plan.model_dir)
     if cfg.adapter.enabled:
         lora.apply(model, cfg.adapter, run.device, run.precision, base_model=plan.model_dir)
@@ -393,7 +463,18 @@ def end_epoch(
     )
     run.log.log(loop.step, {k: v for k, v in record.items() if k != "step"}, line, write=run.write)
     loop.kept = save_epoch(
-        run.out, epoch, run.net.model, plan, cfg, record, loop.kept, best, is_best, run.is_main, dims.describe()
+        run.out,
+        epoch,
+        run.net.model,
+        plan,
+        cfg,
+        record,
+        loop.kept,
+        best,
+        is_best,
+        run.is_main,
+        dims.describe(),
+        run.precision,
     )
     if run.is_main:
         atomic.write_json(
@@ -516,6 +597,7 @@ def save_epoch(
     is_best: bool,
     is_main: bool,
     layout: str = "1 process",
+    precision: str | None = None,
 ) -> list[Path]:
     """Write this epoch's checkpoint (every process calls this: the weights are gathered from them),
     keep the best and the newest up to --save-total-limit, and refresh ``out/best``. Every directory
@@ -525,7 +607,7 @@ def save_epoch(
         path,
         model,
         plan.model_config,
-        vocab_path=model_vocab(plan.model_dir),
+        vocab_path=plan.vocab,
         do_lower_case=plan.lowercase,
         architecture=architectures.class_names(plan.model_config)[1],
         json_files={
@@ -538,7 +620,13 @@ def save_epoch(
             },
         },
         card=model_card.render(
-            "finetune", cfg, record["step"], plan.model_config, layout, {k: v for k, v in record.items() if k != "step"}
+            "finetune",
+            cfg,
+            record["step"],
+            plan.model_config,
+            layout,
+            {k: (v, record["step"]) for k, v in record.items() if k != "step"},
+            precision,
         ),
     )
     kept = kept + [path]

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from .. import atomic, checkpoint, hf_dir
-from ..classifier import Classifier, classifier_dir, model_vocab
+from ..classifier import COLUMNS, Classifier, classifier_dir, finetuned_columns, model_vocab
 from ..config import EvaluateConfig, ModelConfig, PredictConfig
 from ..data.classification import (
     ClassificationDataset,
@@ -34,12 +34,14 @@ from ..data.classification import (
     detect_format,
     eval_batches,
     load_examples,
+    read_lines,
     read_table,
     require_columns,
 )
 from ..data.tokenizer import load_vocab
 from ..errors import UserError
 from ..parallel import ParallelDims, launch
+from ..paths import refuse_clobbering
 from ..training import autocast, console_is_tty, resolve_precision
 from .common import run_workers
 
@@ -161,7 +163,6 @@ def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
     names = as_data_labels([config.id2label[i] for i in sorted(config.id2label)], examples)
     check_labels(examples, names, f"the model's labels ({model_dir / 'config.json'})")
     output = Path(cfg.output) if cfg.output else model_dir / "eval_results.json"
-    refuse_overwriting_input(output, "--output", cfg.data, "--data")
     if output.is_dir() or not os.access(output.parent, os.W_OK):
         raise UserError(f"cannot write the metrics to {output}; choose another --output")
     return examples, names, output
@@ -170,7 +171,9 @@ def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
 def run_evaluate(cfg: EvaluateConfig) -> None:
     """Check, then evaluate here or in local workers (each takes a share of the batches). A
     `bertgpu finetune` output directory stands for its final classifier, ``best/``."""
+    refuse_clobbering({"--output": cfg.output}, {"--model": cfg.model, "--data": cfg.data})
     cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device), model=str(classifier_dir(cfg.model)))
+    cfg = with_columns(cfg, cfg.model)
     check_evaluate(cfg)
     run_workers(evaluate, cfg)
 
@@ -200,13 +203,16 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     if env.is_main:
         if examples.skipped_warning():
             print(f"bertgpu: warning: {examples.skipped_warning()}", file=sys.stderr, flush=True)
-        print(
-            f"{cfg.data}: {metrics['examples']} examples | loss {metrics['loss']:.4f} | "
-            f"accuracy {metrics['accuracy']:.4f} | f1 {metrics['f1']:.4f} ({result['f1_average']})",
-            flush=True,
-        )
+        if cfg.json:
+            print(json.dumps(result, ensure_ascii=False), flush=True)
+        else:
+            print(
+                f"{cfg.data}: {metrics['examples']} examples | loss {metrics['loss']:.4f} | "
+                f"accuracy {metrics['accuracy']:.4f} | f1 {metrics['f1']:.4f} ({result['f1_average']})",
+                flush=True,
+            )
         atomic.write_json(output, result)
-        print(f"metrics: {output}", flush=True)
+        print(f"metrics: {output}", file=sys.stderr if cfg.json else sys.stdout, flush=True)
     return result
 
 
@@ -216,26 +222,72 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
 PREDICTION_COLUMNS = ("prediction", "probability")
 
 
+def with_columns(cfg: Any, model_dir: str | os.PathLike) -> Any:
+    """``cfg`` (evaluate's or predict's) with each column flag left out taken from the classifier's fine-tuning
+    run (its bertgpu.json), else the default (text, label, no pair column)."""
+    saved = finetuned_columns(model_dir) or COLUMNS
+    return dataclasses.replace(
+        cfg, **{name: saved[name] for name in COLUMNS if hasattr(cfg, name) and not getattr(cfg, name)}
+    )
+
+
+def _pair_column(model_dir: Path) -> str | None:
+    """The pair column a classifier was fine-tuned with ("" for single texts; None: not known)."""
+    columns = finetuned_columns(model_dir)
+    return None if columns is None else columns["pair_column"]
+
+
+def _inputs_of_texts(cfg: PredictConfig, model_dir: Path) -> list[tuple[str, str | None]]:
+    """The positional texts as the classifier takes them: each on its own, or one text and its pair text."""
+    texts = cfg.texts
+    if not all(text.strip() for text in texts):
+        raise UserError("an empty text: there is nothing to classify (a file's empty rows are skipped the same way)")
+    pair = _pair_column(model_dir)
+    if pair:
+        if len(texts) != 2:
+            raise UserError(
+                f"{cfg.model} classifies sentence pairs (fine-tuned with --pair-column {pair}): give a text and its "
+                f"pair text, or --input FILE with both columns for many pairs; got {len(texts)} texts"
+            )
+        return [(texts[0], texts[1])]
+    if pair is None and len(texts) == 2:
+        raise UserError(
+            f"{cfg.model} was not fine-tuned by bertgpu, so whether it takes single texts or pairs is not known: "
+            "give one text at a time, or --input FILE with --text-column (and --pair-column for pairs)"
+        )
+    return [(text, None) for text in texts]
+
+
 def run_predict(cfg: PredictConfig) -> None:
-    """One text (or pair) printed, or a whole file written. A `bertgpu finetune` output directory
-    stands for its final classifier, ``best/``."""
+    """Texts (or a pair) printed, or every row of a file (``-``: standard input) printed or written. A
+    `bertgpu finetune` output directory stands for its final classifier, ``best/``."""
+    refuse_clobbering({"--output": cfg.output}, {"--model": cfg.model, "--input": cfg.input})
     cfg = dataclasses.replace(cfg, model=str(classifier_dir(cfg.model)))
     device = launch.resolve_device(cfg.device)
     if not cfg.input:
-        if not all(text.strip() for text in cfg.texts):
-            raise UserError(
-                "an empty text: there is nothing to classify (a file's empty rows are skipped the same way)"
-            )
-        check_model_dir(cfg.model)
+        model_dir, _ = check_model_dir(cfg.model)
+        inputs = _inputs_of_texts(cfg, model_dir)
         clf = Classifier.load(cfg.model, device, cfg.max_seq_length or None)
-        result = clf(cfg.texts[0], cfg.texts[1] if len(cfg.texts) == 2 else None)
-        print(f"{result['label']}\t{result['score']:.4f}")
+        probs = clf.predict_proba([a if b is None else (a, b) for a, b in inputs], batch_size=cfg.batch_size)
+        for (text, _), p in zip(inputs, probs):
+            k = int(p.argmax())
+            print(f"{clf.labels[k]}\t{float(p[k]):.4f}" + (f"\t{text}" if len(inputs) > 1 else ""))
         return
-    refuse_overwriting_input(Path(cfg.output), "--output", cfg.input, "--input")
-    table = read_table(cfg.input, cfg.format)
+    model_dir, _ = check_model_dir(cfg.model)
+    cfg = with_columns(cfg, model_dir)
+    table = _read_input(cfg)
+    if table.format == "lines":
+        if _pair_column(model_dir):
+            raise UserError(
+                f"{cfg.model} classifies sentence pairs: give --input a CSV, TSV or JSONL file with both columns "
+                "(plain text is one text per line)"
+            )
+        cfg = dataclasses.replace(cfg, text_column="text", pair_column="")
     require_columns(table, text_column=cfg.text_column, pair_column=cfg.pair_column or None)
-    out_format = detect_format(cfg.output) if Path(cfg.output).suffix else table.format
-    check_model_dir(cfg.model)
+    if cfg.output:
+        out_format = detect_format(cfg.output) if Path(cfg.output).suffix else table.format
+        if out_format == "lines":
+            out_format = "tsv"
     clf = Classifier.load(cfg.model, device, cfg.max_seq_length or None)
 
     def field(record: dict[str, Any], column: str) -> str:
@@ -267,8 +319,24 @@ def run_predict(cfg: PredictConfig) -> None:
             file=sys.stderr,
             flush=True,
         )
+    if not cfg.output:  # a line per row: label, probability and text, tab-separated (empty for a skipped row)
+        for i, (text, _) in enumerate(inputs):
+            label, score = predictions.get(i, ("", None))
+            print(f"{label}\t{'' if score is None else f'{score:.4f}'}\t{' '.join(text.split())}")
+        return
     atomic.write_bytes(Path(cfg.output), _render(table, predictions, out_format, cfg.output.lower().endswith(".gz")))
     print(f"{len(predictions)} predictions -> {cfg.output}")
+
+
+def _read_input(cfg: PredictConfig) -> Table:
+    """--input as a table: CSV, TSV or JSONL, or plain text of one text per line (a .txt file, or standard
+    input, ``-``, unless --format names a table format)."""
+    if cfg.input == "-":
+        text = sys.stdin.read()
+        return read_table("-", cfg.format, text) if cfg.format else read_lines("(standard input)", text)
+    if not cfg.format and Path(cfg.input).name.lower().removesuffix(".gz").endswith(".txt"):
+        return read_lines(cfg.input)
+    return read_table(cfg.input, cfg.format)
 
 
 def _render(table: Table, predictions: dict[int, tuple[str, float]], fmt: str, compress: bool) -> bytes:
@@ -291,16 +359,3 @@ def _render(table: Table, predictions: dict[int, tuple[str, float]], fmt: str, c
             writer.writerow(["" if row.get(c) is None else row[c] for c in columns])
     data = buffer.getvalue().encode("utf-8")
     return gzip.compress(data) if compress else data
-
-
-def refuse_overwriting_input(output: Path, output_flag: str, data: str, data_flag: str) -> None:
-    """A one-line error when an output file is the input it is made from (it would be lost)."""
-    source = Path(data)
-    same = output.resolve() == source.resolve()
-    if not same and output.exists() and source.exists():
-        same = os.path.samefile(output, source)  # a link, or another spelling of the same file
-    if same:
-        raise UserError(
-            f"{output_flag} {output} is the {data_flag} file: writing it would destroy the data; "
-            f"choose another {output_flag}"
-        )

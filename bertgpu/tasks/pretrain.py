@@ -45,6 +45,7 @@ from ..model import BertForPreTraining, use_varlen_attention
 from ..parallel import launch
 from ..parallel.compression import describe as describe_compression
 from ..parallel.layout import check_layout
+from ..paths import refuse_clobbering
 from ..step import LOG_SUMS, MODEL_INPUTS, drop_full_mask, pretraining_loss, pretraining_objective
 from ..training import (
     Sums,
@@ -83,6 +84,10 @@ def _check_same_vocab(model_dir: Path, corpus: ShardedCorpus, data_dir: str) -> 
 
 def check(cfg: PretrainConfig) -> Plan:
     """Every user mistake we can see before training, as a UserError. No side effects."""
+    model_path = None if cfg.model in architectures.presets(cfg.arch) else cfg.model
+    refuse_clobbering(
+        {"--out": cfg.out}, {"--model": model_path, "--data": cfg.data.data, "--eval-data": cfg.heldout.eval_data}
+    )
     corpus = ShardedCorpus(cfg.data.data)
     init_from = None
     model = cfg.model
@@ -259,6 +264,10 @@ def train(cfg: PretrainConfig) -> Path:
         loop,
     )
 
+    if eval_set is not None and run.resume_from is None:  # the held-out curve starts from the untrained model
+        run.meter.pause()
+        run.records.evaluate(0)
+        run.meter.resume()
     saved, batches = run.resume_from, None
     # One loader for the run: its workers live from the first epoch to the last (data.loader).
     loader, run_batches = run_loader(dataset, cfg.data.loader_workers, device.type == "cuda", seed)
