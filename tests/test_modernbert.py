@@ -203,7 +203,7 @@ def test_pretrain_arch_modernbert_checkpoint_loads_in_transformers(tmp_path, sma
     tune = ("finetune", "--model", out, "--train", train, "--out", tmp_path / "clf", "--epochs", "1", "--device", "cpu")
     refused = run_cli(*tune, "--lora-rank", "4", check=False)
     assert refused.returncode == 2 and "ModernBERT is fine-tuned whole" in refused.stderr
-    run_cli(*tune, "--max-seq-length", "16")
+    run_cli(*tune, "--max-seq-length", "16", "--lr", "2e-5")
     clf = transformers.ModernBertForSequenceClassification.from_pretrained(tmp_path / "clf" / "best")
     for name in ("model.layers.1.mlp.Wi.weight", "head.dense.weight"):  # started there, moved a little (lr 2e-5)
         moved = (clf.state_dict()[name] - theirs.state_dict()[name]).abs().max()
