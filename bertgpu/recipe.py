@@ -63,15 +63,15 @@ def choose(cfg: Any, model: ModelConfig) -> tuple[OptimConfig, str]:
     optim = cfg.optim
     if not fast_recipe(cfg):
         return optim, ""
-    said = []
+    chose = []
     if optim.lr == _default("lr"):
         lr, where = swept_lr(model)
         scaling = optim.lr_scaling if optim.lr_scaling != "none" else "sqrt"
         optim = dataclasses.replace(optim, lr=lr, lr_scaling=scaling, reference_batch=SWEEP_BATCH)
-        said.append(f"lr {lr:g} is {where} at batch {SWEEP_BATCH} in the lr sweep (BENCHMARKS.md)")
+        chose.append(f"lr {lr:g}, {where} best at batch {SWEEP_BATCH} in the lr sweep of BENCHMARKS.md")
     if optim.warmup == _default("warmup"):
         optim = dataclasses.replace(optim, warmup=WARMUP)
-        said.append(f"warmup {WARMUP:.0%}")
-    if not said:
+        chose.append("the warmup")
+    if not chose:
         return optim, ""
-    return optim, f"(--recipe fast: {', '.join(said)}; --lr/--warmup override)"
+    return optim, f"(--recipe fast chose {' and '.join(chose)}; --lr, --warmup override)"

@@ -34,7 +34,7 @@ def test_fast_recipe_takes_the_swept_lr_of_the_size_scaled_to_the_batch(size):
     swept = recipe.SWEPT_LR[size][1]
     assert (optim.lr, optim.reference_batch, optim.lr_scaling, optim.warmup) == (swept, 32, "sqrt", recipe.WARMUP)
     assert optim.peak_lr(128) == pytest.approx(2 * swept)  # sqrt(128 / 32)
-    assert f"lr {swept:g} is {size}'s" in why
+    assert f"lr {swept:g}, {size}'s best" in why
     # The sizes differ by far more than the sweep's noise: the choice follows the size.
     assert recipe.SWEPT_LR["tiny"][1] > recipe.SWEPT_LR["base"][1]
 
@@ -67,7 +67,7 @@ def test_the_first_line_of_a_fast_run_says_which_lr_and_why(tmp_path, small_engl
     first = out.stdout.splitlines()[0]
     swept = recipe.SWEPT_LR["mini"][1]
     assert f"peak lr {swept / 2:.3g} = {swept:.3g} x sqrt(8/32)" in first, first  # batch 8 of the sweep's 32
-    assert "mini's at batch 32 in the lr sweep" in first and "--lr/--warmup override" in first, first
+    assert "mini's best at batch 32 in the lr sweep" in first and "--lr, --warmup override" in first, first
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert log[0]["peak_lr"] == pytest.approx(swept / 2)
 

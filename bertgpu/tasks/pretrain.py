@@ -375,7 +375,8 @@ def start_line(
         f"{run.precision}, global batch {global_batch} = "
         f"{describe_batch(loop.sizes, global_batch // sum(loop.sizes))}, "
         f"{describe_lr(o.lr, o.peak_lr(global_batch), o.lr_scaling, global_batch, o.reference_batch)}"
-        f"{' ' + why if why else ''}, warmup {o.warmup:g}, {length}, "
+        f"{' ' + why if why else ''}, warmup {f'{o.warmup:.0%}' if o.warmup < 1 else f'{o.warmup:g} steps'}, "
+        f"{length}, "
         f"{instances:,} instances in epoch {loop.epoch}{held}; {how}"
     )
 
