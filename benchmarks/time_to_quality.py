@@ -13,7 +13,9 @@ wall-clock budget, one after the other on this machine:
 Each side's linear schedule is sized to the steps it can take in the budget (a 20-step calibration run
 measures its speed first), and each side saves its weights every --every seconds of its run. With
 --own-schedule, bertgpu instead runs as a user would: `--time-budget` sizes its schedule (no calibration
-run) and --recipe fast chooses its learning rate and warmup (no --lr, --warmup). Afterwards,
+run) and --recipe fast chooses its learning rate and warmup (no --lr, --warmup); transformers' learning rate
+then follows its clock the same way (warmup, linear decay to 0 at the budget, set each step by a callback), so
+neither side's schedule depends on a calibration run measured under other load. Afterwards,
 outside the clock, every saved model is evaluated the same way, through transformers' BertForMaskedLM:
 masked-token cross-entropy over fixed, seeded maskings of held-out text (files never trained on),
 packed as run_mlm packs. The headline is the time-to-quality ratio: the time transformers needs to
@@ -73,6 +75,14 @@ class Saver(TrainerCallback):
         t0 = time.perf_counter()
         model.save_pretrained(f"{args['out']}/t{self.elapsed():08.1f}-step{step}")
         self.paused += time.perf_counter() - t0
+    def on_step_begin(self, a, state, control, optimizer=None, **kw):
+        # --own-schedule: the learning rate follows the clock (warmup, then linear decay to 0 at the budget),
+        # as bertgpu's --time-budget does, in place of a schedule sized by a calibration run
+        if args["clock"] and optimizer is not None:
+            p, w = min(1.0, self.elapsed() / args["budget"]), args["warmup"]
+            factor = max(p / w, 1e-3) if p < w else max(0.0, (1 - p) / (1 - w))
+            for group in optimizer.param_groups:
+                group["lr"] = args["lr"] * factor
     def on_step_end(self, a, state, control, model=None, **kw):
         if args["calibrate"]:
             return
@@ -88,9 +98,9 @@ class Saver(TrainerCallback):
 collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)
 targs = TrainingArguments(output_dir=args["out"] + "/trainer", per_device_train_batch_size=args["batch"],
                           bf16=args["bf16"],
-                          learning_rate=args["lr"], warmup_steps=int(args["warmup"] * args["steps"]),
+                          learning_rate=args["lr"], warmup_steps=0 if args["clock"] else int(args["warmup"] * args["steps"]),
                           max_steps=args["steps"],
-                          weight_decay=0.01, lr_scheduler_type="linear", save_strategy="no", report_to=[],
+                          weight_decay=0.01, lr_scheduler_type="constant" if args["clock"] else "linear", save_strategy="no", report_to=[],
                           logging_steps=10**9, use_cpu=True, seed=args["seed"], dataloader_num_workers=0,
                           disable_tqdm=True)
 trainer = Trainer(model=model, args=targs, train_dataset=Blocks(), data_collator=collator, callbacks=[Saver()])
@@ -185,7 +195,12 @@ def run_transformers(work: Path, args, shape: dict, blocks_path: Path, tokenizer
         "budget": args.budget,
         "out": str(out),
         "bf16": precision == "bf16",
+        "clock": args.own_schedule,
     }
+    if args.own_schedule:  # the schedule follows the clock: no calibration, steps until the budget stops it
+        print(f"transformers ({precision}): learning rate by the clock, stopped at the budget", flush=True)
+        sh(sys.executable, "-c", HF_CHILD, json.dumps({**common, "steps": 10**7, "calibrate": False}))
+        return out
     calib = sh(sys.executable, "-c", HF_CHILD, json.dumps({**common, "steps": 20, "calibrate": True}))
     per_step = json.loads(calib.stdout.strip().splitlines()[-1])["seconds_per_step"]
     steps = int(args.budget / per_step)
@@ -400,7 +415,7 @@ def main() -> None:
         flush=True,
     )
 
-    runs = {}
+    runs, curves = {}, {}
     for variant in args.variants.split(","):
         if variant.startswith("transformers"):
             precision = variant.partition(":")[2] or bertgpu_precision()
@@ -409,8 +424,10 @@ def main() -> None:
         else:
             recipe, _, extra = variant.partition(":")
             runs[f"bertgpu --recipe {recipe} {extra}".strip()] = run_bertgpu(work, args, data, variant)
-    curves = {name: curve(path, batches) for name, path in runs.items()}
-    (work / "curves.json").write_text(json.dumps(curves, indent=1))
+        name = list(runs)[-1]
+        curves[name] = curve(runs[name], batches)  # after each run: a stopped benchmark keeps what it measured
+        print(f"{name}: held-out loss {curves[name][-1][1]:.3f} at {curves[name][-1][0]:.0f} s", flush=True)
+        (work / "curves.json").write_text(json.dumps(curves, indent=1))
     report(curves, args)
 
 
