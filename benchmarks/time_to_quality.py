@@ -363,6 +363,7 @@ def main() -> None:
         "or a bertgpu recipe with more flags after a colon",
     )
     parser.add_argument("--heldout-every", type=int, default=20)
+    parser.add_argument("--reuse", action="store_true", help="keep the data and curves already in --work")
     parser.add_argument(
         "--own-schedule",
         action="store_true",
@@ -385,9 +386,12 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     train, held = split_corpus(args.corpus, work, args.heldout_every)
     vocab = work / "vocab.txt"
-    sh(*BERTGPU, "vocab", train, "--size", args.vocab_size, "--out", vocab, "--overwrite")
+    reuse = args.reuse and (work / "blocks.pt").exists()  # a later run in the same --work: the same data
+    if not reuse:
+        sh(*BERTGPU, "vocab", train, "--size", args.vocab_size, "--out", vocab, "--overwrite")
     data = work / "data"
-    sh(*BERTGPU, "prepare", train, "--vocab", vocab, "--out", data, "--overwrite", "--workers", "2")
+    if not reuse:
+        sh(*BERTGPU, "prepare", train, "--vocab", vocab, "--out", data, "--overwrite", "--workers", "2")
     # transformers 5 builds an empty vocab from BertTokenizerFast(vocab_file=...): load a directory instead
     tokenizer_dir = work / "tokenizer"
     tokenizer_dir.mkdir(exist_ok=True)
@@ -397,7 +401,7 @@ def main() -> None:
     )
     tokenizer = BertTokenizerFast.from_pretrained(tokenizer_dir)
     assert tokenizer("the [MASK] statement")["input_ids"][1] == tokenizer.vocab["the"], "tokenizer not loaded"
-    blocks = pack(train, tokenizer, args.seq)
+    blocks = torch.load(work / "blocks.pt") if reuse else pack(train, tokenizer, args.seq)
     torch.save(blocks, work / "blocks.pt")
     held_blocks = pack(held, tokenizer, args.seq)[:512]
     batches = heldout_batches(held_blocks, tokenizer, maskings=2, seed=1234)
@@ -416,10 +420,13 @@ def main() -> None:
     )
 
     runs, curves = {}, {}
+    if reuse and (work / "curves.json").exists():  # the runs measured before, kept beside the new ones
+        curves = json.loads((work / "curves.json").read_text())
     for variant in args.variants.split(","):
         if variant.startswith("transformers"):
             precision = variant.partition(":")[2] or bertgpu_precision()
             name = f"transformers ({precision}{', its default' if precision == 'fp32' else ''})"
+            name += f" run {sum(n.startswith(name) for n in curves) + 1}" if name in curves else ""
             runs[name] = run_transformers(work, args, shape, work / "blocks.pt", tokenizer_dir, precision)
         else:
             recipe, _, extra = variant.partition(":")
