@@ -776,10 +776,24 @@ class PretrainConfig:
         "instructions (--precision auto); a flag given explicitly overrides the recipe's value",
         choices=["bert", "fast"],
     )
+    time_budget: str = opt(
+        "",
+        "train for this wall-clock time instead of --steps (90s, 30m, 2h): the run measures its step time, "
+        "sizes warmup and decay to zero to end at the budget (re-sized if the speed changes; resumes count "
+        "the time already trained), then evaluates and saves",
+    )
 
     def __post_init__(self) -> None:
         if self.recipe == "fast":
             apply_fast_recipe(self)
+        if self.time_budget:
+            from .budget import parse_duration
+
+            parse_duration(self.time_budget)
+            if self.optim.steps != OptimConfig.steps:
+                raise UserError(
+                    "--time-budget and --steps contradict each other: give one (the budget sizes the steps)"
+                )
         if self.run.save_every < 1 or self.run.log_every < 1:
             raise UserError("--save-every and --log-every must be at least 1")
         if self.dropout is not None and not 0 <= self.dropout < 1:

@@ -27,8 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import architectures, checkpoint, evaluation, hf_dir
-from ..config import ModelConfig, PretrainConfig, accumulation, parse_nnodes
+from .. import architectures, checkpoint, evaluation, hf_dir, recipe
+from ..budget import TimeBudget, parse_duration
+from ..config import ModelConfig, OptimConfig, PretrainConfig, accumulation, parse_nnodes
 from ..data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
 from ..data.loader import run_loader
 from ..data.pretraining import (
@@ -179,25 +180,38 @@ def run(cfg: PretrainConfig) -> None:
         if int(os.environ.get("RANK", 0)) == 0:  # once per run: not again in every torchrun worker
             warn_wwm_fallback(corpus, cfg.data)
             warn_if_unknown(corpus.meta, cfg.data.data)
-    if announce_resume(
-        cfg,
-        "--steps",
-        cfg.optim.steps,
-        lambda saved: saved["optim"]["steps"],
-        lambda state: state["step"] >= cfg.optim.steps,
-    ):
+    if cfg.time_budget:  # in seconds; the run is finished once it took its last step
+        length = ("--time-budget (seconds)", round(parse_duration(cfg.time_budget)), _saved_budget)
+        finished = lambda state: _budget_spent(state, length[1])  # noqa: E731
+    else:
+        length = ("--steps", cfg.optim.steps, lambda saved: saved["optim"]["steps"])
+        finished = lambda state: state["step"] >= cfg.optim.steps  # noqa: E731
+    if announce_resume(cfg, *length, finished):
         return
     run_workers(train, cfg)
 
 
+def _budget_spent(state: dict, seconds: float) -> bool:
+    """Whether a checkpoint's run took its last step within a budget at least ``seconds`` long."""
+    budget = state.get("budget") or {}
+    return bool(budget.get("done")) and budget["seconds"] >= seconds
+
+
+def _saved_budget(saved: dict) -> int | None:
+    return round(parse_duration(saved["time_budget"])) if saved.get("time_budget") else None
+
+
 @dataclass
 class Loop(LoopState):
-    """Where pretraining is: the epoch and how many of its instances are trained (its data position)."""
+    """Where pretraining is: the epoch and how many of its instances are trained (its data position), and
+    with --time-budget the training time so far."""
 
     instance: int = 0
+    budget: TimeBudget | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"position": {"epoch": self.epoch, "instance": self.instance}, **super().state_dict()}
+        budget = {"budget": self.budget.state_dict(self.step)} if self.budget is not None else {}
+        return {"position": {"epoch": self.epoch, "instance": self.instance}, **budget, **super().state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -231,12 +245,23 @@ def train(cfg: PretrainConfig) -> Path:
     if cfg.run.fp8:
         from ..fp8 import apply_fp8
 
-        chosen = apply_fp8(model, device)
+        float8_layers = apply_fp8(model, device)
         if run.is_main:
-            print(f"--fp8: {len(chosen)} linear layers in float8 (torchao), the rest in {run.precision}", flush=True)
+            print(
+                f"--fp8: {len(float8_layers)} linear layers in float8 (torchao), the rest in {run.precision}",
+                flush=True,
+            )
     net = run.parallelize(model, cfg.optim.steps, compile=cfg.run.compile)
-    optim = dataclasses.replace(cfg.optim, lr=cfg.optim.peak_lr(global_batch))
+    chosen, why = recipe.choose(cfg, plan.model_config)  # --recipe fast: the lr and warmup for this size
+    optim = dataclasses.replace(chosen, lr=chosen.peak_lr(global_batch))
     run.build_optimizer(optim, sample_forward=lambda: net(**_sample_batch(dataset, device)))
+    budget = None
+    if cfg.time_budget:  # the steps and the learning rate follow the clock (bertgpu.budget)
+        eval_steps = 0 if eval_set is None else len(eval_set) / global_batch / 3  # a forward pass: ~1/3 of a step
+        budget = TimeBudget(parse_duration(cfg.time_budget), optim.warmup, device, run.is_main, eval_cost=eval_steps)
+        budget.load_state_dict(run.state.get("budget") if run.state else None)
+        run.schedule = budget.schedule(run.optimizer, optim.lr, run.start_step)
+        loop.budget = budget
     sums = run.track(LOG_SUMS, "log_sums")[0]
     # Another global batch continues at the same instance, with the sizes it gives (not --balance auto's).
     same_batch = run.state is None or run.state["global_batch"] == global_batch
@@ -251,8 +276,8 @@ def train(cfg: PretrainConfig) -> Path:
         },
     )
     run.start(
-        start_line(cfg, run, plan, eval_set, loop, global_batch, optim.lr, len(dataset)),
-        cfg.optim.steps,
+        start_line(cfg, run, plan, eval_set, loop, global_batch, chosen, why, budget, len(dataset)),
+        cfg.optim.steps if budget is None else budget.plan_guess(loop.step),
         Throughput(
             architectures.training_flops_per_sequence(
                 plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions
@@ -260,7 +285,7 @@ def train(cfg: PretrainConfig) -> Path:
             peak_flops(device, run.precision),
             dims.world_size,
         ),
-        records(cfg, run, eval_set, global_batch, max(loop.sizes)),
+        records(cfg, run, eval_set, global_batch, max(loop.sizes), budget),
         loop,
     )
 
@@ -269,6 +294,8 @@ def train(cfg: PretrainConfig) -> Path:
         run.records.evaluate(0)
         run.meter.resume()
     saved, batches = run.resume_from, None
+    if budget is not None:
+        budget.begin(loop.step)
     # One loader for the run: its workers live from the first epoch to the last (data.loader).
     loader, run_batches = run_loader(dataset, cfg.data.loader_workers, device.type == "cuda", seed)
     waits = run.meter.waits
@@ -276,12 +303,18 @@ def train(cfg: PretrainConfig) -> Path:
     # fastest kernel. The pipeline's stages take a fixed set of tensors: they keep the mask.
     unmask = drop_full_mask if dims.pp == 1 else (lambda batch: batch)
     try:
-        while loop.step < cfg.optim.steps:
+        while loop.step < run.total_steps:
             dataset.set_epoch(loop.epoch)
             sampler = GlobalBatchSampler(len(dataset), loop.sizes, dims.dp_rank, accum, seed, loop.epoch, loop.instance)
             run_batches.set(sampler, loop.epoch)
             batches = iter(loader)
-            for _ in range(min(sampler.steps, cfg.optim.steps - loop.step)):
+            for _ in range(sampler.steps):
+                if budget is not None:  # the clock says how many steps fit (the last one: this one)
+                    run.total_steps = budget.plan(loop.step)
+                    if run.bar is not None:
+                        run.bar.total = run.total_steps
+                if loop.step >= run.total_steps:
+                    break
                 with waits.on("data"):
                     host = [unmask(next(batches)) for _ in range(accum)]
                 micro = [{k: v if v is None else v.to(device, non_blocking=True) for k, v in mb.items()} for mb in host]
@@ -336,9 +369,13 @@ def start_line(
     eval_set: EvalSet | None,
     loop: Loop,
     global_batch: int,
-    peak_lr: float,
+    o: OptimConfig,
+    why: str,
+    budget: TimeBudget | None,
     instances: int,
 ) -> str:
+    """The first line of a run: the model, layout, batch, learning rate (and, where --recipe fast chose it,
+    why), length and data."""
     dims, net = run.dims, run.net
     n_params = net.num_parameters()
     moved = ""
@@ -354,28 +391,40 @@ def start_line(
     compressed = (
         f", gradients {describe_compression(net.compression)}" if dims.dp > 1 and net.compression.kind != "none" else ""
     )
-    o = cfg.optim
+    length = budget.describe() if budget is not None else f"{o.steps:,} steps"
     return (
         f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {dims.describe()}{compressed}, on {run.device.type}, "
         f"{run.precision}, global batch {global_batch} = "
         f"{describe_batch(loop.sizes, global_batch // sum(loop.sizes))}, "
-        f"{describe_lr(o.lr, peak_lr, o.lr_scaling, global_batch, o.reference_batch)}, "
+        f"{describe_lr(o.lr, o.peak_lr(global_batch), o.lr_scaling, global_batch, o.reference_batch)}"
+        f"{' ' + why if why else ''}, warmup {f'{o.warmup:.0%}' if o.warmup < 1 else f'{o.warmup:g} steps'}, "
+        f"{length}, "
         f"{instances:,} instances in epoch {loop.epoch}{held}; {how}"
     )
 
 
-def records(cfg: PretrainConfig, run: TrainingRun, eval_set: EvalSet | None, global_batch: int, batch: int) -> Records:
-    """What pretraining logs: MLM (and NSP) losses and accuracies, and the held-out evaluation."""
+def records(
+    cfg: PretrainConfig,
+    run: TrainingRun,
+    eval_set: EvalSet | None,
+    global_batch: int,
+    batch: int,
+    budget: TimeBudget | None = None,
+) -> Records:
+    """What pretraining logs: MLM (and NSP) losses and accuracies, and the held-out evaluation; with a
+    --time-budget, the training time so far, and the evaluation timed (the budget keeps time for the last)."""
     nsp = cfg.data.nsp
+    timed = budget.timed if budget is not None else lambda evaluate: evaluate
     return Records(
-        values=functools.partial(log_values, nsp=nsp),
-        line=functools.partial(log_line, steps=cfg.optim.steps, nsp=nsp, device=run.device.type),
+        values=functools.partial(log_values, nsp=nsp, budget=budget),
+        # a --time-budget re-plans the steps as it goes
+        line=lambda step, values: log_line(step, values, run.total_steps, nsp, device=run.device.type),
         unit="sequence",
         extra={"global_batch": global_batch},
         card_keys=("mlm_loss", "mlm_acc", *("nsp_loss", "nsp_acc") * nsp, *evaluation.SUMMARY_KEYS),
         evaluate=None
         if eval_set is None
-        else functools.partial(evaluate, run, eval_set, cfg.heldout.eval_batch_size or batch, nsp),
+        else timed(functools.partial(evaluate, run, eval_set, cfg.heldout.eval_batch_size or batch, nsp)),
         eval_every=cfg.heldout.eval_every,
     )
 
@@ -437,14 +486,16 @@ def _sample_batch(dataset: PretrainingDataset, device: torch.device) -> dict[str
     return {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask", "mlm_positions")}
 
 
-def log_values(s: dict[str, float], nsp: bool) -> dict[str, float]:
-    """Losses and accuracies from the sums of a log window."""
+def log_values(s: dict[str, float], nsp: bool, budget: TimeBudget | None = None) -> dict[str, float]:
+    """Losses and accuracies from the sums of a log window (and the training time so far of a --time-budget)."""
     mlm = s["mlm_loss"] / max(s["masked"], 1)
     values = {"loss": mlm, "mlm_loss": mlm, "mlm_acc": s["mlm_correct"] / max(s["masked"], 1)}
     if nsp:  # without NSP its head is untrained and its figures would mean nothing
         values["nsp_loss"] = s["nsp_loss"] / max(s["sequences"], 1)
         values["nsp_acc"] = s["nsp_correct"] / max(s["sequences"], 1)
         values["loss"] = mlm + values["nsp_loss"]
+    if budget is not None:
+        values["train_seconds"] = budget.elapsed()
     return values
 
 

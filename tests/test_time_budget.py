@@ -1,0 +1,197 @@
+"""Fast by default (issue 34): `--recipe fast` picks the learning rate and warmup for the model's size and batch,
+and `--time-budget` sizes a run to a wall-clock budget, resumed runs included."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import run_cli
+from procs import start
+
+from bertgpu import checkpoint, recipe
+from bertgpu.budget import TimeBudget, parse_duration
+from bertgpu.cli import COMMANDS, build_config, build_parser
+from bertgpu.config import ModelConfig
+from bertgpu.errors import UserError
+
+# -- the recipe's learning rate -------------------------------------------------------------------------
+
+
+def _parse(*argv: str):
+    args = build_parser().parse_args(["pretrain", "--out", "o", "--data", "d", "--no-nsp", *argv])
+    return build_config(COMMANDS["pretrain"][0], args)
+
+
+@pytest.mark.parametrize("size", ["tiny", "base"])
+def test_fast_recipe_takes_the_swept_lr_of_the_size_scaled_to_the_batch(size):
+    cfg = _parse("--model", size, "--recipe", "fast")
+    optim, why = recipe.choose(cfg, ModelConfig.preset(size, vocab_size=2000))
+    swept = recipe.SWEPT_LR[size][1]
+    assert (optim.lr, optim.reference_batch, optim.lr_scaling, optim.warmup) == (swept, 32, "sqrt", recipe.WARMUP)
+    assert optim.peak_lr(128) == pytest.approx(2 * swept)  # sqrt(128 / 32)
+    assert f"lr {swept:g}, {size}'s best" in why
+    # The sizes differ by far more than the sweep's noise: the choice follows the size.
+    assert recipe.SWEPT_LR["tiny"][1] > recipe.SWEPT_LR["base"][1]
+
+
+def test_the_users_lr_and_warmup_win_and_bert_keeps_its_defaults():
+    mine, why = recipe.choose(
+        _parse("--model", "mini", "--recipe", "fast", "--lr", "5e-4"), ModelConfig.preset("mini", vocab_size=2000)
+    )
+    assert (mine.lr, mine.lr_scaling, mine.warmup) == (5e-4, "none", recipe.WARMUP) and "lr " not in why
+    both, why = recipe.choose(
+        _parse("--model", "mini", "--recipe", "fast", "--lr", "5e-4", "--warmup", "0.2"),
+        ModelConfig.preset("mini", vocab_size=2000),
+    )
+    assert (both.lr, both.warmup, why) == (5e-4, 0.2, "")
+    bert, why = recipe.choose(_parse("--model", "mini"), ModelConfig.preset("mini", vocab_size=2000))
+    assert (bert.lr, bert.warmup, why) == (1e-4, 0.01, "")
+
+
+def test_a_size_between_two_swept_ones_takes_a_rate_between_theirs():
+    lr, where = recipe.swept_lr(ModelConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=6))
+    rates = sorted(lr for _, lr in recipe.SWEPT_LR.values())
+    assert rates[0] <= lr <= rates[-1] and "between" in where
+
+
+def test_the_first_line_of_a_fast_run_says_which_lr_and_why(tmp_path, small_english_data):
+    out = run_cli(
+        "pretrain", "--data", small_english_data, "--out", tmp_path / "run", "--model", "mini", "--recipe", "fast",
+        "--no-nsp", "--nproc", "1", "--batch-size", "8", "--steps", "1", "--loader-workers", "0",
+    )  # fmt: skip
+    first = out.stdout.splitlines()[0]
+    swept = recipe.SWEPT_LR["mini"][1]
+    assert f"peak lr {swept / 2:.3g} = {swept:.3g} x sqrt(8/32)" in first, first  # batch 8 of the sweep's 32
+    assert "mini's best at batch 32 in the lr sweep" in first and "--lr, --warmup override" in first, first
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert log[0]["peak_lr"] == pytest.approx(swept / 2)
+
+
+# -- the budget's plan, on a clock of our own -----------------------------------------------------------
+
+
+def _run(budget: TimeBudget, clock: list[float], step_time, start: int = 0, stop_at: float | None = None):
+    """Steps as the loop takes them, each ``step_time(step)`` seconds on ``clock``; the final evaluation 2 s.
+    Return the learning-rate factors of the steps taken and the steps done."""
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    schedule = budget.schedule(optimizer, 1.0, start)
+    budget.begin(start)
+    evaluate = budget.timed(lambda: clock.__setitem__(0, clock[0] + 2.0))
+    lrs, step = [], start
+    while True:
+        total = budget.plan(step)
+        assert total > step
+        lrs.append(optimizer.param_groups[0]["lr"])
+        clock[0] += step_time(step)
+        optimizer.step()
+        schedule.step()
+        step += 1
+        if step == total:  # the last step: evaluate (and save) after it
+            evaluate()
+            return lrs, step, schedule.get_last_lr()[0]
+        if stop_at is not None and clock[0] >= stop_at:
+            return lrs, step, schedule.get_last_lr()[0]
+
+
+@pytest.mark.parametrize("slower_half", [False, True])
+def test_the_plan_ends_within_a_step_of_the_budget_with_the_rate_at_zero(slower_half):
+    clock = [0.0]
+    budget = TimeBudget(60.0, 0.1, torch.device("cpu"), True, eval_cost=4, clock=lambda: clock[0])
+    step_time = (lambda step: 0.5 if clock[0] < 30 else 1.0) if slower_half else (lambda step: 0.5)
+    lrs, steps, last_lr = _run(budget, clock, step_time)
+    assert 60.0 - 2 * 1.0 <= clock[0] <= 60.0 + 1.0, clock[0]  # the evaluation included
+    assert last_lr == 0.0 and lrs[-1] < 0.05 and max(lrs) > 0.9
+    peak = lrs.index(max(lrs))
+    assert 0.05 * steps < peak < 0.2 * steps  # warmup: 10% of the budget
+    assert all(a >= b for a, b in zip(lrs[peak:], lrs[peak + 1 :]))  # then decay, never up
+    assert budget.state_dict(steps)["done"]
+
+
+def test_a_resumed_plan_continues_the_budget_where_it_stood():
+    clock = [0.0]
+    first = TimeBudget(60.0, 0.1, torch.device("cpu"), True, eval_cost=4, clock=lambda: clock[0])
+    lrs_a, step, _ = _run(first, clock, lambda step: 0.5, stop_at=30.0)
+    state = first.state_dict(step)
+    assert not state["done"] and state["elapsed"] == pytest.approx(30.0, abs=0.6)
+    clock = [1000.0]  # another process, another clock; the budget comes from the checkpoint
+    second = TimeBudget(60.0, 0.1, torch.device("cpu"), True, eval_cost=4, clock=lambda: clock[0])
+    second.load_state_dict(state)
+    lrs_b, steps, last_lr = _run(second, clock, lambda step: 0.5, start=step)
+    assert 1000 + 30 - 2 * 0.5 <= clock[0] <= 1000 + 30 + 0.5, clock[0]  # the other half of the budget, not all
+    assert last_lr == 0.0 and lrs_b[0] == pytest.approx(lrs_a[-1], abs=0.02)  # the schedule goes on
+
+
+def test_durations():
+    assert [parse_duration(t) for t in ("90s", "30m", "2h", "1h30m", "45")] == [90, 1800, 7200, 5400, 45]
+    for bad in ("soon", "0s", "", "5 minutes"):
+        with pytest.raises(UserError, match="--time-budget"):
+            parse_duration(bad)
+
+
+# -- real runs ------------------------------------------------------------------------------------------
+
+ARGS = ["--model", "tiny", "--recipe", "fast", "--no-nsp", "--batch-size", "8", "--eval-fraction", "0.1"]
+ARGS += ["--eval-instances", "32", "--log-every", "1", "--device", "cpu", "--loader-workers", "0"]
+
+
+def _finished(out: Path) -> tuple[dict, list[dict]]:
+    latest = checkpoint.latest_checkpoint(out)
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    return checkpoint.load_training_state(latest)["budget"], [r for r in log if "lr" in r]
+
+
+def test_a_budget_run_ends_at_the_budget_with_the_rate_at_zero(tmp_path, small_english_data):
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    done = run_cli(
+        "pretrain", "--data", small_english_data, "--out", out, "--nproc", "1", "--time-budget", "15s", *ARGS
+    )
+    wall = time.monotonic() - t0
+    state, log = _finished(out)
+    assert "time budget 15s" in done.stdout.splitlines()[0]
+    assert state["done"] and log[-1]["lr"] == 0.0 and log[-1]["step"] == len(log) >= 5
+    step_s = state["step_s"]
+    # The training clock ends within a step of the budget, the final evaluation included; then the save.
+    assert 15 - 2 * step_s - (state["eval_s"] or 0) <= state["elapsed"] <= 15 + step_s, state
+    assert log[-1]["train_seconds"] <= 15 + step_s
+    assert wall < 15 + 30, wall  # setup, a step and the save: never a second budget
+
+
+def test_a_budget_run_stopped_half_way_resumes_to_the_same_end(tmp_path, small_english_data):
+    out = tmp_path / "run"
+    args = ["pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", "--time-budget", "20s", *ARGS]
+    proc = start(args)
+    log = out / "log.jsonl"
+    while proc.poll() is None and not (
+        log.exists() and any(json.loads(line).get("train_seconds", 0) >= 8 for line in log.read_text().splitlines())
+    ):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode != 0 and "stopped by SIGTERM" in stderr, stderr
+    half = checkpoint.load_training_state(checkpoint.latest_checkpoint(out))["budget"]
+    assert not half["done"] and 8 <= half["elapsed"] < 16, half
+
+    done = run_cli(*args, "--resume")
+    first = next(line for line in done.stdout.splitlines() if line.startswith("bertgpu pretrain:"))
+    assert "resuming from" in first and "left)" in first, first
+    state, records = _finished(out)
+    assert state["done"] and records[-1]["lr"] == 0.0
+    assert 20 - 2 * state["step_s"] - (state["eval_s"] or 0) <= state["elapsed"] <= 20 + state["step_s"], state
+    # Resumed once more, the run is finished: nothing to train.
+    again = run_cli(*args, "--resume")
+    assert "is finished" in again.stdout, again.stdout
+
+
+def test_time_budget_and_steps_contradict(tmp_path, small_english_data):
+    proc = run_cli(
+        "pretrain", "--data", small_english_data, "--out", tmp_path / "x", *ARGS, "--time-budget", "3m",
+        "--steps", "50", check=False,
+    )  # fmt: skip
+    err = proc.stderr.strip()
+    assert proc.returncode == 2 and len(err.splitlines()) == 1 and "--time-budget and --steps" in err, err
