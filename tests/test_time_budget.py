@@ -156,8 +156,9 @@ def test_a_budget_run_ends_at_the_budget_with_the_rate_at_zero(tmp_path, small_e
     assert "time budget 15s" in done.stdout.splitlines()[0]
     assert state["done"] and log[-1]["lr"] == 0.0 and log[-1]["step"] == len(log) >= 5
     step_s = state["step_s"]
-    # The training clock ends within a step of the budget, the final evaluation included; then the save.
-    assert 15 - 2 * step_s - (state["eval_s"] or 0) <= state["elapsed"] <= 15 + step_s, state
+    # The training clock ends within a step of the budget less the final evaluation (timed, or estimated as at
+    # most 2 steps of these 32 instances); then the save.
+    assert 15 - 2 * step_s - (state["eval_s"] or 2 * step_s) <= state["elapsed"] <= 15 + step_s, state
     assert log[-1]["train_seconds"] <= 15 + step_s
     assert wall < 15 + 30, wall  # setup, a step and the save: never a second budget
 
@@ -182,7 +183,9 @@ def test_a_budget_run_stopped_half_way_resumes_to_the_same_end(tmp_path, small_e
     assert "resuming from" in first and "left)" in first, first
     state, records = _finished(out)
     assert state["done"] and records[-1]["lr"] == 0.0
-    assert 16 - 2 * state["step_s"] - (state["eval_s"] or 0) <= state["elapsed"] <= 16 + state["step_s"], state
+    assert (
+        16 - 2 * state["step_s"] - (state["eval_s"] or 2 * state["step_s"]) <= state["elapsed"] <= 16 + state["step_s"]
+    ), state
     # Resumed once more, the run is finished: nothing to train.
     again = run_cli(*args, "--resume")
     assert "is finished" in again.stdout, again.stdout
