@@ -156,33 +156,36 @@ def test_a_budget_run_ends_at_the_budget_with_the_rate_at_zero(tmp_path, small_e
     assert "time budget 15s" in done.stdout.splitlines()[0]
     assert state["done"] and log[-1]["lr"] == 0.0 and log[-1]["step"] == len(log) >= 5
     step_s = state["step_s"]
-    # The training clock ends within a step of the budget, the final evaluation included; then the save.
-    assert 15 - 2 * step_s - (state["eval_s"] or 0) <= state["elapsed"] <= 15 + step_s, state
+    # The training clock ends within a step of the budget less the final evaluation (timed, or estimated as at
+    # most 2 steps of these 32 instances); then the save.
+    assert 15 - 2 * step_s - (state["eval_s"] or 2 * step_s) <= state["elapsed"] <= 15 + step_s, state
     assert log[-1]["train_seconds"] <= 15 + step_s
     assert wall < 15 + 30, wall  # setup, a step and the save: never a second budget
 
 
 def test_a_budget_run_stopped_half_way_resumes_to_the_same_end(tmp_path, small_english_data):
     out = tmp_path / "run"
-    args = ["pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", "--time-budget", "20s", *ARGS]
+    args = ["pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", "--time-budget", "16s", *ARGS]
     proc = start(args)
     log = out / "log.jsonl"
     while proc.poll() is None and not (
-        log.exists() and any(json.loads(line).get("train_seconds", 0) >= 8 for line in log.read_text().splitlines())
+        log.exists() and any(json.loads(line).get("train_seconds", 0) >= 6 for line in log.read_text().splitlines())
     ):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "stopped by SIGTERM" in stderr, stderr
     half = checkpoint.load_training_state(checkpoint.latest_checkpoint(out))["budget"]
-    assert not half["done"] and 8 <= half["elapsed"] < 16, half
+    assert not half["done"] and 6 <= half["elapsed"] < 13, half
 
     done = run_cli(*args, "--resume")
     first = next(line for line in done.stdout.splitlines() if line.startswith("bertgpu pretrain:"))
     assert "resuming from" in first and "left)" in first, first
     state, records = _finished(out)
     assert state["done"] and records[-1]["lr"] == 0.0
-    assert 20 - 2 * state["step_s"] - (state["eval_s"] or 0) <= state["elapsed"] <= 20 + state["step_s"], state
+    assert (
+        16 - 2 * state["step_s"] - (state["eval_s"] or 2 * state["step_s"]) <= state["elapsed"] <= 16 + state["step_s"]
+    ), state
     # Resumed once more, the run is finished: nothing to train.
     again = run_cli(*args, "--resume")
     assert "is finished" in again.stdout, again.stdout
