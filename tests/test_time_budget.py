@@ -191,10 +191,12 @@ def test_a_budget_run_stopped_half_way_resumes_to_the_same_end(tmp_path, small_e
     assert "is finished" in again.stdout, again.stdout
 
 
-def test_time_budget_and_steps_contradict(tmp_path, small_english_data):
+@pytest.mark.parametrize("steps", ["50", "1000"])  # 1000: the default value, still given
+def test_time_budget_and_steps_contradict(tmp_path, small_english_data, steps):
     proc = run_cli(
         "pretrain", "--data", small_english_data, "--out", tmp_path / "x", *ARGS, "--time-budget", "3m",
-        "--steps", "50", check=False,
+        "--steps", steps, check=False,
     )  # fmt: skip
     err = proc.stderr.strip()
     assert proc.returncode == 2 and len(err.splitlines()) == 1 and "--time-budget and --steps" in err, err
+    assert not (tmp_path / "x").exists()
