@@ -317,7 +317,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = build_config(cls, args)
         # --steps at its default value is still --steps given: the config alone cannot tell the two apart.
-        if isinstance(cfg, PretrainConfig) and cfg.time_budget and any(a == "--steps" or a.startswith("--steps=") for a in argv):
+        steps_given = any(a == "--steps" or a.startswith("--steps=") for a in argv)
+        if isinstance(cfg, PretrainConfig) and cfg.time_budget and steps_given:
             raise UserError("--time-budget and --steps contradict each other: give one (the budget sizes the steps)")
         if getattr(args, "config", None):  # the file is an input too (each command checks its own inputs)
             outputs = {flag: getattr(cfg, name, "") for name, flag in (("out", "--out"), ("output", "--output"))}
