@@ -7,8 +7,8 @@ last step is decided one step ahead: the one after which no further step, plus t
 Its learning rate is zero, the run evaluates and saves after it, and so it ends within a step and a save of
 the budget.
 
-Every rank decides alike: the clock is rank 0's, shared by one small all-reduce per step (read one step late on
-a GPU, as the loop's other flags: ``training.LaggedFlags``), and everything else (step time, plan, learning
+Every rank decides alike: the clock is rank 0's, shared by one small all-reduce per step (read late on a
+GPU, as the loop's other flags: ``training.LaggedFlags``), and everything else (step time, plan, learning
 rate) is computed from the shared values. The clock counts the training loop's wall-clock, evaluations and
 checkpoints included, from its first step; a checkpoint records it, so a resumed or restarted run (elastic,
 another layout) continues the budget where it stood, not afresh.
@@ -76,6 +76,7 @@ class TimeBudget:
         self.elapsed_before = 0.0  # the training wall-clock of the run before this process (from a checkpoint)
         self.step_s: float | None = None  # the step time, in seconds (saved: a resumed run starts from it)
         self.eval_s: float | None = None  # the last evaluation's duration, once timed
+        self._eval_here = 0.0  # this process's last evaluation's duration (rank 0's is shared)
         self.points: list[tuple[int, float]] = []  # (steps done, elapsed) as every rank agreed
         self.durations: list[float] = []  # this process's measured step times, newest last
         self.last: int | None = None  # the last step, once decided
@@ -102,8 +103,6 @@ class TimeBudget:
                 self._eval_here = self.clock() - t0
 
         return run
-
-    _eval_here = 0.0
 
     # -- the plan -------------------------------------------------------------------------------------
 
@@ -161,7 +160,7 @@ class TimeBudget:
 
     def elapsed_at(self, step: int) -> float:
         """The training wall-clock after ``step`` steps: the latest agreed point, plus step times to ``step``
-        (one step on a GPU, whose clock is read a step late)."""
+        (on a GPU, whose clock is read steps late)."""
         at, elapsed = self.points[-1] if self.points else (step, self.elapsed_before)
         return elapsed + (step - at) * (self.step_s or 0.0)
 

@@ -515,11 +515,6 @@ class RunLog:
     def first_step(self) -> int | None:
         return self.history[0]["step"] if self.history else None
 
-    def last(self, *keys: str) -> dict[str, Any]:
-        """The newest record's values of ``keys`` (those it has)."""
-        newest = self.history[-1] if self.history else {}
-        return {k: newest[k] for k in keys if k in newest}
-
     def latest(self, *keys: str) -> dict[str, tuple[Any, int]]:
         """For each of ``keys``, the newest value logged and its step (the keys never logged left out)."""
         found: dict[str, tuple[Any, int]] = {}

@@ -319,7 +319,7 @@ class TrainingRun:
             seed=self.run_cfg.seed,
             pipeline=parallel,
             seq_length=seq_length,
-            cuda_graphs=getattr(self.run_cfg, "cuda_graphs", False),
+            cuda_graphs=self.run_cfg.cuda_graphs,
         )
         torch.manual_seed(self.run_cfg.seed + 1 + self.dims.dp_rank)
         return self.net
@@ -594,10 +594,8 @@ class TrainingRun:
             return
         took = format_duration(time.perf_counter() - self.started)
         # A resumed run's log holds the steps before (training.RunLog): the lines cover the whole run.
-        this_start = f"this start: {self.start_step:,} -> {step:,} in {took}" if self.start_step else f"in {took}"
-        lines = [
-            f"bertgpu {self.task}: done, steps 0 -> {step:,} " + (f"({this_start})" if self.start_step else this_start)
-        ]
+        when = f"(this start: {self.start_step:,} -> {step:,} in {took})" if self.start_step else f"in {took}"
+        lines = [f"bertgpu {self.task}: done, steps 0 -> {step:,} {when}"]
         lines += [f"  {line}" for line in (self.log.summary(keys) if self.log else [])]
         lines.append(f"  {where}")
         print("\n".join(lines), flush=True)
