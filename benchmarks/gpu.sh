@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU check in one command (BENCHMARKS.md, GPU): tests/test_cuda.py, the bench table, a real
 # pretraining run and a time-to-quality race against transformers + torch.compile, as one Markdown table
-# on stdout and in $OUT/gpu-check.md when $OUT is set. Under 8 minutes on one H100/H200.
+# on stdout and in $OUT/gpu-check.md when $OUT is set. Under 9 minutes on one H100/H200.
 #
 #   benchmarks/gpu.sh                       # on the GPU machine, from the checkout
 #   benchmarks/gpu.sh --device cpu --smoke  # the script's own logic at a tiny size (tests/test_gpu_script.py)

@@ -25,13 +25,11 @@ def test_gpu_script_smoke_on_cpu_writes_one_table_of_every_phase(tmp_path):
     lines = table.splitlines()
     assert lines[0].startswith("GPU check: CPU | torch ") and lines[0].endswith("| smoke")
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines if line.startswith("| ")}
-    assert set(rows) == {"check", "---", "bench tiny 4 x 32", "pretrain tiny 8 x 64, 8 steps",
-                         "time to quality tiny 8 x 64, 4 steps"}  # fmt: skip
+    pretrain = [f"pretrain {arch} tiny 8 x 64, 8 steps" for arch in ("bert", "modernbert")]
+    assert set(rows) == {"check", "---", "bench tiny 4 x 32", *pretrain, "time to quality tiny 8 x 64, 4 steps"}
     bench = rows["bench tiny 4 x 32"]
     assert bench[2].startswith("eager ") and bench[3].startswith("eager ") and bench[4].endswith("x")
-    assert (
-        "seq/s" in rows["pretrain tiny 8 x 64, 8 steps"][2] and "waits data" in rows["pretrain tiny 8 x 64, 8 steps"][5]
-    )
+    assert all("seq/s" in rows[name][2] and "waits data" in rows[name][5] for name in pretrain)
     race = rows["time to quality tiny 8 x 64, 4 steps"]
     assert "held-out loss" in race[2] and "held-out loss" in race[3]
     losses = [float(cell.rsplit(" ", 1)[1]) for cell in race[2:4]]
