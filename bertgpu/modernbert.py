@@ -315,8 +315,8 @@ class FlexMask:
         inside attention here)."""
         from torch.nn.attention.flex_attention import flex_attention
 
-        if q.device.type != "cuda":  # the eager reference (tests on CPU)
-            return flex_attention(q, k, v, block_mask=self.block_mask)
+        if q.device.type != "cuda" or torch.compiler.is_compiling():  # CPU: the eager reference (tests)
+            return flex_attention(q, k, v, block_mask=self.block_mask)  # compiling: part of the caller's graph
         if FlexMask._kernel is None:
             FlexMask._kernel = torch.compile(flex_attention, dynamic=False)
         return FlexMask._kernel(q, k, v, block_mask=self.block_mask)
@@ -411,8 +411,10 @@ class ModernBertModel(nn.Module):
         return out
 
     def masks(self, attention_mask: torch.Tensor | None, batch: int, length: int, device: torch.device) -> dict:
-        if attention_mask is not None and bool(attention_mask.all()):
-            attention_mask = None  # no padding: SDPA may take its fastest kernel
+        # No padding: SDPA may take its fastest kernel. Not asked inside torch.compile, where reading the
+        # device's answer would break the graph (the compiled step drops such a mask on the host already).
+        if attention_mask is not None and not torch.compiler.is_compiling() and bool(attention_mask.all()):
+            attention_mask = None
         if self.attention == "flex":
             return {
                 False: FlexMask(attention_mask, batch, length, None, device),

@@ -274,3 +274,18 @@ def test_long_packed_sequences(tmp_path, small_english_data):
         if "mlm_loss" in line
     ]
     assert len(losses) >= 2 and all(0 < x < 10 for x in losses)
+
+
+@pytest.mark.filterwarnings("ignore:.*flex_attention.*")
+@pytest.mark.parametrize("attention,length", [("flex", 300), ("sdpa", 1100)], ids=["flex", "sdpa-blocked"])
+def test_forward_is_one_graph_for_torch_compile(attention, length):
+    """--compile traces the whole step as one graph (CUDA graphs need it): no branch on a device value, such as
+    the padding check that broke the graph on the first GPU run (modernbert.py asked ``attention_mask.all()``)."""
+    torch.manual_seed(0)
+    model = ModernBertForMaskedLM(small_config(500, max_position_embeddings=length), attention=attention)
+    ids = torch.randint(5, 500, (2, length))
+    mask = torch.ones_like(ids)
+    mask[1, length // 2 :] = 0
+    with torch.no_grad():  # FlexAttention has no backward on CPU; the forward is what is traced here
+        explained = torch._dynamo.explain(model)(ids, attention_mask=mask)
+    assert explained.graph_break_count == 0, [str(b.reason).splitlines()[0] for b in explained.break_reasons]
