@@ -1,9 +1,11 @@
 """A ModernBERT spread over gloo processes ends on one process's parameters with the same global batch (as
 tests/test_parallel.py proves for BERT): DDP, FSDP, unequal batches with activation checkpointing, tensor
-parallel (alone and with DDP) and pipeline stages (alone and with FSDP); 1e-6 after 3 AdamW steps,
-fp32, dropout 0. Sequences of 256 tokens, so that local and global layers attend differently. Tensor parallel
-uses ModernBERT's own plan (parallel/modernbert_tp.py: each process's rows of the fused Wqkv and Wi are the
-matching q/k/v and input/gate slices); a wrong slicing would attend with other heads and fail the parity."""
+parallel (alone, with DDP and with FSDP), pipeline stages (alone and with FSDP) and the 3D layout pp x dp x tp
+with FSDP; 1e-6 after 3 AdamW steps (3D 2e-6), fp32, dropout 0. Sequences of 256 tokens, so that local and
+global layers attend differently. Tensor parallel uses ModernBERT's own plan (parallel/modernbert_tp.py: each
+process's rows of the fused Wqkv and Wi are the matching q/k/v and input/gate slices); a wrong slicing would
+attend with other heads and fail the parity. Under FSDP those weights are sharded by columns: FSDP's default
+(rows) trains right but gathers the checkpoint's Wqkv/Wi in the wrong order, 0.0785 off (measured)."""
 
 from __future__ import annotations
 
@@ -36,8 +38,17 @@ LAYOUTS = {
         ["--nproc", "4", "--batch-size", "4", "--tp", "2", "--activation-checkpointing"],
         "4 processes = dp 2 x tp 2, ddp",
     ),
+    "dp2-x-tp2-fsdp-x-4": (
+        ["--nproc", "4", "--batch-size", "4", "--tp", "2", "--strategy", "fsdp"],
+        "4 processes = dp 2 x tp 2, fsdp",
+    ),
+    "3d-pp2-x-dp2-x-tp2-fsdp-x-4": (
+        ["--nproc", "8", "--batch-size", "4", "--pp", "2", "--tp", "2", "--strategy", "fsdp"],
+        "8 processes = pp 2 x dp 2 x tp 2, fsdp",
+    ),
 }
 TOLERANCE = 1e-6
+TOLERANCE_3D = 2e-6  # the issue's bound for dp x tp x pp
 
 
 def final_weights(run_dir):
@@ -62,29 +73,32 @@ def test_same_parameters_as_one_process(name, reference, tmp_path, small_english
     proc = run_cli("pretrain", "--data", small_english_data, "--out", out, *flags, *COMMON)
     assert described in proc.stdout and "global batch 8" in proc.stdout, proc.stdout
     worst = worst_difference(final_weights(reference), final_weights(out))
-    assert worst <= TOLERANCE, f"max abs parameter difference {worst:.3g}"
+    assert worst <= (TOLERANCE_3D if name.startswith("3d") else TOLERANCE), f"max abs parameter difference {worst:.3g}"
     assert losses(out) == pytest.approx(losses(reference), abs=1e-5)
 
 
 @pytest.mark.parametrize(
     "flags, says",
-    [
-        (["--nproc", "4", "--pp", "2", "--tp", "2"], "FSDP"),
-        (["--nproc", "4", "--tp", "2", "--strategy", "fsdp"], "FSDP"),
-    ],
+    [(["--nproc", "6", "--tp", "2", "--strategy", "fsdp"], "3 does not divide its hidden_size 128")],
 )
 def test_what_is_not_supported_is_refused_in_one_line(flags, says, tmp_path, small_english_data):
     proc = run_cli("pretrain", "--data", small_english_data, "--out", tmp_path / "x", *flags, *COMMON, check=False)
     assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
 
 
-def test_tensor_parallel_run_resumes_exactly_on_its_layout_and_on_one_process(tmp_path, small_english_data):
-    """A --tp 2 checkpoint (optimizer state of the strided Wqkv/Wi written whole over the group) resumes to the
-    uninterrupted run's weights, under --tp 2 again and on one process."""
-    flags = ("--data", small_english_data, "--batch-size", "8", "--save-every", "1", *COMMON)
+def test_tensor_parallel_run_resumes_exactly_on_its_layout_and_on_others(tmp_path, small_english_data):
+    """A dp 2 x tp 2 FSDP checkpoint (optimizer state of the strided Wqkv/Wi, sharded by columns over dp: written
+    whole over the tp group) resumes to the uninterrupted run's weights: on that layout again, under --tp 2
+    alone and on one process."""
+    flags = ("--data", small_english_data, "--save-every", "1", *COMMON)
+    tp_fsdp = ["--nproc", "4", "--tp", "2", "--strategy", "fsdp", "--batch-size", "4"]
     full = tmp_path / "full"
-    run_cli("pretrain", "--out", full, "--nproc", "2", "--tp", "2", *flags)
-    for name, layout in (("tp2", ["--nproc", "2", "--tp", "2"]), ("one", ["--nproc", "1"])):
+    run_cli("pretrain", "--out", full, *tp_fsdp, *flags)
+    for name, layout in (
+        ("tp-fsdp", tp_fsdp),
+        ("tp2", ["--nproc", "2", "--tp", "2", "--batch-size", "8"]),
+        ("one", ["--nproc", "1", "--batch-size", "8"]),
+    ):
         again = tmp_path / name
         shutil.copytree(full, again)
         shutil.rmtree(again / "checkpoints" / "step-0000003")

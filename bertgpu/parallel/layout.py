@@ -13,7 +13,7 @@ import torch
 from ..config import ModelConfig, accumulation, fast_recipe
 from ..errors import UserError
 from ..training import resolve_precision
-from . import launch
+from . import launch, modernbert_tp
 from .dims import ParallelDims
 from .pipeline import check_stages
 
@@ -25,11 +25,7 @@ def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
     dims = ParallelDims(launch.world_size(cfg.run.nproc, cfg.run.device), parallel.tp, parallel.strategy, parallel.pp)
     dims.check_model(model_config)
     if getattr(model_config, "model_type", "bert") == "modernbert":
-        if dims.tp > 1 and (dims.strategy == "fsdp" or dims.pp > 1):
-            raise UserError(
-                "a ModernBERT's tensor-parallel weights (fused Q/K/V and GeGLU, strided over --tp) cannot be "
-                "sharded again by FSDP (which --pp uses too): with --tp use --strategy ddp and no --pp"
-            )
+        modernbert_tp.check_layout(dims, model_config)
     precision = resolve_precision(cfg.run.precision, torch.device(cfg.run.device), cpu_bf16=fast_recipe(cfg))
     if dims.pp > 1:
         check_pipeline(cfg, model_config, precision)

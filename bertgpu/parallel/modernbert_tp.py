@@ -7,14 +7,29 @@ process all of q and half of k. Here each is split as ``chunks`` matrices at onc
 (q_r, k_r, v_r; input_r, gate_r), which is exactly what its heads and its share of the GeGLU width need;
 the full matrix (checkpoints, transformers' layout) is gathered back in order. ``Wo`` of attention and of
 the MLP are row-wise, as BERT's output projections. Embeddings, norms and heads stay whole.
+
+**FSDP over the strided weights** (``--tp`` with ``--strategy fsdp``, or with ``--pp``): FSDP2's ``fully_shard``
+splits each tensor-parallel shard again, by default by rows (``Shard(0)``), and describes the result to DTensor
+as ``(_StridedShard(0, split_factor=tp), _StridedShard(0, split_factor=chunks))``. The rows each process holds
+are right (training is exact: the all-gather rebuilds the tensor-parallel shard), but that description is not:
+it counts the tensor-parallel shards, not that each is strided over the chunks, so ``full_tensor()`` and
+``redistribute`` (the checkpoint's weights and the optimizer state) put rows of q, k and v (input and gate)
+in the wrong places: 0.08 off the one-process weights after 3 steps. ``fsdp_placement`` has ``fully_shard``
+split these weights by columns instead (``Shard(1)``, its ``shard_placement_fn``): the two splits are then on
+different dimensions, which DTensor composes exactly, and the checkpoint is the whole matrix in
+transformers' order.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from torch import nn
-from torch.distributed.tensor import distribute_tensor
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.distributed.tensor.placement_types import _StridedShard
+
+from ..errors import UserError
 
 
 class FusedColwiseParallel(ColwiseParallel):
@@ -47,3 +62,23 @@ PLAN = {
 def apply(layers: nn.ModuleList | nn.ModuleDict, tp_mesh) -> None:
     for key in list(layers.keys()) if isinstance(layers, nn.ModuleDict) else range(len(layers)):
         parallelize_module(layers[key], tp_mesh, PLAN)
+
+
+def fsdp_placement(param: nn.Parameter) -> Shard | None:
+    """``fully_shard``'s ``shard_placement_fn``: columns (``Shard(1)``) for a weight strided over the
+    tensor-parallel group (``FusedColwiseParallel``'s), FSDP's default (rows) for every other."""
+    if isinstance(param, DTensor) and any(isinstance(p, _StridedShard) for p in param.placements):
+        return Shard(1)
+    return None
+
+
+def check_layout(dims: Any, config: Any) -> None:
+    """FSDP splits the fused weights' columns (``fsdp_placement``) evenly only: the data-parallel shards must
+    divide the hidden size (a one-line error before any process starts, not FSDP's own in every process)."""
+    shards = dims.dp_shard if dims.fsdp else 1
+    if dims.tp > 1 and shards > 1 and config.hidden_size % shards:
+        raise UserError(
+            f"--tp {dims.tp} with --strategy fsdp over {shards} data-parallel processes splits a ModernBERT's "
+            f"fused Q/K/V and GeGLU weights by columns, and {shards} does not divide its hidden_size "
+            f"{config.hidden_size}: use a data-parallel degree that does, or --strategy ddp"
+        )

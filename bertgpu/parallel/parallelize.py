@@ -361,10 +361,13 @@ def apply_fsdp(model: nn.Module, dims: ParallelDims, precision: str, reduce_dtyp
     ``reduce_dtype`` (--grad-compression fp16/bf16)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from .modernbert_tp import fsdp_placement
+
     mp = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if precision == "bf16" else None, reduce_dtype=reduce_dtype or torch.float32
     )
     mesh = dims.dp_mesh
     for layer in encoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mp)
+        # A ModernBERT's strided tensor-parallel weights by columns (modernbert_tp.fsdp_placement).
+        fully_shard(layer, mesh=mesh, mp_policy=mp, shard_placement_fn=fsdp_placement)
     fully_shard(model, mesh=mesh, mp_policy=mp)

@@ -35,7 +35,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..model import BertForPreTraining
-from . import modernbert_stages
+from . import modernbert_stages, modernbert_tp
 from .compression import Compression
 from .dims import ParallelDims
 from .parallelize import (
@@ -178,7 +178,7 @@ def parallelize_pipeline(
         )
         for stage in stages:
             for layer in stage.layers:
-                fully_shard(layer, mesh=dims.dp_mesh, mp_policy=mp)
+                fully_shard(layer, mesh=dims.dp_mesh, mp_policy=mp, shard_placement_fn=modernbert_tp.fsdp_placement)
             fully_shard(stage, mesh=dims.dp_mesh, mp_policy=mp)
     pipe_stages = [PipelineStage(stage, s, n_stages, device, group=dims.pp_group) for s, stage in zip(ids, stages)]
     net = PipelineModel(model, dims, compression, stages, first, last)
