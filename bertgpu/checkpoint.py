@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import json
 import os
 import pickle
 import re
@@ -31,7 +30,7 @@ from torch import nn
 from . import atomic
 from .config import ModelConfig
 from .errors import UserError
-from .hf_dir import _is_main, _write_json, full_state_dict, write_pretrained
+from .hf_dir import full_state_dict, is_main, write_pretrained
 
 STATE_NAME = "training_state.pt"  # plain values: data position, RNGs, scaler, records (rank 0)
 OPTIMIZER_DIR = "optimizer"  # the optimizer's per-parameter tensors: torch.distributed.checkpoint, a file per process
@@ -134,12 +133,14 @@ def save_checkpoint(
             state=weights,
         )
         torch.save({"step": step, **state}, tmp / STATE_NAME)
-        _write_json(tmp / RUN_CONFIG_NAME, {"step": step, "config": dataclasses.asdict(run_config)})
+        atomic.write_json(
+            tmp / RUN_CONFIG_NAME, {"step": step, "config": dataclasses.asdict(run_config)}, sort_keys=True
+        )
         if card:
             (tmp / CARD_NAME).write_text(card, encoding="utf-8")
 
     def prune() -> None:
-        if _is_main():
+        if is_main():
             for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
                 shutil.rmtree(old, ignore_errors=True)
 
@@ -178,7 +179,7 @@ def save_model_dir(
             state=weights,
         )
         for name, obj in (json_files or {}).items():
-            (tmp / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            atomic.write_json(tmp / name, obj)
         if card:
             (tmp / CARD_NAME).write_text(card, encoding="utf-8")
 
@@ -228,7 +229,7 @@ def _stage(
     tensors = optimizer_tensors(model, optimizer) if optimizer is not None else None
     if tensors is not None and rank_tensors:
         tensors["rank"] = {str(dist.get_rank() if dist.is_initialized() else 0): rank_tensors}
-    tmp = launch.broadcast_object(atomic.new_temporary(final) if _is_main() else None)
+    tmp = launch.broadcast_object(atomic.new_temporary(final) if is_main() else None)
     return weights, tensors, tmp
 
 
@@ -242,8 +243,10 @@ def _finish(final: Path, tmp: Path, weights: Any, write: Any, write_shards: Any,
     reason = ""
     try:
         write_shards()
-        if _is_main():
+        if is_main():
             write(tmp, weights)
+    except UserError as e:  # atomic.write_json names the file it could not write
+        reason = str(e)
     except (OSError, SafetensorError, RuntimeError, dcp.api.CheckpointException) as e:
         # safetensors, torch.save and torch.distributed.checkpoint wrap the OS's write errors
         reason = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[-1]
@@ -252,7 +255,7 @@ def _finish(final: Path, tmp: Path, weights: Any, write: Any, write_shards: Any,
         reasons = [None] * dist.get_world_size(group)
         dist.all_gather_object(reasons, reason, group=group)
     failed = [r for r in reasons if r]
-    if _is_main():
+    if is_main():
         if failed:
             shutil.rmtree(tmp, ignore_errors=True)
         else:

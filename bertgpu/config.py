@@ -19,7 +19,7 @@ import functools
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from .errors import UserError
 
@@ -46,6 +46,7 @@ def opt(default: Any = dataclasses.MISSING, help: str = "", **meta: Any) -> Any:
 class ModelConfig:
     """The architecture, with the field names of transformers' BertConfig."""
 
+    model_type: ClassVar[str] = "bert"  # config.json's; ModernBertConfig's is "modernbert"
     vocab_size: int = 30522
     hidden_size: int = 768
     num_hidden_layers: int = 12

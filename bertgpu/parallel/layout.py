@@ -24,7 +24,7 @@ def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
     parallel = cfg.parallel
     dims = ParallelDims(launch.world_size(cfg.run.nproc, cfg.run.device), parallel.tp, parallel.strategy, parallel.pp)
     dims.check_model(model_config)
-    if getattr(model_config, "model_type", "bert") == "modernbert":
+    if model_config.model_type == "modernbert":
         if dims.tp > 1 and (dims.strategy == "fsdp" or dims.pp > 1):
             raise UserError(
                 "a ModernBERT's tensor-parallel weights (fused Q/K/V and GeGLU, strided over --tp) cannot be "
