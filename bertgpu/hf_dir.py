@@ -63,7 +63,7 @@ def export_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = 
     """
     model = unwrap(model)
     aliases = getattr(model, "tied_weights", {})
-    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    vocab_size = _vocab_size(model)
     if state is None:
         state = _local_state_dict(model)
     if lora.is_lora(model):  # the merged classifier, under the plain model's names
@@ -96,6 +96,12 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
         return get_model_state_dict(model)
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return state if dist.get_rank() == 0 else None
+
+
+def _vocab_size(model: nn.Module) -> int | None:
+    """The true vocab size of a model's config (its embedding may be padded); None for a module without one."""
+    config = getattr(model, "config", None)  # a module: not every one we save holds a config
+    return None if config is None else config.vocab_size
 
 
 def is_main() -> bool:
@@ -224,7 +230,7 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> tuple[list[str], 
     differs. A model with a padded vocab takes the file's vocab_size rows; its padded rows are zero.
     """
     model = unwrap(model)
-    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    vocab_size = _vocab_size(model)
     path = Path(path)
     file = path / WEIGHTS_NAME if path.is_dir() else path
     if not file.is_file():

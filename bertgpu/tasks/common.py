@@ -75,7 +75,7 @@ def check_out_dir(out: str, overwrite: bool, resume: bool) -> None:
 
 
 def announce_resume(
-    cfg: Any,
+    cfg: TrainingConfig,
     length_flag: str,
     length_now: int,
     length_saved: Callable[[dict], Any],
