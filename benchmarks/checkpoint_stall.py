@@ -31,14 +31,14 @@ def run(mode: str, data: Path, work: Path, args) -> dict:
     from bertgpu.cli import main
 
     stalls, writes = [], []
-    save, finish = checkpoint.Checkpointer.save, checkpoint._finish
+    save, finish = checkpoint.Checkpointer.write, checkpoint._finish
 
-    def timed_save(self, *a, **k):  # asked after every step: a save is one that wrote a checkpoint
+    def timed_save(self, *a, **k):
         t0 = time.perf_counter()
-        path = save(self, *a, **k)
-        if path is not None:
+        try:
+            return save(self, *a, **k)
+        finally:
             stalls.append(time.perf_counter() - t0)
-        return path
 
     def timed_finish(*a, **k):
         t0 = time.perf_counter()
@@ -47,7 +47,7 @@ def run(mode: str, data: Path, work: Path, args) -> dict:
         finally:
             writes.append((t0, time.perf_counter()))
 
-    checkpoint.Checkpointer.save, checkpoint._finish = timed_save, timed_finish
+    checkpoint.Checkpointer.write, checkpoint._finish = timed_save, timed_finish
     out = work / mode
     flags = ["--async-save"] if mode == "background" else []
     argv = ["pretrain", "--data", str(data), "--model", args.model, "--out", str(out), "--steps", str(args.steps)]
@@ -72,7 +72,7 @@ def run(mode: str, data: Path, work: Path, args) -> dict:
             if e.code:
                 raise
     finally:
-        checkpoint.Checkpointer.save, checkpoint._finish, training.RunLog.log = save, finish, original_log
+        checkpoint.Checkpointer.write, checkpoint._finish, training.RunLog.log = save, finish, original_log
     # A step's time: from the previous log line (one per step, written before that step's save) to its
     # own. A save at step 2k lands in step 2k+1's time, with whatever the background write takes from it.
     times = {s: t1 - t0 for (_, t0), (s, t1) in zip(step_ends, step_ends[1:])}

@@ -223,8 +223,10 @@ class Checkpointer:
     ) -> Path | None:
         """Write the checkpoint of ``step`` if one is ``due`` (or ``force``: a stop, a failing run, an epoch's
         end): ``state()`` gives what it holds besides the model and optimizer. Return its path, or None."""
-        if not (force or self.due(step, last, epoch_end)):
-            return None
+        return self.write(step, state) if force or self.due(step, last, epoch_end) else None
+
+    def write(self, step: int, state: Callable[[], Snapshot]) -> Path:
+        """Write the checkpoint of ``step``, due or not; return its path."""
         snapshot = state()
         self.last_save, self.clock_due = time.monotonic(), False
         self.latest = save_checkpoint(

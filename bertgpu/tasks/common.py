@@ -521,7 +521,7 @@ class TrainingRun:
 
     def save_now(self, loop: LoopState) -> Path:
         """A checkpoint of the loop's step, due or not (a stop, a failing run, an epoch's end)."""
-        return self.checkpointer.save(loop.step, lambda: self.snapshot(loop), force=True)
+        return self.checkpointer.write(loop.step, lambda: self.snapshot(loop))
 
     def end_step(self, loop: LoopState, bad: torch.Tensor, *, flush: bool) -> None:
         """After every optimizer step: queue its flags (was it skipped; was any process asked to stop; is
