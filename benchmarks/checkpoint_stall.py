@@ -25,14 +25,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bertgpu import checkpoint, samples  # noqa: E402
-from bertgpu.tasks import common  # noqa: E402
 
 
 def run(mode: str, data: Path, work: Path, args) -> dict:
     from bertgpu.cli import main
 
     stalls, writes = [], []
-    save, finish = common.TrainingRun.save, checkpoint._finish
+    save, finish = checkpoint.Checkpointer.write, checkpoint._finish
 
     def timed_save(self, *a, **k):
         t0 = time.perf_counter()
@@ -48,7 +47,7 @@ def run(mode: str, data: Path, work: Path, args) -> dict:
         finally:
             writes.append((t0, time.perf_counter()))
 
-    common.TrainingRun.save, checkpoint._finish = timed_save, timed_finish
+    checkpoint.Checkpointer.write, checkpoint._finish = timed_save, timed_finish
     out = work / mode
     flags = ["--async-save"] if mode == "background" else []
     argv = ["pretrain", "--data", str(data), "--model", args.model, "--out", str(out), "--steps", str(args.steps)]
@@ -73,7 +72,7 @@ def run(mode: str, data: Path, work: Path, args) -> dict:
             if e.code:
                 raise
     finally:
-        common.TrainingRun.save, checkpoint._finish, training.RunLog.log = save, finish, original_log
+        checkpoint.Checkpointer.write, checkpoint._finish, training.RunLog.log = save, finish, original_log
     # A step's time: from the previous log line (one per step, written before that step's save) to its
     # own. A save at step 2k lands in step 2k+1's time, with whatever the background write takes from it.
     times = {s: t1 - t0 for (_, t0), (s, t1) in zip(step_ends, step_ends[1:])}

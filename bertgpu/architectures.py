@@ -20,7 +20,7 @@ ARCHS = ("bert", "modernbert")
 
 
 def arch_of(config: Any) -> str:
-    return "modernbert" if getattr(config, "model_type", "bert") == "modernbert" else "bert"
+    return "modernbert" if config.model_type == "modernbert" else "bert"
 
 
 def presets(arch: str) -> list[str]:

@@ -56,9 +56,9 @@ def write_text(path: str | os.PathLike, text: str) -> Path:
     return write_bytes(path, text.encode("utf-8"))
 
 
-def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2) -> Path:
-    """Write ``obj`` as JSON (UTF-8, non-ASCII kept as is), atomically."""
-    return write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False) + "\n")
+def write_json(path: str | os.PathLike, obj: Any, indent: int | None = 2, sort_keys: bool = False) -> Path:
+    """Write ``obj`` as JSON (UTF-8, non-ASCII kept as is), atomically: the one way bertgpu writes JSON."""
+    return write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False, sort_keys=sort_keys) + "\n")
 
 
 def new_temporary(final: str | os.PathLike) -> Path:

@@ -1,6 +1,7 @@
-"""Resumable training checkpoints: a Hugging Face BERT directory (``hf_dir``) plus what it takes to continue.
+"""Resumable training checkpoints: a Hugging Face BERT directory (``hf_dir``) plus what it takes to continue,
+and the ``Checkpointer`` that decides when a training run writes one.
 
-That is the optimizer's per-parameter state through ``torch.distributed.checkpoint`` (each process
+What it takes to continue is the optimizer's per-parameter state through ``torch.distributed.checkpoint`` (each process
 writes the shard it holds, and a resume on another layout reads what it needs), and the plain values
 of the run (data position, RNGs, scaler) in ``training_state.pt``. Model and optimizer state are
 taken through ``torch.distributed.checkpoint.state_dict`` on every process. Every directory is
@@ -14,13 +15,14 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import json
 import os
 import pickle
 import re
 import shutil
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +31,9 @@ from safetensors import SafetensorError
 from torch import nn
 
 from . import atomic
-from .config import ModelConfig
+from .config import ModelConfig, RunConfig
 from .errors import UserError
-from .hf_dir import _is_main, _write_json, full_state_dict, write_pretrained
+from .hf_dir import full_state_dict, is_main, write_pretrained
 
 STATE_NAME = "training_state.pt"  # plain values: data position, RNGs, scaler, records (rank 0)
 OPTIMIZER_DIR = "optimizer"  # the optimizer's per-parameter tensors: torch.distributed.checkpoint, a file per process
@@ -134,12 +136,14 @@ def save_checkpoint(
             state=weights,
         )
         torch.save({"step": step, **state}, tmp / STATE_NAME)
-        _write_json(tmp / RUN_CONFIG_NAME, {"step": step, "config": dataclasses.asdict(run_config)})
+        atomic.write_json(
+            tmp / RUN_CONFIG_NAME, {"step": step, "config": dataclasses.asdict(run_config)}, sort_keys=True
+        )
         if card:
             (tmp / CARD_NAME).write_text(card, encoding="utf-8")
 
     def prune() -> None:
-        if _is_main():
+        if is_main():
             for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
                 shutil.rmtree(old, ignore_errors=True)
 
@@ -151,6 +155,107 @@ def save_checkpoint(
     _save_collectively(path, model, write, optimizer, kept, rank_tensors)
     prune()
     return path
+
+
+@dataclass
+class Snapshot:
+    """What a checkpoint holds of a training run at one step, besides the model and optimizer: the plain
+    values (``training_state.pt``), this process's own tensors (PowerSGD's) and the model card."""
+
+    values: dict[str, Any]
+    rank_tensors: dict[str, torch.Tensor] | None = None
+    card: str | None = None
+
+
+class Checkpointer:
+    """When a training run writes its resumable checkpoint, and the writing: torchtitan's CheckpointManager.
+
+    A checkpoint is due after the run's last step, every --save-every steps and every --save-every-minutes
+    (by rank 0's clock: ``clock`` is read on every process, the loop shares it through its per-step flags
+    and sets ``clock_due`` on all of them alike); with --async-save it is written in the background
+    (``BackgroundSaver``), and the newest --keep are kept. Every process asks ``save`` at the same steps,
+    with the same answers, and only a due save gathers the run's state (a collective). What every checkpoint
+    holds besides that state (model, optimizer, the config and vocab) is set once it exists (``set_contents``).
+    """
+
+    def __init__(self, run_dir: Path, run: RunConfig) -> None:
+        self.run_dir, self.every, self.keep = run_dir, run.save_every, run.keep
+        self.every_s = 60 * run.save_every_minutes
+        self.saver = BackgroundSaver() if run.async_save else None
+        self.last_save = time.monotonic()  # the run's start counts as a save for --save-every-minutes
+        self.clock_due = False  # --save-every-minutes said so, heard by every process
+        self.latest: Path | None = None  # the newest checkpoint this process saved
+
+    def set_contents(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        model_config: ModelConfig,
+        config: Any,
+        *,
+        vocab_path: str | os.PathLike,
+        do_lower_case: bool,
+        architecture: str | None = None,
+    ) -> None:
+        """What every checkpoint holds besides the run's state: the model (spread over the processes) and
+        its optimizer, the model's config and vocab, and the task's ``config`` (bertgpu.json)."""
+        self.model, self.optimizer, self.model_config, self.config = model, optimizer, model_config, config
+        self.vocab_path, self.do_lower_case, self.architecture = vocab_path, do_lower_case, architecture
+
+    def clock(self) -> bool:
+        """Whether --save-every-minutes is up by this process's clock (only rank 0's counts)."""
+        return is_main() and self.every_s > 0 and time.monotonic() - self.last_save >= self.every_s
+
+    def due(self, step: int, last: bool = False, epoch_end: bool = False) -> bool:
+        """Whether a checkpoint follows optimizer step ``step`` (``last``: the run's last): the last step,
+        every --save-every steps, or the clock. At the end of an epoch (fine-tuning) none: the epoch's own
+        checkpoint follows its evaluation."""
+        return not epoch_end and (last or self.clock_due or step % self.every == 0)
+
+    def save(
+        self,
+        step: int,
+        state: Callable[[], Snapshot],
+        *,
+        last: bool = False,
+        epoch_end: bool = False,
+        force: bool = False,
+    ) -> Path | None:
+        """Write the checkpoint of ``step`` if one is ``due`` (or ``force``: a stop, a failing run, an epoch's
+        end): ``state()`` gives what it holds besides the model and optimizer. Return its path, or None."""
+        return self.write(step, state) if force or self.due(step, last, epoch_end) else None
+
+    def write(self, step: int, state: Callable[[], Snapshot]) -> Path:
+        """Write the checkpoint of ``step``, due or not; return its path."""
+        snapshot = state()
+        self.last_save, self.clock_due = time.monotonic(), False
+        self.latest = save_checkpoint(
+            self.run_dir,
+            step,
+            self.model,
+            self.optimizer,
+            self.model_config,
+            snapshot.values,
+            self.config,
+            vocab_path=self.vocab_path,
+            do_lower_case=self.do_lower_case,
+            keep=self.keep,
+            architecture=self.architecture,
+            rank_tensors=snapshot.rank_tensors,
+            card=snapshot.card,
+            saver=self.saver,
+        )
+        return self.latest
+
+    def wait(self) -> None:
+        """Block until the checkpoint written in the background is complete (a failure is a UserError)."""
+        if self.saver is not None:
+            self.saver.wait()
+
+    def close(self) -> None:
+        """The last checkpoint is written before the run ends."""
+        if self.saver is not None:
+            self.saver.close()
 
 
 def save_model_dir(
@@ -178,7 +283,7 @@ def save_model_dir(
             state=weights,
         )
         for name, obj in (json_files or {}).items():
-            (tmp / name).write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+            atomic.write_json(tmp / name, obj)
         if card:
             (tmp / CARD_NAME).write_text(card, encoding="utf-8")
 
@@ -228,7 +333,7 @@ def _stage(
     tensors = optimizer_tensors(model, optimizer) if optimizer is not None else None
     if tensors is not None and rank_tensors:
         tensors["rank"] = {str(dist.get_rank() if dist.is_initialized() else 0): rank_tensors}
-    tmp = launch.broadcast_object(atomic.new_temporary(final) if _is_main() else None)
+    tmp = launch.broadcast_object(atomic.new_temporary(final) if is_main() else None)
     return weights, tensors, tmp
 
 
@@ -242,8 +347,10 @@ def _finish(final: Path, tmp: Path, weights: Any, write: Any, write_shards: Any,
     reason = ""
     try:
         write_shards()
-        if _is_main():
+        if is_main():
             write(tmp, weights)
+    except UserError as e:  # atomic.write_json names the file it could not write
+        reason = str(e)
     except (OSError, SafetensorError, RuntimeError, dcp.api.CheckpointException) as e:
         # safetensors, torch.save and torch.distributed.checkpoint wrap the OS's write errors
         reason = getattr(e, "strerror", None) or (str(e).strip().splitlines() or [type(e).__name__])[-1]
@@ -252,7 +359,7 @@ def _finish(final: Path, tmp: Path, weights: Any, write: Any, write_shards: Any,
         reasons = [None] * dist.get_world_size(group)
         dist.all_gather_object(reasons, reason, group=group)
     failed = [r for r in reasons if r]
-    if _is_main():
+    if is_main():
         if failed:
             shutil.rmtree(tmp, ignore_errors=True)
         else:

@@ -321,7 +321,8 @@ def main(argv: list[str] | None = None) -> None:
         if isinstance(cfg, PretrainConfig) and cfg.time_budget and steps_given:
             raise UserError("--time-budget and --steps contradict each other: give one (the budget sizes the steps)")
         if getattr(args, "config", None):  # the file is an input too (each command checks its own inputs)
-            outputs = {flag: getattr(cfg, name, "") for name, flag in (("out", "--out"), ("output", "--output"))}
+            # the command's outputs, as its parsed flags name them (a command has --out, --output or neither)
+            outputs = {flag: vars(args).get(name, "") for name, flag in (("out", "--out"), ("output", "--output"))}
             refuse_clobbering(outputs, {"--config": args.config})
         fn(cfg)
     except UserError as e:

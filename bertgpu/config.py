@@ -19,7 +19,7 @@ import functools
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 from .errors import UserError
 
@@ -46,6 +46,7 @@ def opt(default: Any = dataclasses.MISSING, help: str = "", **meta: Any) -> Any:
 class ModelConfig:
     """The architecture, with the field names of transformers' BertConfig."""
 
+    model_type: ClassVar[str] = "bert"  # config.json's; ModernBertConfig's is "modernbert"
     vocab_size: int = 30522
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -806,10 +807,25 @@ class PretrainConfig:
             )
 
 
-def fast_recipe(cfg: Any) -> bool:
+def fast_recipe(cfg: PretrainConfig) -> bool:
     """Whether ``cfg`` is a pretraining run under --recipe fast (which also takes bf16 autocast on CPUs that
     multiply bf16 in hardware, where --precision is left at auto: training.resolve_precision)."""
-    return getattr(cfg, "recipe", "bert") == "fast"
+    return cfg.recipe == "fast"
+
+
+class TrainingConfig(Protocol):
+    """The sections every training command's config has (``PretrainConfig``, ``FinetuneConfig``): the typed
+    root that the code shared by the training loops reads (tasks.common, parallel.layout). What is a task's
+    own (pretraining's --recipe, fine-tuning's adapter) the task passes beside it."""
+
+    @property
+    def out(self) -> str: ...
+
+    @property
+    def run(self) -> RunConfig: ...
+
+    @property
+    def parallel(self) -> ParallelConfig: ...
 
 
 def apply_fast_recipe(cfg: PretrainConfig) -> None:

@@ -14,7 +14,6 @@ such a directory, are ``checkpoint``'s.)
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 from pathlib import Path
@@ -64,7 +63,7 @@ def export_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = 
     """
     model = unwrap(model)
     aliases = getattr(model, "tied_weights", {})
-    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    vocab_size = _vocab_size(model)
     if state is None:
         state = _local_state_dict(model)
     if lora.is_lora(model):  # the merged classifier, under the plain model's names
@@ -89,7 +88,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     if lora.is_quantized(unwrap(model)):  # bitsandbytes' weights: never sharded, dequantised here
-        return lora.local_state_dict(unwrap(model)) if _is_main() else None
+        return lora.local_state_dict(unwrap(model)) if is_main() else None
     gather_stages = getattr(unwrap(model), "gather_stages", None)
     if gather_stages is not None:  # pipeline stages (bertgpu.parallel.pipeline): rank 0 holds only the first
         return gather_stages()
@@ -99,7 +98,14 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
     return state if dist.get_rank() == 0 else None
 
 
-def _is_main() -> bool:
+def _vocab_size(model: nn.Module) -> int | None:
+    """The true vocab size of a model's config (its embedding may be padded); None for a module without one."""
+    config = getattr(model, "config", None)  # a module: not every one we save holds a config
+    return None if config is None else config.vocab_size
+
+
+def is_main() -> bool:
+    """Whether this process writes what is written once: rank 0, or the only process."""
     import torch.distributed as dist
 
     return not dist.is_initialized() or dist.get_rank() == 0
@@ -172,13 +178,13 @@ def write_pretrained(
         **SPECIAL_TOKENS,
     }
     save_file(tensors, directory / WEIGHTS_NAME, metadata={"format": "pt"})
-    _write_json(directory / "config.json", config.to_hf_dict(architecture))
+    atomic.write_json(directory / "config.json", config.to_hf_dict(architecture), sort_keys=True)
     shutil.copyfile(vocab_path, directory / "vocab.txt")
-    if getattr(config, "model_type", "bert") == "modernbert":
+    if config.model_type == "modernbert":
         # transformers reads a ModernBERT's tokenizer from tokenizer.json only (it has no slow one to convert)
         write_fast_tokenizer(directory / "vocab.txt", do_lower_case, directory / "tokenizer.json")
-    _write_json(directory / "tokenizer_config.json", tokenizer_config)
-    _write_json(directory / "special_tokens_map.json", SPECIAL_TOKENS)
+    atomic.write_json(directory / "tokenizer_config.json", tokenizer_config, sort_keys=True)
+    atomic.write_json(directory / "special_tokens_map.json", SPECIAL_TOKENS, sort_keys=True)
 
 
 def write_fast_tokenizer(vocab_path: Path, do_lower_case: bool, path: Path) -> None:
@@ -198,10 +204,6 @@ def write_fast_tokenizer(vocab_path: Path, do_lower_case: bool, path: Path) -> N
 
 # ---------------------------------------------------------------------------------------------
 # Training checkpoints: a Hugging Face directory plus the state to continue training from it.
-
-
-def _write_json(path: Path, obj: dict[str, Any]) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _map_key(key: str, target_has_bert: bool) -> str:
@@ -228,7 +230,7 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> tuple[list[str], 
     differs. A model with a padded vocab takes the file's vocab_size rows; its padded rows are zero.
     """
     model = unwrap(model)
-    vocab_size = getattr(getattr(model, "config", None), "vocab_size", None)
+    vocab_size = _vocab_size(model)
     path = Path(path)
     file = path / WEIGHTS_NAME if path.is_dir() else path
     if not file.is_file():

@@ -78,7 +78,7 @@ def check(cfg: AdapterConfig, model_config: ModelConfig) -> list[str]:
     """The adapter settings against the model (no side effects): every target must name linear
     layers of the encoder, as PEFT matches ``target_modules``. Return the targets."""
     require(cfg)
-    if getattr(model_config, "model_type", "bert") != "bert":
+    if model_config.model_type != "bert":
         raise UserError("--lora-rank fine-tunes BERT models only; a ModernBERT is fine-tuned whole (leave it out)")
     with torch.device("meta"):
         from .model import BertForSequenceClassification

@@ -39,7 +39,7 @@ def render(
         f"{m.num_hidden_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
         f"intermediate {m.intermediate_size}, vocab {m.vocab_size:,}, {m.max_position_embeddings} positions"
     )
-    front = ["---", "library_name: transformers", "tags:", f"- {getattr(m, 'model_type', 'bert')}", "- bertgpu"]
+    front = ["---", "library_name: transformers", "tags:", f"- {m.model_type}", "- bertgpu"]
     if task == "pretrain":
         data, optim = cfg["data"], cfg["optim"]
         objective = "masked LM" + (" + next-sentence prediction" if data["nsp"] else "")
@@ -72,7 +72,7 @@ def render(
             "from transformers import BertForPreTraining, BertTokenizer\n"
             "model = BertForPreTraining.from_pretrained(PATH)\ntokenizer = BertTokenizer.from_pretrained(PATH)\n"
         )
-        if getattr(m, "model_type", "bert") == "modernbert":  # ModernBERT: masked LM only, a tokenizer.json
+        if m.model_type == "modernbert":  # ModernBERT: masked LM only, a tokenizer.json
             title, what = title.replace("A BERT", "A ModernBERT"), what.replace("A BERT", "A ModernBERT")
             load = (
                 "from transformers import AutoTokenizer, ModernBertForMaskedLM\n"
@@ -83,7 +83,7 @@ def render(
     else:
         labels = ", ".join((m.id2label or {}).values())
         title = "A text classifier fine-tuned with bertgpu"
-        name = "ModernBERT" if getattr(m, "model_type", "bert") == "modernbert" else "BERT"
+        name = "ModernBERT" if m.model_type == "modernbert" else "BERT"
         what = f"{name} with a sequence-classification head for the labels {labels}, after step {step:,}."
         recipe = [
             ("base model", cfg["model"]),

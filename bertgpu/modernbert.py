@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -84,7 +84,7 @@ class ModernBertConfig:
     # Sequence classification (fine-tuning): label names by id, as transformers stores them.
     id2label: dict[int, str] | None = None
 
-    model_type = "modernbert"
+    model_type: ClassVar[str] = "modernbert"
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:

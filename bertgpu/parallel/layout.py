@@ -6,11 +6,9 @@ any process starts (and again in each process), for pretrain and finetune alike.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from ..config import ModelConfig, accumulation, fast_recipe
+from ..config import AdapterConfig, ModelConfig, TrainingConfig, accumulation
 from ..errors import UserError
 from ..training import resolve_precision
 from . import launch, modernbert_tp
@@ -18,17 +16,20 @@ from .dims import ParallelDims
 from .pipeline import check_stages
 
 
-def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
+def check_layout(
+    cfg: TrainingConfig, model_config: ModelConfig, *, adapter: AdapterConfig | None = None, cpu_bf16: bool = False
+) -> ParallelDims:
     """The run's degrees of parallelism, every mistake in them a one-line error (before any process
-    starts, and again in each process)."""
+    starts, and again in each process). What is a task's own: fine-tuning's ``adapter`` (LoRA and
+    quantisation), and pretraining's --recipe fast (``cpu_bf16``: bf16 on CPUs that compute it natively)."""
     parallel = cfg.parallel
     dims = ParallelDims(launch.world_size(cfg.run.nproc, cfg.run.device), parallel.tp, parallel.strategy, parallel.pp)
     dims.check_model(model_config)
-    if getattr(model_config, "model_type", "bert") == "modernbert":
+    if model_config.model_type == "modernbert":
         modernbert_tp.check_layout(dims, model_config)
-    precision = resolve_precision(cfg.run.precision, torch.device(cfg.run.device), cpu_bf16=fast_recipe(cfg))
+    precision = resolve_precision(cfg.run.precision, torch.device(cfg.run.device), cpu_bf16=cpu_bf16)
     if dims.pp > 1:
-        check_pipeline(cfg, model_config, precision)
+        check_pipeline(cfg, model_config, precision, adapter)
     if precision == "fp16" and (dims.tp > 1 or dims.fsdp):
         raise UserError(
             "--precision fp16 works with --strategy ddp only (its gradient scaler cannot see sharded "
@@ -50,7 +51,6 @@ def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
                 "--balance auto works with --strategy ddp without --tp only: FSDP and tensor parallelism "
                 "synchronise every layer, so a slow process slows all and cannot be timed alone"
             )
-    adapter = getattr(cfg, "adapter", None)  # fine-tuning's LoRA and quantisation
     if adapter is not None and adapter.enabled:
         if dims.tp > 1:
             raise UserError(
@@ -73,7 +73,9 @@ def check_layout(cfg: Any, model_config: ModelConfig) -> ParallelDims:
     return dims
 
 
-def check_pipeline(cfg: Any, model_config: ModelConfig, precision: str) -> None:
+def check_pipeline(
+    cfg: TrainingConfig, model_config: ModelConfig, precision: str, adapter: AdapterConfig | None = None
+) -> None:
     """What pipeline parallelism does not compose with yet, each refused with the alternative."""
     parallel = cfg.parallel
     check_stages(model_config.num_hidden_layers, parallel.pp, parallel.stages_per_rank)
@@ -91,6 +93,5 @@ def check_pipeline(cfg: Any, model_config: ModelConfig, precision: str) -> None:
         raise UserError("--grad-compression powersgd does not work with --pp: use fp16 or bf16")
     if parallel.balance == "auto":
         raise UserError("--balance auto does not work with --pp (the stages of a step wait on each other): drop it")
-    adapter = getattr(cfg, "adapter", None)
     if adapter is not None and adapter.enabled:
         raise UserError("--lora and --quantize do not work with --pp: shard the frozen encoder with --strategy fsdp")

@@ -14,7 +14,8 @@ EMBEDDING = "model.embeddings.tok_embeddings.weight"
 
 
 def is_modernbert(model: nn.Module) -> bool:
-    return getattr(getattr(model, "config", None), "model_type", "bert") == "modernbert"
+    config = getattr(model, "config", None)  # a stage module may hold none
+    return config is not None and config.model_type == "modernbert"
 
 
 def is_masked_lm(model: nn.Module) -> bool:

@@ -326,7 +326,8 @@ def apply_tensor_parallel(model: nn.Module, dims: ParallelDims) -> None:
     weights: ``modernbert_tp``)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    if getattr(getattr(model, "config", None), "model_type", "bert") == "modernbert":
+    config = getattr(model, "config", None)  # a module: a pipeline stage may hold no config
+    if config is not None and config.model_type == "modernbert":
         from . import modernbert_tp
 
         return modernbert_tp.apply(encoder_layers(model), dims.tp_mesh)

@@ -4,15 +4,18 @@ Before any process starts (in the command's process):
 
 - ``check_out_dir``: a non-empty output directory needs --resume or --overwrite;
 - ``parallel.layout.check_layout``: the processes, --tp, --strategy and precision fit each other and the model;
-- ``run_workers``: train here (one process, or a worker of torchrun) or in local workers.
+- ``run_workers``: train here (one process, or a worker of torchrun) or in local workers (evaluate and
+  predict: ``run_local_workers``).
 
 Inside every worker, a ``TrainingRun``: the process group and its mesh, the run directory, the
 checkpoint to resume from, the dropout RNG, the model spread over the processes, its optimizer,
-stop signals, skipped non-finite steps, saving and restoring resumable checkpoints, and the tail of
-every optimizer step (``after_step``: the step itself, then log, evaluation and checkpoint when
-``due``). Where a loop is lives in a ``LoopState`` (step, epoch, data position, counters), which a
-checkpoint saves and a resumed run loads. The loops themselves (``pretrain.train``,
-``finetune.train``) keep only what is theirs: data, model, loss and records.
+stop signals, skipped non-finite steps, restoring resumable checkpoints and the state they hold, and
+the tail of every optimizer step (``after_step``: the step itself, then log, evaluation, and the
+checkpoint its ``checkpoint.Checkpointer`` finds due). Where a loop is lives in a ``LoopState`` (step,
+epoch, data position, counters), which a checkpoint saves and a resumed run loads. The loops themselves
+(``pretrain.train``, ``finetune.train``) keep only what is theirs: data, model, loss and records, and
+their stop, one condition (``while not run.finished(step)``; a signal sets ``run.stopped`` once its
+checkpoint is written, and the process then exits with ``run.interrupted``).
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import torch
 from tqdm import tqdm
 
 from .. import checkpoint, model_card
-from ..config import ModelConfig, OptimConfig, fast_recipe, parse_nnodes
+from ..config import AdapterConfig, ModelConfig, OptimConfig, TrainingConfig, parse_nnodes
 from ..errors import UserError
 from ..parallel import ParallelModel, launch, parallelize
 from ..parallel.balance import Balancer
@@ -72,7 +75,7 @@ def check_out_dir(out: str, overwrite: bool, resume: bool) -> None:
 
 
 def announce_resume(
-    cfg: Any,
+    cfg: TrainingConfig,
     length_flag: str,
     length_now: int,
     length_saved: Callable[[dict], Any],
@@ -119,30 +122,37 @@ def resolve_device(cfg: Any) -> Any:
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device=launch.resolve_device(cfg.run.device)))
 
 
-def run_workers(train: Callable[[Any], Any], cfg: Any) -> None:
+def run_local_workers(train: Callable[[Any], Any], cfg: Any, nproc: int, device: str) -> None:
     """Run ``train(cfg)`` here (one process, or one worker of torchrun) or in ``nproc`` local workers
-    started by torch's elastic launcher (restarted ``max_restarts`` times on a failure). The training
-    commands keep those settings in ``cfg.run``; evaluate's config has them at its top level."""
-    settings = getattr(cfg, "run", cfg)
-    max_restarts = getattr(settings, "max_restarts", 0)
+    started by torch's elastic launcher, on one machine and never restarted (evaluate and predict)."""
+    if launch.launched_externally() or launch.resolve_nproc(nproc, device) == 1:
+        launch.worker_main(train, cfg)
+    else:
+        launch.launch(launch.worker_main, (train, cfg), launch.resolve_nproc(nproc, device))
+
+
+def run_workers(train: Callable[[Any], Any], cfg: TrainingConfig) -> None:
+    """``run_local_workers`` for a training command: its workers are restarted --max-restarts times on a
+    failure (each restart resumes), and with --nnodes they meet those of the other machines."""
+    run = cfg.run
     if launch.launched_externally():
         launch.worker_main(train, cfg)
         return
-    nproc = launch.resolve_nproc(settings.nproc, settings.device)
-    nnodes = parse_nnodes(getattr(settings, "nnodes", "1"))  # training only: evaluate and predict run on one machine
-    if nproc == 1 and max_restarts == 0 and nnodes == (1, 1):
+    nproc = launch.resolve_nproc(run.nproc, run.device)
+    nnodes = parse_nnodes(run.nnodes)
+    if nproc == 1 and run.max_restarts == 0 and nnodes == (1, 1):
         launch.worker_main(train, cfg)
     else:
         launch.launch(
             launch.worker_main,
             (train, cfg),
             nproc,
-            max_restarts=max_restarts,
+            max_restarts=run.max_restarts,
             nnodes=nnodes,
-            rdzv_endpoint=getattr(settings, "rdzv_endpoint", ""),
-            run_id=getattr(settings, "rdzv_id", "") or (launch.elastic_run_id(cfg.out) if nnodes[1] > 1 else ""),
-            last_call=getattr(settings, "rdzv_last_call", 30),
-            heartbeat=getattr(settings, "rdzv_heartbeat", 5),
+            rdzv_endpoint=run.rdzv_endpoint,
+            run_id=run.rdzv_id or (launch.elastic_run_id(cfg.out) if nnodes[1] > 1 else ""),
+            last_call=run.rdzv_last_call,
+            heartbeat=run.rdzv_heartbeat,
         )
 
 
@@ -198,15 +208,6 @@ class LoopState:
 
 
 @dataclass
-class Due:
-    """What follows an optimizer step (``TrainingRun.due``)."""
-
-    log: bool
-    save: bool
-    evaluate: bool
-
-
-@dataclass
 class Records:
     """What a task logs (``TrainingRun.start``): the values of its log window and their console line;
     the run adds the values every task logs (learning rate, rates, memory, ...)."""
@@ -223,25 +224,35 @@ class Records:
 class TrainingRun:
     """One worker's side of a training run: everything around the loop that pretrain and finetune share.
 
-    ``cfg`` is the task's config: ``out``, ``parallel`` and ``run`` (a ``RunConfig``: device, nproc,
-    precision, seed, save/log cadence, resume, overwrite, max_bad_steps). A restart by torchrun
-    --max-restarts (or our --max-restarts) resumes by itself.
+    ``cfg`` is the sections every training config has (``TrainingConfig``: ``out``, ``parallel`` and
+    ``run``, a ``RunConfig``: device, nproc, precision, seed, save/log cadence, resume, overwrite,
+    max_bad_steps); the ``task`` passes what is its own: its name, fine-tuning's ``adapter``, pretraining's
+    --recipe fast (``cpu_bf16``). A restart by torchrun --max-restarts (or our --max-restarts) resumes by
+    itself. When to save, and the saving, is the ``checkpointer``'s (``checkpoint.Checkpointer``).
 
     The loop calls, in order: ``parallelize`` (the model), ``build_optimizer`` (optimizer, scaler and
     schedule, restored on resume), ``track`` (its log sums), ``resume_loop`` (its ``LoopState``),
     ``checkpoints`` (what a checkpoint holds), ``start``, then ``after_step`` after the forward and
-    backward passes of every step, and ``close``.
+    backward passes of every step while not ``finished``, and ``close``.
     """
 
-    def __init__(self, cfg: Any, model_config: ModelConfig):
+    def __init__(
+        self,
+        cfg: TrainingConfig,
+        model_config: ModelConfig,
+        task: str = "pretrain",
+        *,
+        adapter: AdapterConfig | None = None,
+        cpu_bf16: bool = False,
+    ):
         self.cfg = cfg
         self.run_cfg = cfg.run
-        self.task = "finetune" if hasattr(cfg, "epochs") else "pretrain"
+        self.task = task
         self.env = launch.init(cfg.run.device)
         self.device = self.env.device
         self.is_main = self.env.is_main
-        self.precision = resolve_precision(cfg.run.precision, self.device, cpu_bf16=fast_recipe(cfg))
-        self.dims = check_layout(cfg, model_config)
+        self.precision = resolve_precision(cfg.run.precision, self.device, cpu_bf16=cpu_bf16)
+        self.dims = check_layout(cfg, model_config, adapter=adapter, cpu_bf16=cpu_bf16)
         self.dims.build_mesh(self.device.type)
         allow_tf32(self.device)
 
@@ -277,11 +288,8 @@ class TrainingRun:
         self.balancer = Balancer(self.device, enabled=cfg.parallel.balance == "auto")
         self.skipped = 0
         self.bad_in_a_row = 0
-        # --save-every-minutes: rank 0's clock decides, shared through the per-step flags, so all ranks agree.
-        self.save_interval_s = 60 * cfg.run.save_every_minutes
-        self.last_save = time.monotonic()
-        self.time_due = False  # a checkpoint is due by the clock
-        self.saver = checkpoint.BackgroundSaver() if cfg.run.async_save else None
+        self.checkpointer = checkpoint.Checkpointer(self.out, cfg.run)
+        self.stopped = False  # a signal reached some process: the checkpoint is written, the loop ends
         self.sums: dict[str, Sums] = {}  # the loop's running sums by their checkpoint key; the first is the log's
         self.log: RunLog | None = None
         self.bar: tqdm | None = None
@@ -385,10 +393,22 @@ class TrainingRun:
         fixed: dict[str, Any],
         architecture: str | None = None,
     ) -> None:
-        """What every checkpoint of the run holds besides the loop's state: the model's config and vocab,
-        and ``fixed``, the state that stays the same for the whole run."""
-        self.model_config, self.vocab_path, self.do_lower_case = model_config, vocab_path, do_lower_case
-        self.fixed, self.architecture = fixed, architecture
+        """What every checkpoint of the run holds besides the loop's state: the model and optimizer, the
+        model's config and vocab, and ``fixed``, the state that stays the same for the whole run."""
+        self.model_config, self.fixed = model_config, fixed
+        self.checkpointer.set_contents(
+            self.net.model,
+            self.optimizer,
+            model_config,
+            self.cfg,
+            vocab_path=vocab_path,
+            do_lower_case=do_lower_case,
+            architecture=architecture,
+        )
+
+    def finished(self, step: int) -> bool:
+        """The loop's stop: its last step is done, or a signal stopped the run (its checkpoint written)."""
+        return step >= self.total_steps or self.stopped
 
     def start(self, line: str, total_steps: int, meter: Throughput, records: Records, loop: LoopState) -> None:
         """Print the start line (rank 0), open the log and the progress bar; the throughput ``meter``
@@ -417,24 +437,14 @@ class TrainingRun:
         else:
             print(line, flush=True)
 
-    def due(self, step: int, epoch_end: bool = False, clock: bool = False) -> Due:
-        """What follows optimizer step ``step``: a log line every --log-every steps, a checkpoint every
-        --save-every steps, the held-out evaluation (pretraining's) every --eval-every steps or else with
-        each checkpoint; all three after the run's last step. At an ``epoch_end`` (fine-tuning), the
-        epoch's evaluation and its checkpoint follow instead, so none is forced and no checkpoint due.
-        ``clock``: --save-every-minutes says a checkpoint is due."""
-        last = step == self.total_steps and not epoch_end
-        save = not epoch_end and (last or clock or step % self.run_cfg.save_every == 0)
-        records = self.records
-        every = records.eval_every
-        evaluate = records.evaluate is not None and (last or (step % every == 0 if every else save))
-        return Due(log=last or step % self.run_cfg.log_every == 0, save=save, evaluate=evaluate)
-
     def after_step(self, loop: LoopState, step_sums: torch.Tensor, epoch_end: bool = False) -> Path | None:
         """The tail of every optimizer step, once the loop's forward and backward passes are done and its
-        data position moved on: the optimizer step, then the step's records, and what is ``due``: log,
-        evaluate (before the checkpoint, whose model card shows it), save. Raise ``launch.Interrupted``
-        (a checkpoint saved) when a signal reached some process. Return the checkpoint written, if one."""
+        data position moved on: the optimizer step, the step's records, then a log line every --log-every
+        steps, the held-out evaluation (pretraining's) every --eval-every steps or else with each checkpoint
+        (before it: its model card shows it), and the checkpoint the ``checkpointer`` finds due; all three
+        after the run's last step. At an ``epoch_end`` (fine-tuning) the epoch's evaluation and checkpoint
+        follow instead. A signal that reached some process writes a checkpoint and ``stopped`` the run.
+        Return the checkpoint written, if one."""
         net = self.net
         bad = optimizer_step(net, self.optimizer, self.scaler, self.schedule, self.optim.clip, self.precision)
         loop.step, loop.steps_in_window = loop.step + 1, loop.steps_in_window + 1
@@ -443,20 +453,17 @@ class TrainingRun:
         kept = torch.where(bad > 0, 0.0, step_sums)  # a skipped step's loss is not logged
         for sums in self.sums.values():
             sums.add(kept)
-        due = self.due(loop.step, epoch_end)
-        stop_now = self.end_step(loop, bad, flush=due.save)
-        if self.time_due and not due.save:
-            due = self.due(loop.step, epoch_end, clock=True)
-        if due.log:
+        step, last, checkpointer = loop.step, loop.step == self.total_steps and not epoch_end, self.checkpointer
+        self.end_step(loop, bad, flush=checkpointer.due(step, last, epoch_end))
+        save = checkpointer.due(step, last, epoch_end)  # the clock's flag, just read, may have made one due
+        if last or step % self.run_cfg.log_every == 0:
             self._log(loop)
-        if due.evaluate:
+        records, every = self.records, self.records.eval_every
+        if records.evaluate is not None and (last or (step % every == 0 if every else save)):
             self.meter.pause()  # the rates cover training steps only
-            self.records.evaluate(loop.step)
+            records.evaluate(step)
             self.meter.resume()
-        saved = self.save(loop) if due.save or stop_now else None
-        if stop_now:
-            raise self.interrupted(loop.step, saved)
-        return saved
+        return checkpointer.save(step, lambda: self.snapshot(loop), last=last, epoch_end=epoch_end, force=self.stopped)
 
     def _log(self, loop: LoopState) -> None:
         """A log line of the window since the last one: the task's values, then every task's."""
@@ -492,10 +499,11 @@ class TrainingRun:
         loop.sizes = balanced[0]
         return True
 
-    def save(self, loop: LoopState) -> Path:
-        """A resumable checkpoint of the loop's step: its state, the run's fixed state and running sums,
-        the scaler, every process's RNG and the layout. Every process calls this."""
-        state = {
+    def snapshot(self, loop: LoopState) -> checkpoint.Snapshot:
+        """What a checkpoint of the loop's step holds besides model and optimizer: the loop's state, the
+        run's fixed state and running sums, the scaler, every process's RNG and the layout; this process's
+        own tensors; the model card. Every process calls this (it gathers)."""
+        values = {
             **loop.state_dict(),
             **{key: sums.gathered(self.dims) for key, sums in self.sums.items()},
             **self.fixed,
@@ -505,58 +513,45 @@ class TrainingRun:
             "layout": list(self.layout),
             "layout_name": self.dims.describe(),
         }
-        self.last_save, self.time_due = time.monotonic(), False
         metrics = self.log.latest(*self.records.card_keys) if self.records.card_keys else None
         card = model_card.render(
             self.task, self.cfg, loop.step, self.model_config, self.dims.describe(), metrics, self.precision
         )
-        return checkpoint.save_checkpoint(
-            self.out,
-            loop.step,
-            self.net.model,
-            self.optimizer,
-            self.model_config,
-            state,
-            self.cfg,
-            vocab_path=self.vocab_path,
-            do_lower_case=self.do_lower_case,
-            keep=self.run_cfg.keep,
-            architecture=self.architecture,
-            rank_tensors=self.net.rank_state_dict(),
-            card=card,
-            saver=self.saver,
-        )
+        return checkpoint.Snapshot(values, self.net.rank_state_dict(), card)
 
-    def wait_for_saves(self) -> None:
-        """Block until the checkpoint being written in the background is complete (a failure is a UserError)."""
-        if self.saver is not None:
-            self.saver.wait()
+    def save_now(self, loop: LoopState) -> Path:
+        """A checkpoint of the loop's step, due or not (a stop, a failing run, an epoch's end)."""
+        return self.checkpointer.write(loop.step, lambda: self.snapshot(loop))
 
-    def end_step(self, loop: LoopState, bad: torch.Tensor, *, flush: bool) -> bool:
-        """After every optimizer step: queue its flags (was it skipped; was any process asked to stop)
-        and act on those due, which are the previous step's on a GPU (no wait) and all of them when
-        ``flush`` (a checkpoint follows, which must account for every step it holds). Return whether
-        to stop now (a signal reached some process)."""
-        clock = self.is_main and self.save_interval_s > 0 and time.monotonic() - self.last_save >= self.save_interval_s
+    def end_step(self, loop: LoopState, bad: torch.Tensor, *, flush: bool) -> None:
+        """After every optimizer step: queue its flags (was it skipped; was any process asked to stop; is
+        --save-every-minutes up by rank 0's clock) and act on those due, which are the previous step's on a
+        GPU (no wait) and all of them when ``flush`` (a checkpoint follows, which must account for every
+        step it holds)."""
+        clock = self.checkpointer.clock()
         asked = launch.all_reduce_sum(
             torch.stack([torch.full((), float(v), device=self.device) for v in (self.stop.signum > 0, clock)])
         )
         due = self.flags.push(loop.step, torch.cat([asked, bad.reshape(1)]))
         if flush or any(values[0] or values[1] for _, values in due):
             due += self.flags.flush()  # a checkpoint follows: it must account for every step it holds
-        return self._act_on(due, loop)
+        self._act_on(due, loop)
 
-    def flush(self, loop: LoopState) -> bool:
-        """Act on every queued step's flags (at the end of an epoch); return whether to stop now."""
-        return self._act_on(self.flags.flush(), loop)
+    def flush(self, loop: LoopState) -> None:
+        """At the end of an epoch: act on every queued step's flags. A stop signal among them writes the
+        checkpoint here and stops the run (resumed, it starts with this epoch's evaluation)."""
+        if self.stopped:
+            return
+        self._act_on(self.flags.flush(), loop)
+        if self.stopped:
+            self.save_now(loop)
 
-    def _act_on(self, due: list[tuple[int, list[float]]], loop: LoopState) -> bool:
-        """Count and report skipped steps; after ``max_bad_steps`` in a row stop the run, the last good
-        weights saved first. Return whether a process was asked to stop."""
-        stop_now = False
+    def _act_on(self, due: list[tuple[int, list[float]]], loop: LoopState) -> None:
+        """Note a stop signal (``stopped``) and the clock's checkpoint; count and report skipped steps, and
+        after ``max_bad_steps`` in a row end the run with an error, the last good weights saved first."""
         for flag_step, (stop_flag, clock_flag, was_bad) in due:
-            stop_now |= stop_flag > 0
-            self.time_due |= clock_flag > 0
+            self.stopped |= stop_flag > 0
+            self.checkpointer.clock_due |= clock_flag > 0
             if not was_bad:
                 self.bad_in_a_row = 0
                 continue
@@ -565,25 +560,30 @@ class TrainingRun:
             self.write(f"step {flag_step}: non-finite loss or gradient, step skipped ({self.skipped} so far)")
             if self.precision != "fp16" and self.bad_in_a_row >= self.run_cfg.max_bad_steps:
                 self.flags.flush()  # the steps after it are skipped too: nothing is lost by not reading them
-                path = self.save(loop)
-                self.wait_for_saves()
+                path = self.save_now(loop)
+                self.checkpointer.wait()
                 raise UserError(
                     f"the loss was not finite for {self.bad_in_a_row} steps in a row (up to step "
                     f"{flag_step}); stopped with the last good weights in {path}; lower --lr or check "
                     "the data"
                 )
-        return stop_now
 
     def stop_requested(self) -> bool:
-        """Whether a signal reached any process (a collective: every process asks at the same point)."""
-        return bool(launch.all_reduce_sum(torch.full((1,), float(self.stop.signum > 0), device=self.device)).item())
+        """Whether a signal reached any process, noted in ``stopped`` (a collective: every process asks at
+        the same point)."""
+        asked = launch.all_reduce_sum(torch.full((1,), float(self.stop.signum > 0), device=self.device)).item()
+        self.stopped |= bool(asked)
+        return self.stopped
 
-    def interrupted(self, step: int, path: Path) -> launch.Interrupted:
-        self.wait_for_saves()  # the checkpoint the message names is complete
+    def interrupted(self, step: int) -> launch.Interrupted:
+        """What a ``stopped`` run ends with once its loop is left: the process exits with the signal's
+        status, the line naming the checkpoint written at the stop."""
+        self.checkpointer.wait()  # the checkpoint the message names is complete
         signum = self.stop.signum
         name = signal.Signals(signum).name if signum else "a signal on another rank"
         return launch.Interrupted(
-            f"stopped by {name} after step {step}; checkpoint {path}. Run the same command with --resume to continue.",
+            f"stopped by {name} after step {step}; checkpoint {self.checkpointer.latest}. Run the same command "
+            "with --resume to continue.",
             signum or signal.SIGTERM,
         )
 
@@ -624,8 +624,7 @@ class TrainingRun:
 
     def close(self) -> None:
         try:
-            if self.saver is not None:
-                self.saver.close()  # the last checkpoint is written before the run ends
+            self.checkpointer.close()  # the last checkpoint is written before the run ends
         finally:
             self.stop.restore()
             if self.bar is not None:

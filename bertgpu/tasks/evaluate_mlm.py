@@ -26,7 +26,7 @@ from ..model import BertForPreTraining
 from ..parallel import ParallelDims, launch
 from ..paths import refuse_clobbering
 from ..training import resolve_precision
-from .common import run_workers
+from .common import run_local_workers
 from .fill_mask import model_directory
 
 DEFAULT_LENGTH = 128  # --max-seq-length 0 on prepared data: BERT's pretraining length
@@ -62,7 +62,7 @@ def run(cfg: EvaluateConfig) -> None:
     cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device))
     model_dir, *_ = _plan(cfg)
     cfg = dataclasses.replace(cfg, model=str(model_dir))
-    run_workers(evaluate, cfg)
+    run_local_workers(evaluate, cfg, cfg.nproc, cfg.device)
 
 
 def evaluate(cfg: EvaluateConfig) -> dict[str, float]:

@@ -104,7 +104,7 @@ def check(cfg: FinetuneConfig) -> Plan:
             f"--max-seq-length {cfg.max_seq_length} is beyond the model's "
             f"{base.max_position_embeddings} positions (max_position_embeddings in {model_dir})"
         )
-    dims = check_layout(resolve_device(cfg), base)
+    dims = check_layout(resolve_device(cfg), base, adapter=cfg.adapter)
     if cfg.adapter.enabled:
         if model_dir is None:
             raise UserError(
@@ -257,7 +257,7 @@ class Loop(LoopState):
 def train(cfg: FinetuneConfig) -> Path:
     plan = check(cfg)
     cfg = resolve_lr(cfg, plan.model_config)[0]  # set by run_finetune; a config built elsewhere gets the default
-    run = TrainingRun(cfg, plan.model_config)
+    run = TrainingRun(cfg, plan.model_config, "finetune", adapter=cfg.adapter)
     dims, device, out = run.dims, run.device, run.out
     sizes, accum = accumulation(cfg.run, dims.dp)  # --grad-accum, or what makes --global-batch on this layout
 
@@ -306,23 +306,25 @@ def train(cfg: FinetuneConfig) -> Path:
     )
 
     try:
-        while loop.epoch <= cfg.epochs:
+        while loop.epoch <= cfg.epochs and not run.stopped:
             net.train()
             batches = epoch_batches(cfg, train_set, loop.sizes, accum, dims, loop.epoch)
-            while loop.step_in_epoch < len(batches):  # on resume: straight to the next batch
+            while loop.step_in_epoch < len(batches) and not run.stopped:  # on resume: straight to the next batch
                 indices, global_size = batches[loop.step_in_epoch]
                 micro = micro_batches(indices, global_size, [s * accum for s in loop.sizes], accum)
                 step_sums = train_step(run, train_set, micro, global_size, window)
                 loop.step_in_epoch += 1
-                # The optimizer step, then log and save when due; a stop signal raises.
+                # The optimizer step, then log and save when due (and on a stop signal).
                 run.after_step(loop, step_sums, epoch_end=loop.step_in_epoch == len(batches))
                 if run.rebalance(loop):  # the same global batches, shared anew
                     batches = epoch_batches(cfg, train_set, loop.sizes, accum, dims, loop.epoch)
-            if run.flush(loop):
-                raise run.interrupted(loop.step, run.save(loop))  # resumes at this evaluation
-            end_epoch(cfg, run, loop, plan, eval_set, len(train_set))
+            run.flush(loop)  # the epoch's last flags: a stop signal saves here, resumed at this evaluation
+            if not run.stopped:
+                end_epoch(cfg, run, loop, plan, eval_set, len(train_set))
     finally:
         run.close()
+    if run.stopped:
+        raise run.interrupted(loop.step)  # the process exits with the signal's status, the checkpoint written
     best = loop.best
     run.summary(
         loop.step,
@@ -491,10 +493,9 @@ def end_epoch(
             },
         )
     loop.epoch, loop.step_in_epoch = epoch + 1, 0
-    path = run.save(loop)
+    run.save_now(loop)
     run.meter.resume()  # the rate covers training steps only, not this evaluation
-    if run.stop_requested():
-        raise run.interrupted(loop.step, path)  # a signal during the evaluation: all of it is saved
+    run.stop_requested()  # a signal during the evaluation stops the run here: all of it is saved
 
 
 def _sample_batch(dataset: ClassificationDataset, device: torch.device) -> dict[str, torch.Tensor]:

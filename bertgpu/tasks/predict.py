@@ -43,7 +43,7 @@ from ..errors import UserError
 from ..parallel import ParallelDims, launch
 from ..paths import refuse_clobbering
 from ..training import autocast, console_is_tty, resolve_precision
-from .common import run_workers
+from .common import run_local_workers
 
 
 def check_model_dir(path: str) -> tuple[Path, ModelConfig]:
@@ -175,7 +175,7 @@ def run_evaluate(cfg: EvaluateConfig) -> None:
     cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device), model=str(classifier_dir(cfg.model)))
     cfg = with_columns(cfg, cfg.model)
     check_evaluate(cfg)
-    run_workers(evaluate, cfg)
+    run_local_workers(evaluate, cfg, cfg.nproc, cfg.device)
 
 
 def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
@@ -222,13 +222,14 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
 PREDICTION_COLUMNS = ("prediction", "probability")
 
 
-def with_columns(cfg: Any, model_dir: str | os.PathLike) -> Any:
+def with_columns(cfg: EvaluateConfig | PredictConfig, model_dir: str | os.PathLike) -> Any:
     """``cfg`` (evaluate's or predict's) with each column flag left out taken from the classifier's fine-tuning
-    run (its bertgpu.json), else the default (text, label, no pair column)."""
+    run (its bertgpu.json), else the default (text, label, no pair column). Predict reads no labels."""
     saved = finetuned_columns(model_dir) or COLUMNS
-    return dataclasses.replace(
-        cfg, **{name: saved[name] for name in COLUMNS if hasattr(cfg, name) and not getattr(cfg, name)}
-    )
+    columns = {"text_column": cfg.text_column, "pair_column": cfg.pair_column}
+    if isinstance(cfg, EvaluateConfig):
+        columns["label_column"] = cfg.label_column
+    return dataclasses.replace(cfg, **{name: value or saved[name] for name, value in columns.items()})
 
 
 def _pair_column(model_dir: Path) -> str | None:

@@ -29,7 +29,7 @@ import torch
 
 from .. import architectures, checkpoint, evaluation, hf_dir, recipe
 from ..budget import TimeBudget, parse_duration
-from ..config import ModelConfig, OptimConfig, PretrainConfig, accumulation, parse_nnodes
+from ..config import ModelConfig, OptimConfig, PretrainConfig, accumulation, fast_recipe, parse_nnodes
 from ..data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
 from ..data.loader import run_loader
 from ..data.pretraining import (
@@ -128,7 +128,7 @@ def check(cfg: PretrainConfig) -> Plan:
         check_fp8(cfg.run.device)
     if cfg.dropout is not None:
         mcfg = architectures.with_dropout(mcfg, cfg.dropout)
-    dims = check_layout(cfg, mcfg)
+    dims = check_layout(cfg, mcfg, cpu_bf16=fast_recipe(cfg))
     heldout_split(cfg, corpus, None, dims.dp)
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.run.resume else None
     if resume_from is not None:
@@ -220,7 +220,7 @@ class Loop(LoopState):
 
 def train(cfg: PretrainConfig) -> Path:
     plan = check(cfg)
-    run = TrainingRun(cfg, plan.model_config)
+    run = TrainingRun(cfg, plan.model_config, "pretrain", cpu_bf16=fast_recipe(cfg))
     corpus, dims, device, seed = plan.corpus, run.dims, run.device, cfg.run.seed
     if run.resume_from is not None:
         _check_same_vocab(run.resume_from, corpus, cfg.data.data)
@@ -303,7 +303,7 @@ def train(cfg: PretrainConfig) -> Path:
     # fastest kernel. The pipeline's stages take a fixed set of tensors: they keep the mask.
     unmask = drop_full_mask if dims.pp == 1 else (lambda batch: batch)
     try:
-        while loop.step < run.total_steps:
+        while not run.finished(loop.step):
             dataset.set_epoch(loop.epoch)
             sampler = GlobalBatchSampler(len(dataset), loop.sizes, dims.dp_rank, accum, seed, loop.epoch, loop.instance)
             run_batches.set(sampler, loop.epoch)
@@ -313,14 +313,14 @@ def train(cfg: PretrainConfig) -> Path:
                     run.total_steps = budget.plan(loop.step)
                     if run.bar is not None:
                         run.bar.total = run.total_steps
-                if loop.step >= run.total_steps:
+                if run.finished(loop.step):  # the last step is done, or a signal stopped the run
                     break
                 with waits.on("data"):
                     host = [unmask(next(batches)) for _ in range(accum)]
                 micro = [{k: v if v is None else v.to(device, non_blocking=True) for k, v in mb.items()} for mb in host]
                 step_sums = train_step(run, micro, global_batch, cfg.data.nsp, sums)
                 loop.instance += global_batch
-                # The optimizer step, then log, evaluate and save when due; a stop signal raises.
+                # The optimizer step, then log, evaluate and save when due (and on a stop signal).
                 saved = run.after_step(loop, step_sums) or saved
                 if run.rebalance(loop):
                     break  # a new sampler, from this instance on, with the new sizes
@@ -330,6 +330,8 @@ def train(cfg: PretrainConfig) -> Path:
         if batches is not None and hasattr(batches, "_shutdown_workers"):
             batches._shutdown_workers()  # stop DataLoader workers now, not during interpreter exit
         run.close()
+    if run.stopped:
+        raise run.interrupted(loop.step)  # the process exits with the signal's status, the checkpoint written
     keys = {
         "mlm_loss": "min",
         "mlm_acc": "max",
