@@ -14,9 +14,9 @@ from conftest import run_cli
 from procs import start
 
 from bertgpu import checkpoint, recipe
-from bertgpu.budget import TimeBudget, parse_duration
+from bertgpu.budget import TimeBudget
 from bertgpu.cli import COMMANDS, build_config, build_parser
-from bertgpu.config import ModelConfig
+from bertgpu.config import ModelConfig, parse_duration
 from bertgpu.errors import UserError
 
 # -- the recipe's learning rate -------------------------------------------------------------------------
