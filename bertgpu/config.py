@@ -308,81 +308,8 @@ def _precision() -> Any:
     )
 
 
-def _resume() -> Any:
-    return opt(False, "continue from the latest resumable checkpoint in --out")
-
-
-def _overwrite() -> Any:
-    return opt(False, "start afresh in a non-empty --out directory, deleting what is there")
-
-
 def _pretrain_seed() -> Any:
     return opt(42, "seed for data order, masking, pairing and initialisation")
-
-
-def _max_restarts() -> Any:
-    return opt(
-        0,
-        "restart the local workers this many times after a failure (they resume from the latest "
-        "checkpoint); under torchrun use its --max-restarts",
-    )
-
-
-def _global_batch() -> Any:
-    return opt(
-        0,
-        "the global batch the recipe means (0: --batch-size x data-parallel processes x --grad-accum): the "
-        "accumulation steps are derived from it for the layout the run has, so a restart on fewer or more "
-        "processes (elastic --nnodes, or a resume) trains the same global batches",
-    )
-
-
-def _save_every_minutes() -> Any:
-    return opt(
-        0.0,
-        "also write a checkpoint when this many minutes have passed since the last one (0: off), so the "
-        "work a lost machine takes with it is bounded in time whatever the step time",
-    )
-
-
-def _async_save() -> Any:
-    return opt(
-        False,
-        "write checkpoints in the background: staged in memory at the step of the save, then written while "
-        "training goes on (the next save waits for it); the save's own step stalls only for the copy",
-    )
-
-
-def _nnodes() -> Any:
-    return opt(
-        "1",
-        "machines: N, or MIN:MAX for an elastic run that goes on when machines are lost and grows when they "
-        "come back (each machine runs the same command; needs --rdzv-endpoint); under torchrun use its own",
-    )
-
-
-def _rdzv_endpoint() -> Any:
-    return opt("", "HOST:PORT where the machines of a --nnodes run meet (torch elastic's c10d rendezvous)")
-
-
-def _rdzv_last_call() -> Any:
-    return opt(
-        30,
-        "seconds an elastic rendezvous waits for more machines once the fewest (--nnodes MIN) have come, "
-        "before it starts without them (torch's last_call_timeout)",
-    )
-
-
-def _rdzv_heartbeat() -> Any:
-    return opt(
-        5,
-        "seconds between the heartbeats each machine sends to an elastic rendezvous; a machine is taken for lost "
-        "after 3 missed ones (torch's keep_alive_interval)",
-    )
-
-
-def _rdzv_id() -> Any:
-    return opt("", "the rendezvous id that the machines of one run share (default: derived from --out)")
 
 
 def check_run_flags(cfg: Any) -> None:
@@ -463,23 +390,6 @@ def accumulation(cfg: Any, dp: int) -> tuple[list[int], int]:
         f"--global-batch {goal} is not a multiple of the {micro} examples of one micro-step "
         f"({'+'.join(map(str, sizes))} on {dp} data-parallel rank(s)): use {hint}"
     )
-
-
-def _max_bad_steps() -> Any:
-    return opt(10, "stop after this many non-finite losses in a row (each is skipped), the last good weights saved")
-
-
-def _lr_scaling() -> Any:
-    return opt(
-        "none",
-        "scale the peak learning rate with the global batch: linear (x global / --reference-batch) "
-        "or sqrt (x its square root); more processes make the global batch larger",
-        choices=["none", "linear", "sqrt"],
-    )
-
-
-def _reference_batch() -> Any:
-    return opt(256, "the global batch the given --lr is meant for, with --lr-scaling")
 
 
 def _check_lr_scaling(reference_batch: int) -> None:
@@ -654,8 +564,13 @@ class OptimConfig:
         choices=["adamw", "lamb", "rmsprop"],
     )
     lr: float = opt(1e-4, "peak learning rate (before --lr-scaling)")
-    lr_scaling: str = _lr_scaling()
-    reference_batch: int = _reference_batch()
+    lr_scaling: str = opt(
+        "none",
+        "scale the peak learning rate with the global batch: linear (x global / --reference-batch) "
+        "or sqrt (x its square root); more processes make the global batch larger",
+        choices=["none", "linear", "sqrt"],
+    )
+    reference_batch: int = opt(256, "the global batch the given --lr is meant for, with --lr-scaling")
     warmup: float = opt(0.01, "warmup: steps if >= 1, else a fraction of --steps")
     steps: int = opt(1000, "optimizer steps to train")
     weight_decay: float = opt(
@@ -822,10 +737,16 @@ class RunConfig:
     save_every: int = opt(1000, "write a checkpoint every N steps (and at the end)")
     log_every: int = opt(10, "log every K steps")
     keep: int = opt(3, "checkpoints to keep (the newest)")
-    resume: bool = _resume()
-    overwrite: bool = _overwrite()
-    max_restarts: int = _max_restarts()
-    max_bad_steps: int = _max_bad_steps()
+    resume: bool = opt(False, "continue from the latest resumable checkpoint in --out")
+    overwrite: bool = opt(False, "start afresh in a non-empty --out directory, deleting what is there")
+    max_restarts: int = opt(
+        0,
+        "restart the local workers this many times after a failure (they resume from the latest "
+        "checkpoint); under torchrun use its --max-restarts",
+    )
+    max_bad_steps: int = opt(
+        10, "stop after this many non-finite losses in a row (each is skipped), the last good weights saved"
+    )
     compile: bool = opt(
         False,
         "torch.compile the step (static shapes: fixed prediction slots per sequence): with one process the "
@@ -846,14 +767,41 @@ class RunConfig:
         "layers, on GPUs of compute capability 8.9 or more (H100, H200, L40S, L4); not yet measured here "
         "(BENCHMARKS.md)",
     )
-    global_batch: int = _global_batch()
-    save_every_minutes: float = _save_every_minutes()
-    async_save: bool = _async_save()
-    nnodes: str = _nnodes()
-    rdzv_endpoint: str = _rdzv_endpoint()
-    rdzv_id: str = _rdzv_id()
-    rdzv_last_call: int = _rdzv_last_call()
-    rdzv_heartbeat: int = _rdzv_heartbeat()
+    global_batch: int = opt(
+        0,
+        "the global batch the recipe means (0: --batch-size x data-parallel processes x --grad-accum): the "
+        "accumulation steps are derived from it for the layout the run has, so a restart on fewer or more "
+        "processes (elastic --nnodes, or a resume) trains the same global batches",
+    )
+    save_every_minutes: float = opt(
+        0.0,
+        "also write a checkpoint when this many minutes have passed since the last one (0: off), so the "
+        "work a lost machine takes with it is bounded in time whatever the step time",
+    )
+    async_save: bool = opt(
+        False,
+        "write checkpoints in the background: staged in memory at the step of the save, then written while "
+        "training goes on (the next save waits for it); the save's own step stalls only for the copy",
+    )
+    nnodes: str = opt(
+        "1",
+        "machines: N, or MIN:MAX for an elastic run that goes on when machines are lost and grows when they "
+        "come back (each machine runs the same command; needs --rdzv-endpoint); under torchrun use its own",
+    )
+    rdzv_endpoint: str = opt(
+        "", "HOST:PORT where the machines of a --nnodes run meet (torch elastic's c10d rendezvous)"
+    )
+    rdzv_id: str = opt("", "the rendezvous id that the machines of one run share (default: derived from --out)")
+    rdzv_last_call: int = opt(
+        30,
+        "seconds an elastic rendezvous waits for more machines once the fewest (--nnodes MIN) have come, "
+        "before it starts without them (torch's last_call_timeout)",
+    )
+    rdzv_heartbeat: int = opt(
+        5,
+        "seconds between the heartbeats each machine sends to an elastic rendezvous; a machine is taken for lost "
+        "after 3 missed ones (torch's keep_alive_interval)",
+    )
 
     def __post_init__(self) -> None:
         # The checks of --save-every and --log-every stay with each command: their messages differ.
