@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import TINY_RUN, run_cli
 from procs import start
 
 from bertgpu import checkpoint, recipe
@@ -135,8 +135,8 @@ def test_durations():
 
 # -- real runs ------------------------------------------------------------------------------------------
 
-ARGS = ["--model", "tiny", "--recipe", "fast", "--no-nsp", "--batch-size", "8", "--eval-fraction", "0.1"]
-ARGS += ["--eval-instances", "32", "--log-every", "1", "--device", "cpu", "--loader-workers", "0"]
+ARGS = [*TINY_RUN, "--recipe", "fast", "--no-nsp", "--batch-size", "8", "--eval-fraction", "0.1"]
+ARGS += ["--eval-instances", "32", "--log-every", "1"]
 
 
 def _finished(out: Path) -> tuple[dict, list[dict]]:
