@@ -29,7 +29,7 @@ _EXPORTS = {
     "BertModel": "bertgpu.model",
     "BertForPreTraining": "bertgpu.model",
     "BertForSequenceClassification": "bertgpu.model",
-    "ModernBertConfig": "bertgpu.modernbert",
+    "ModernBertConfig": "bertgpu.config",
     "ModernBertModel": "bertgpu.modernbert",
     "ModernBertForMaskedLM": "bertgpu.modernbert",
     "ModernBertForSequenceClassification": "bertgpu.modernbert",

@@ -2,7 +2,7 @@
 
 ``bert`` is ``bertgpu.model`` (BERT as Devlin et al., transformers' ``BertFor*``), ``modernbert`` is
 ``bertgpu.modernbert`` (transformers' ``ModernBertFor*``). A config is a ``config.ModelConfig`` or a
-``modernbert.ModernBertConfig``; a config.json says which by its ``model_type``
+``config.ModernBertConfig``; a config.json says which by its ``model_type``
 (``ModelConfig.load`` returns either).
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from torch import nn
 
-from .config import PRESETS, ModelConfig
+from .config import OWN_SHAPES, PRESETS, ModelConfig, ModernBertConfig
 from .errors import UserError
 
 ARCHS = ("bert", "modernbert")
@@ -24,8 +24,6 @@ def arch_of(config: Any) -> str:
 
 
 def presets(arch: str) -> list[str]:
-    from .modernbert import OWN_SHAPES
-
     return [*PRESETS, *OWN_SHAPES] if arch == "modernbert" else list(PRESETS)
 
 
@@ -34,8 +32,6 @@ def preset(arch: str, name: str, vocab_size: int, vocab: list[str] | None = None
     [PAD], [CLS] and [SEP] ids a ModernBERT config records)."""
     if arch == "bert":
         return ModelConfig.preset(name, vocab_size=vocab_size)
-    from .modernbert import ModernBertConfig
-
     ids = {t: i for i, t in enumerate(vocab or [])}
     return ModernBertConfig.preset(
         name,

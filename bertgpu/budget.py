@@ -17,36 +17,19 @@ another layout) continues the budget where it stood, not afresh.
 from __future__ import annotations
 
 import math
-import re
 import statistics
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .errors import UserError
-
-if TYPE_CHECKING:  # torch only where a run needs it: the config parses durations without it
+if TYPE_CHECKING:  # torch only where a run needs it
     import torch
-
-_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
 
 # How many of the latest step times the estimate is the median of: enough to ignore a step that also
 # evaluated or saved, few enough to follow a change of speed within seconds.
 WINDOW = 9
 # Step times measured in this process before the run may decide its last step (the first steps are slow).
 MIN_MEASURED = 3
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in ``90s``, ``30m``, ``2h``, ``1h30m`` or ``600`` (seconds), as a UserError if none."""
-    m = _DURATION.fullmatch(text.strip().lower())
-    if not text.strip() or m is None or not any(m.groups()):
-        raise UserError(f"--time-budget {text!r}: not a duration (write e.g. 90s, 30m, 2h or 1h30m)")
-    hours, minutes, seconds = (float(g) if g else 0.0 for g in m.groups())
-    total = 3600 * hours + 60 * minutes + seconds
-    if total <= 0:
-        raise UserError(f"--time-budget {text!r} must be longer than zero")
-    return total
 
 
 class TimeBudget:

@@ -1,7 +1,8 @@
 """Configuration: small typed dataclasses, the one source of truth.
 
 ``ModelConfig`` mirrors the fields of a Hugging Face ``BertConfig`` (same names, same meaning), so
-that a ``config.json`` moves both ways unchanged. The task configs (``VocabConfig``,
+that a ``config.json`` moves both ways unchanged; ``ModernBertConfig`` those of transformers'
+``ModernBertConfig`` (the model itself is ``bertgpu.modernbert``). The task configs (``VocabConfig``,
 ``PrepareConfig``, ``PretrainConfig``) describe one command each; the CLI builds its flags from
 them (see ``bertgpu.cli``), and ``PretrainConfig`` is saved beside every checkpoint.
 
@@ -18,6 +19,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
@@ -95,10 +97,8 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Read a Hugging Face BERT config.json dict; keys we do not model are ignored. A ModernBERT one
-        gives a ``modernbert.ModernBertConfig`` (bertgpu.architectures)."""
+        gives a ``ModernBertConfig`` (bertgpu.architectures)."""
         if d.get("model_type") == "modernbert":
-            from .modernbert import ModernBertConfig
-
             return ModernBertConfig.from_hf_dict(d)  # type: ignore[return-value]
         if d.get("model_type", "bert") not in ("bert",):
             raise UserError(f"not a BERT config (model_type={d.get('model_type')!r})")
@@ -132,6 +132,161 @@ class ModelConfig:
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
 
 
+# (layers, hidden, heads, intermediate) of ModernBERT's own two models (answerdotai/ModernBERT-base, -large):
+# deeper and narrower than BERT's of the same name, with a GeGLU width of their own.
+OWN_SHAPES: dict[str, tuple[int, int, int, int]] = {
+    "modernbert-base": (22, 768, 12, 1152),
+    "modernbert-large": (28, 1024, 16, 2624),
+}
+# The GeGLU width of a preset of BERT's shape (tiny ... large): ModernBERT-base's 1152 / 768.
+GEGLU_RATIO = 1.5
+
+
+@dataclass
+class ModernBertConfig:
+    """The architecture, with the field names of transformers' ModernBertConfig (config.json's)."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    intermediate_size: int = 1152
+    num_hidden_layers: int = 22
+    num_attention_heads: int = 12
+    hidden_activation: str = "gelu"
+    max_position_embeddings: int = 8192
+    initializer_range: float = 0.02
+    initializer_cutoff_factor: float = 2.0
+    norm_eps: float = 1e-5
+    norm_bias: bool = False
+    pad_token_id: int = 0
+    cls_token_id: int | None = None
+    sep_token_id: int | None = None
+    global_attn_every_n_layers: int = 3
+    local_attention: int = 128  # the whole window: a token sees local_attention // 2 positions either side
+    global_rope_theta: float = 160000.0
+    local_rope_theta: float = 10000.0
+    attention_bias: bool = False
+    attention_dropout: float = 0.0
+    embedding_dropout: float = 0.0
+    mlp_bias: bool = False
+    mlp_dropout: float = 0.0
+    decoder_bias: bool = True
+    classifier_pooling: str = "cls"
+    classifier_dropout: float = 0.0
+    classifier_bias: bool = False
+    classifier_activation: str = "gelu"
+    # Which layers attend globally ("full_attention") or locally ("sliding_attention"); None: every
+    # global_attn_every_n_layers-th from layer 0, as ModernBERT.
+    layer_types: list[str] | None = None
+    # Sequence classification (fine-tuning): label names by id, as transformers stores them.
+    id2label: dict[int, str] | None = None
+
+    model_type: ClassVar[str] = "modernbert"
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise UserError(
+                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
+            )
+        if (self.hidden_size // self.num_attention_heads) % 2:
+            raise UserError(f"the head width {self.hidden_size // self.num_attention_heads} must be even (rotary)")
+        for act in (self.hidden_activation, self.classifier_activation):
+            if act not in ACTIVATIONS:
+                raise UserError(f"unsupported activation {act!r} (supported: {', '.join(ACTIVATIONS)})")
+        if self.global_attn_every_n_layers < 1 or self.local_attention < 2:
+            raise UserError("global_attn_every_n_layers must be at least 1 and local_attention at least 2")
+        if self.classifier_pooling not in ("cls", "mean"):
+            raise UserError(f"classifier_pooling must be cls or mean, not {self.classifier_pooling!r}")
+        if self.layer_types is None:
+            n = self.global_attn_every_n_layers
+            self.layer_types = [
+                "sliding_attention" if i % n else "full_attention" for i in range(self.num_hidden_layers)
+            ]
+        if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= {
+            "full_attention",
+            "sliding_attention",
+        }:
+            raise UserError("layer_types must name full_attention or sliding_attention for each of the layers")
+        if self.id2label is not None:
+            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+
+    # The fields BERT's config calls otherwise, for code that reads either.
+    @property
+    def hidden_dropout_prob(self) -> float:
+        return self.mlp_dropout
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.id2label) if self.id2label else 2
+
+    @property
+    def window(self) -> int:
+        """How far a local layer's token sees on each side (transformers' sliding_window)."""
+        return self.local_attention // 2
+
+    def with_dropout(self, p: float) -> ModernBertConfig:
+        """Every dropout probability set to ``p`` (pretrain --dropout)."""
+        return dataclasses.replace(self, attention_dropout=p, embedding_dropout=p, mlp_dropout=p)
+
+    @classmethod
+    def preset(cls, name: str, vocab_size: int, **overrides: Any) -> ModernBertConfig:
+        """A BERT preset's depth, width and heads (tiny ... large; GeGLU width 1.5 x hidden, as
+        ModernBERT-base), or ModernBERT's own shape (modernbert-base, modernbert-large)."""
+        if name in OWN_SHAPES:
+            layers, hidden, heads, inter = OWN_SHAPES[name]
+        elif name in PRESETS:
+            layers, hidden, heads = PRESETS[name]
+            inter = int(GEGLU_RATIO * hidden)
+        else:
+            raise UserError(f"unknown model preset {name!r} (choose from {', '.join([*PRESETS, *OWN_SHAPES])})")
+        return cls(
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=inter,
+            **overrides,
+        )
+
+    @classmethod
+    def from_hf_dict(cls, d: dict[str, Any]) -> ModernBertConfig:
+        """Read a Hugging Face ModernBERT config.json dict (old and new rotary keys); keys we do not model
+        are ignored."""
+        if d.get("model_type") != "modernbert":
+            raise UserError(f"not a ModernBERT config (model_type={d.get('model_type')!r})")
+        names = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in names and v is not None}
+        rope = d.get("rope_parameters") or {}
+        for kind, key in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
+            params = rope.get(kind) or {}
+            if params.get("rope_type", "default") != "default":
+                raise UserError(f"rotary scaling {params['rope_type']!r} is not supported (default rotary only)")
+            if "rope_theta" in params:
+                kwargs[key] = params["rope_theta"]
+        if d.get("rope_scaling"):
+            raise UserError("rotary scaling (rope_scaling) is not supported (default rotary only)")
+        return cls(**kwargs)
+
+    def to_hf_dict(self, architecture: str = "ModernBertForMaskedLM") -> dict[str, Any]:
+        d = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        if self.id2label:
+            d["id2label"] = {str(i): name for i, name in self.id2label.items()}
+            d["label2id"] = {name: i for i, name in self.id2label.items()}
+        # Both the rotary keys of transformers 5 and those of 4.x, and the token ids its tokenizer-less
+        # code reads (bos/eos: ModernBERT's are its [CLS] and [SEP]).
+        d["rope_parameters"] = {
+            "full_attention": {"rope_type": "default", "rope_theta": self.global_rope_theta},
+            "sliding_attention": {"rope_type": "default", "rope_theta": self.local_rope_theta},
+        }
+        d.update(
+            model_type="modernbert",
+            architectures=[architecture],
+            bos_token_id=self.cls_token_id,
+            eos_token_id=self.sep_token_id,
+            tie_word_embeddings=True,
+        )
+        return {k: v for k, v in d.items() if v is not None}
+
+
 # ---------------------------------------------------------------------------------------------
 # Task configs: one dataclass per command. The CLI flags are generated from these fields.
 
@@ -154,81 +309,8 @@ def _precision() -> Any:
     )
 
 
-def _resume() -> Any:
-    return opt(False, "continue from the latest resumable checkpoint in --out")
-
-
-def _overwrite() -> Any:
-    return opt(False, "start afresh in a non-empty --out directory, deleting what is there")
-
-
 def _pretrain_seed() -> Any:
     return opt(42, "seed for data order, masking, pairing and initialisation")
-
-
-def _max_restarts() -> Any:
-    return opt(
-        0,
-        "restart the local workers this many times after a failure (they resume from the latest "
-        "checkpoint); under torchrun use its --max-restarts",
-    )
-
-
-def _global_batch() -> Any:
-    return opt(
-        0,
-        "the global batch the recipe means (0: --batch-size x data-parallel processes x --grad-accum): the "
-        "accumulation steps are derived from it for the layout the run has, so a restart on fewer or more "
-        "processes (elastic --nnodes, or a resume) trains the same global batches",
-    )
-
-
-def _save_every_minutes() -> Any:
-    return opt(
-        0.0,
-        "also write a checkpoint when this many minutes have passed since the last one (0: off), so the "
-        "work a lost machine takes with it is bounded in time whatever the step time",
-    )
-
-
-def _async_save() -> Any:
-    return opt(
-        False,
-        "write checkpoints in the background: staged in memory at the step of the save, then written while "
-        "training goes on (the next save waits for it); the save's own step stalls only for the copy",
-    )
-
-
-def _nnodes() -> Any:
-    return opt(
-        "1",
-        "machines: N, or MIN:MAX for an elastic run that goes on when machines are lost and grows when they "
-        "come back (each machine runs the same command; needs --rdzv-endpoint); under torchrun use its own",
-    )
-
-
-def _rdzv_endpoint() -> Any:
-    return opt("", "HOST:PORT where the machines of a --nnodes run meet (torch elastic's c10d rendezvous)")
-
-
-def _rdzv_last_call() -> Any:
-    return opt(
-        30,
-        "seconds an elastic rendezvous waits for more machines once the fewest (--nnodes MIN) have come, "
-        "before it starts without them (torch's last_call_timeout)",
-    )
-
-
-def _rdzv_heartbeat() -> Any:
-    return opt(
-        5,
-        "seconds between the heartbeats each machine sends to an elastic rendezvous; a machine is taken for lost "
-        "after 3 missed ones (torch's keep_alive_interval)",
-    )
-
-
-def _rdzv_id() -> Any:
-    return opt("", "the rendezvous id that the machines of one run share (default: derived from --out)")
 
 
 def check_run_flags(cfg: Any) -> None:
@@ -270,6 +352,21 @@ def parse_nnodes(value: str) -> tuple[int, int]:
     return parts[0], parts[1]
 
 
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``90s``, ``30m``, ``2h``, ``1h30m`` or ``600`` (seconds), as a UserError if none."""
+    m = _DURATION.fullmatch(text.strip().lower())
+    if not text.strip() or m is None or not any(m.groups()):
+        raise UserError(f"--time-budget {text!r}: not a duration (write e.g. 90s, 30m, 2h or 1h30m)")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in m.groups())
+    total = 3600 * hours + 60 * minutes + seconds
+    if total <= 0:
+        raise UserError(f"--time-budget {text!r} must be longer than zero")
+    return total
+
+
 def accumulation(cfg: Any, dp: int) -> tuple[list[int], int]:
     """(each data-parallel rank's batch, micro-steps per optimizer step) for ``dp`` ranks: --grad-accum, or
     what makes --global-batch with this layout; a global batch the layout cannot make is a UserError that
@@ -294,23 +391,6 @@ def accumulation(cfg: Any, dp: int) -> tuple[list[int], int]:
         f"--global-batch {goal} is not a multiple of the {micro} examples of one micro-step "
         f"({'+'.join(map(str, sizes))} on {dp} data-parallel rank(s)): use {hint}"
     )
-
-
-def _max_bad_steps() -> Any:
-    return opt(10, "stop after this many non-finite losses in a row (each is skipped), the last good weights saved")
-
-
-def _lr_scaling() -> Any:
-    return opt(
-        "none",
-        "scale the peak learning rate with the global batch: linear (x global / --reference-batch) "
-        "or sqrt (x its square root); more processes make the global batch larger",
-        choices=["none", "linear", "sqrt"],
-    )
-
-
-def _reference_batch() -> Any:
-    return opt(256, "the global batch the given --lr is meant for, with --lr-scaling")
 
 
 def _check_lr_scaling(reference_batch: int) -> None:
@@ -485,8 +565,13 @@ class OptimConfig:
         choices=["adamw", "lamb", "rmsprop"],
     )
     lr: float = opt(1e-4, "peak learning rate (before --lr-scaling)")
-    lr_scaling: str = _lr_scaling()
-    reference_batch: int = _reference_batch()
+    lr_scaling: str = opt(
+        "none",
+        "scale the peak learning rate with the global batch: linear (x global / --reference-batch) "
+        "or sqrt (x its square root); more processes make the global batch larger",
+        choices=["none", "linear", "sqrt"],
+    )
+    reference_batch: int = opt(256, "the global batch the given --lr is meant for, with --lr-scaling")
     warmup: float = opt(0.01, "warmup: steps if >= 1, else a fraction of --steps")
     steps: int = opt(1000, "optimizer steps to train")
     weight_decay: float = opt(
@@ -653,10 +738,16 @@ class RunConfig:
     save_every: int = opt(1000, "write a checkpoint every N steps (and at the end)")
     log_every: int = opt(10, "log every K steps")
     keep: int = opt(3, "checkpoints to keep (the newest)")
-    resume: bool = _resume()
-    overwrite: bool = _overwrite()
-    max_restarts: int = _max_restarts()
-    max_bad_steps: int = _max_bad_steps()
+    resume: bool = opt(False, "continue from the latest resumable checkpoint in --out")
+    overwrite: bool = opt(False, "start afresh in a non-empty --out directory, deleting what is there")
+    max_restarts: int = opt(
+        0,
+        "restart the local workers this many times after a failure (they resume from the latest "
+        "checkpoint); under torchrun use its --max-restarts",
+    )
+    max_bad_steps: int = opt(
+        10, "stop after this many non-finite losses in a row (each is skipped), the last good weights saved"
+    )
     compile: bool = opt(
         False,
         "torch.compile the step (static shapes: fixed prediction slots per sequence): with one process the "
@@ -677,14 +768,41 @@ class RunConfig:
         "layers, on GPUs of compute capability 8.9 or more (H100, H200, L40S, L4); not yet measured here "
         "(BENCHMARKS.md)",
     )
-    global_batch: int = _global_batch()
-    save_every_minutes: float = _save_every_minutes()
-    async_save: bool = _async_save()
-    nnodes: str = _nnodes()
-    rdzv_endpoint: str = _rdzv_endpoint()
-    rdzv_id: str = _rdzv_id()
-    rdzv_last_call: int = _rdzv_last_call()
-    rdzv_heartbeat: int = _rdzv_heartbeat()
+    global_batch: int = opt(
+        0,
+        "the global batch the recipe means (0: --batch-size x data-parallel processes x --grad-accum): the "
+        "accumulation steps are derived from it for the layout the run has, so a restart on fewer or more "
+        "processes (elastic --nnodes, or a resume) trains the same global batches",
+    )
+    save_every_minutes: float = opt(
+        0.0,
+        "also write a checkpoint when this many minutes have passed since the last one (0: off), so the "
+        "work a lost machine takes with it is bounded in time whatever the step time",
+    )
+    async_save: bool = opt(
+        False,
+        "write checkpoints in the background: staged in memory at the step of the save, then written while "
+        "training goes on (the next save waits for it); the save's own step stalls only for the copy",
+    )
+    nnodes: str = opt(
+        "1",
+        "machines: N, or MIN:MAX for an elastic run that goes on when machines are lost and grows when they "
+        "come back (each machine runs the same command; needs --rdzv-endpoint); under torchrun use its own",
+    )
+    rdzv_endpoint: str = opt(
+        "", "HOST:PORT where the machines of a --nnodes run meet (torch elastic's c10d rendezvous)"
+    )
+    rdzv_id: str = opt("", "the rendezvous id that the machines of one run share (default: derived from --out)")
+    rdzv_last_call: int = opt(
+        30,
+        "seconds an elastic rendezvous waits for more machines once the fewest (--nnodes MIN) have come, "
+        "before it starts without them (torch's last_call_timeout)",
+    )
+    rdzv_heartbeat: int = opt(
+        5,
+        "seconds between the heartbeats each machine sends to an elastic rendezvous; a machine is taken for lost "
+        "after 3 missed ones (torch's keep_alive_interval)",
+    )
 
     def __post_init__(self) -> None:
         # The checks of --save-every and --log-every stay with each command: their messages differ.
@@ -788,8 +906,6 @@ class PretrainConfig:
         if self.recipe == "fast":
             apply_fast_recipe(self)
         if self.time_budget:
-            from .budget import parse_duration
-
             parse_duration(self.time_budget)
             if self.optim.steps != OptimConfig.steps:
                 raise UserError(

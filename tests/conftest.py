@@ -31,6 +31,14 @@ from bertgpu.errors import UserError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# The flags of a tiny pretraining run on the CPU, which each test file extends with its own (steps, batch,
+# logging, ...; a flag given again after these wins): the tiny preset, its batches made in the run's process.
+TINY_RUN = ["--model", "tiny", "--device", "cpu", "--loader-workers", "0"]
+# For runs whose numbers are compared with another run's: full precision and no dropout.
+EXACT = ["--precision", "fp32", "--dropout", "0"]
+# A short fine-tuning run on the CPU: 32-token sequences, full precision and a fixed seed.
+TINY_FINETUNE = ["--max-seq-length", "32", "--device", "cpu", "--precision", "fp32", "--seed", "3"]
+
 
 # The modules whose multi-process runs take most of the suite's time, heaviest first (measured with
 # --durations=0); the others follow in their own order. pytest-xdist (--dist loadscope, pyproject.toml)

@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from conftest import run_cli, run_in_process, write_tiny_bert
+from conftest import TINY_RUN, run_cli, run_in_process, write_tiny_bert
 
 
 def assert_one_line_error(proc, *needles: str) -> str:
@@ -209,21 +209,16 @@ def test_only_one_sentence_documents_suggests_no_nsp(tmp_path, uncased_vocab, ca
         "pretrain",
         "--data",
         tmp_path / "data",
-        "--model",
-        "tiny",
         "--out",
         tmp_path / "run",
+        *TINY_RUN,
         "--no-nsp",
         "--steps",
         "2",
         "--batch-size",
         "4",
-        "--loader-workers",
-        "0",
         "--nproc",
         "2",
-        "--device",
-        "cpu",
     )
 
 
@@ -314,23 +309,7 @@ def _limit_file_size():
 def two_step_run(tmp_path_factory, english_data):
     """A finished 2-step run (its checkpoint at step 2), which each test below copies and resumes or damages."""
     run = tmp_path_factory.mktemp("two-steps") / "run"
-    run_cli(
-        "pretrain",
-        "--data",
-        english_data,
-        "--model",
-        "tiny",
-        "--out",
-        run,
-        "--batch-size",
-        "4",
-        "--device",
-        "cpu",
-        "--loader-workers",
-        "0",
-        "--steps",
-        "2",
-    )
+    run_cli("pretrain", "--data", english_data, "--out", run, *TINY_RUN, "--batch-size", "4", "--steps", "2")
     return run
 
 
@@ -344,23 +323,7 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, e
     from conftest import ROOT
 
     run = tmp_path / "run"
-    args = [
-        "pretrain",
-        "--data",
-        english_data,
-        "--model",
-        "tiny",
-        "--out",
-        run,
-        "--batch-size",
-        "4",
-        "--save-every",
-        "2",
-        "--device",
-        "cpu",
-        "--loader-workers",
-        "0",
-    ]
+    args = ["pretrain", "--data", english_data, "--out", run, *TINY_RUN, "--batch-size", "4", "--save-every", "2"]
     shutil.copytree(two_step_run, run)  # `args` with --steps 2, run to its end
     proc = subprocess.run(
         [sys.executable, "-m", "bertgpu", *map(str, args), "--steps", "4", "--resume"],
@@ -378,21 +341,7 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, e
 @pytest.mark.parametrize("damaged", ["model.safetensors", "training_state.pt"])
 def test_truncated_checkpoint_file(tmp_path, english_data, two_step_run, damaged):
     run = tmp_path / "run"
-    args = [
-        "pretrain",
-        "--data",
-        english_data,
-        "--model",
-        "tiny",
-        "--out",
-        run,
-        "--batch-size",
-        "4",
-        "--device",
-        "cpu",
-        "--loader-workers",
-        "0",
-    ]
+    args = ["pretrain", "--data", english_data, "--out", run, *TINY_RUN, "--batch-size", "4"]
     shutil.copytree(two_step_run, run)  # `args` with --steps 2, run to its end
     path = run / "checkpoints" / "step-0000002" / damaged
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])

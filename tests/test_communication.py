@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TORCHRUN, run_balanced_with_a_slow_rank, run_cli
+from conftest import EXACT, ROOT, TINY_RUN, TORCHRUN, run_balanced_with_a_slow_rank, run_cli
 from procs import assert_bitwise_equal, start, wait_for_step
 from safetensors.torch import load_file
 
@@ -45,8 +45,7 @@ def free_port() -> int:
 STEPS = 8
 WARMUP = 2  # PowerSGD's uncompressed steps
 COMPRESS = [
-    "--model",
-    "tiny",
+    *TINY_RUN,
     "--nproc",
     "2",
     "--batch-size",
@@ -61,14 +60,10 @@ COMPRESS = [
     "2",
     "--save-every",
     "4",
-    "--device",
-    "cpu",
     "--precision",
     "fp32",
     "--seed",
     "11",
-    "--loader-workers",
-    "0",
     "--powersgd-warmup",
     str(WARMUP),
 ]
@@ -128,30 +123,8 @@ def test_a_powersgd_run_killed_with_sigkill_resumes_bit_for_bit(tmp_path, small_
 
 # --- unequal GPUs ----------------------------------------------------------------------------------------
 
-BALANCE = [
-    "--model",
-    "tiny",
-    "--steps",
-    "6",
-    "--lr",
-    "1e-4",
-    "--warmup",
-    "1",
-    "--log-every",
-    "1",
-    "--save-every",
-    "6",
-    "--device",
-    "cpu",
-    "--precision",
-    "fp32",
-    "--dropout",
-    "0",
-    "--seed",
-    "7",
-    "--loader-workers",
-    "0",
-]
+BALANCE = [*TINY_RUN, *EXACT, "--steps", "6", "--lr", "1e-4", "--warmup", "1", "--log-every", "1", "--save-every", "6"]
+BALANCE += ["--seed", "7"]
 
 
 def test_balance_auto_moves_work_to_the_faster_process_and_keeps_the_union_batch(tmp_path, small_english_data):
@@ -187,8 +160,7 @@ def test_lr_scaling_follows_the_formula(tmp_path, small_english_data):
         small_english_data,
         "--out",
         out,
-        "--model",
-        "tiny",
+        *TINY_RUN,
         "--nproc",
         "1",
         "--batch-size",
@@ -205,10 +177,6 @@ def test_lr_scaling_follows_the_formula(tmp_path, small_english_data):
         "sqrt",
         "--reference-batch",
         "4",
-        "--device",
-        "cpu",
-        "--loader-workers",
-        "0",
         "--log-every",
         "1",
     )
@@ -245,32 +213,8 @@ def test_rmsprop_follows_the_formula_without_decay_on_biases_and_layernorm():
 
 # --- two torchrun "nodes" ---------------------------------------------------------------------------------
 
-NODES = [
-    "--model",
-    "tiny",
-    "--batch-size",
-    "4",
-    "--steps",
-    "6",
-    "--lr",
-    "1e-4",
-    "--warmup",
-    "1",
-    "--log-every",
-    "1",
-    "--save-every",
-    "2",
-    "--device",
-    "cpu",
-    "--precision",
-    "fp32",
-    "--dropout",
-    "0",
-    "--seed",
-    "3",
-    "--loader-workers",
-    "0",
-]
+NODES = [*TINY_RUN, *EXACT, "--batch-size", "4", "--steps", "6", "--lr", "1e-4", "--warmup", "1", "--log-every", "1"]
+NODES += ["--save-every", "2", "--seed", "3"]
 
 
 def start_nodes(data: Path, out: Path, *extra: str) -> list[subprocess.Popen]:

@@ -19,13 +19,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_cli
+from conftest import EXACT, ROOT, TINY_RUN, run_cli
 from test_communication import free_port, weights, worst_difference
 
 STEPS = 20
 RUN = [
-    "--model",
-    "tiny",
+    *TINY_RUN,
+    *EXACT,
     "--max-seq-length",
     "64",
     "--steps",
@@ -42,14 +42,6 @@ RUN = [
     "1",
     "--save-every",
     "4",
-    "--device",
-    "cpu",
-    "--precision",
-    "fp32",
-    "--dropout",
-    "0",
-    "--loader-workers",
-    "0",
 ]
 
 

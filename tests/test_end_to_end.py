@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import torch
-from conftest import ROOT, run_cli
+from conftest import ROOT, TINY_RUN, run_cli
 
 
 def read_log(run_dir: Path) -> list[dict]:
@@ -91,20 +91,15 @@ def test_same_command_under_torchrun(tmp_path, small_english_data):
             "pretrain",
             "--data",
             str(small_english_data),
-            "--model",
-            "tiny",
             "--out",
             str(run),
-            "--device",
-            "cpu",
+            *TINY_RUN,
             "--steps",
             "6",
             "--batch-size",
             "4",
             "--log-every",
             "3",
-            "--loader-workers",
-            "0",
         ],
         capture_output=True,
         text=True,

@@ -16,31 +16,12 @@ import signal
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, sentiment_reviews, write_tiny_bert
+from conftest import TINY_FINETUNE, run_cli, sentiment_reviews, write_tiny_bert
 from procs import assert_bitwise_equal, kill_torchrun_worker, start, wait_for_step
 from safetensors.torch import load_file
 
 # 360 training reviews / global batch 16 = 23 steps per epoch, 46 in all; resumable every 5 steps.
-ARGS = [
-    "--epochs",
-    "2",
-    "--batch-size",
-    "8",
-    "--max-seq-length",
-    "32",
-    "--lr",
-    "1e-3",
-    "--log-every",
-    "1",
-    "--save-every",
-    "5",
-    "--device",
-    "cpu",
-    "--precision",
-    "fp32",
-    "--seed",
-    "3",
-]
+ARGS = [*TINY_FINETUNE, "--epochs", "2", "--batch-size", "8", "--lr", "1e-3", "--log-every", "1", "--save-every", "5"]
 STEPS = 46
 
 

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, sentiment_reviews, write_tiny_bert
+from conftest import TINY_FINETUNE, run_cli, sentiment_reviews, write_tiny_bert
 from safetensors.torch import load_file
 
 from bertgpu.classifier import Classifier
@@ -23,24 +23,17 @@ from bertgpu.classifier import Classifier
 LABELS = {"positive": "好评", "negative": "差评"}
 EMPTY_EVERY = 15  # every 15th review of the file is left empty, as ChnSentiCorp's CSV has some
 COMMON = [
+    *TINY_FINETUNE,
     "--text-column",
     "review",
     "--metric",
     "f1",
     "--epochs",
     "1",
-    "--max-seq-length",
-    "32",
     "--lr",
     "1e-4",
     "--log-every",
     "1",
-    "--device",
-    "cpu",
-    "--precision",
-    "fp32",
-    "--seed",
-    "3",
 ]
 
 

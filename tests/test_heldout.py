@@ -10,25 +10,10 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import EXACT, TINY_RUN, run_cli
 from test_cli_errors import assert_one_line_error, assert_one_line_error_in_process
 
-TINY = [
-    "--model",
-    "tiny",
-    "--batch-size",
-    "4",
-    "--max-seq-length",
-    "64",
-    "--device",
-    "cpu",
-    "--dropout",
-    "0",
-    "--precision",
-    "fp32",
-    "--loader-workers",
-    "0",
-]
+TINY = [*TINY_RUN, *EXACT, "--batch-size", "4", "--max-seq-length", "64"]
 
 
 def test_held_out_documents_never_reach_training(small_english_data):

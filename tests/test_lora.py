@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli, sentiment_reviews, write_tiny_bert
+from conftest import TINY_FINETUNE, run_cli, sentiment_reviews, write_tiny_bert
 from procs import assert_bitwise_equal, start, wait_for_step
 from safetensors.torch import load_file
 
@@ -25,26 +25,7 @@ peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
 # 120 real reviews, 10% held out: 108 training examples, 7 steps of global batch 16 per epoch, 14 in all.
-ARGS = [
-    "--epochs",
-    "2",
-    "--max-seq-length",
-    "32",
-    "--lr",
-    "2e-3",
-    "--log-every",
-    "1",
-    "--save-every",
-    "4",
-    "--device",
-    "cpu",
-    "--precision",
-    "fp32",
-    "--seed",
-    "3",
-    "--lora-rank",
-    "4",
-]
+ARGS = [*TINY_FINETUNE, "--epochs", "2", "--lr", "2e-3", "--log-every", "1", "--save-every", "4", "--lora-rank", "4"]
 DDP = ["--nproc", "2", "--batch-size", "4", "--grad-accum", "2"]
 STEPS = 14
 TEXTS = ["我觉得不错!", "质量很差, 不推荐", "The battery died after two days."]

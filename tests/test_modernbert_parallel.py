@@ -12,14 +12,13 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from conftest import run_cli
+from conftest import EXACT, TINY_RUN, run_cli
 from safetensors.torch import load_file
 from test_parallel import losses, worst_difference
 
 COMMON = [
-    "--arch", "modernbert", "--model", "tiny", "--no-nsp", "--pack", "--max-seq-length", "256",
-    "--max-predictions", "40", "--precision", "fp32", "--dropout", "0", "--seed", "7", "--steps", "3",
-    "--lr", "1e-4", "--warmup", "1", "--log-every", "1", "--device", "cpu", "--loader-workers", "0",
+    "--arch", "modernbert", *TINY_RUN, *EXACT, "--no-nsp", "--pack", "--max-seq-length", "256",
+    "--max-predictions", "40", "--seed", "7", "--steps", "3", "--lr", "1e-4", "--warmup", "1", "--log-every", "1",
 ]  # fmt: skip
 LAYOUTS = {
     "ddp-2procs-x-4": (["--nproc", "2", "--batch-size", "4"], "2 processes = dp 2, ddp"),

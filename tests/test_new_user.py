@@ -9,10 +9,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, run_cli, write_tiny_bert
+from conftest import ROOT, TINY_RUN, run_cli, write_tiny_bert
 from test_cli_errors import assert_one_line_error, assert_one_line_error_in_process
 
-TINY_RUN = ["--model", "tiny", "--batch-size", "4", "--max-seq-length", "64", "--device", "cpu", "--log-every", "1"]
+# A user's run keeps the DataLoader's default worker processes (2; a later flag wins).
+RUN = [*TINY_RUN, "--loader-workers", "2", "--batch-size", "4", "--max-seq-length", "64", "--log-every", "1"]
 
 
 def test_a_vocab_made_for_other_text_is_refused_then_warned_about(tmp_path, small_english_data, chinese_corpus):
@@ -33,7 +34,7 @@ def test_a_vocab_made_for_other_text_is_refused_then_warned_about(tmp_path, smal
     assert f"{meta['unk_tokens'] / meta['tokens']:.2%} of the tokens are [UNK]" in proc.stdout
     proc = run_cli("inspect", out, "--n", "1")
     assert "are [UNK]" in proc.stderr and "bertgpu vocab" in proc.stderr
-    proc = run_cli("pretrain", "--data", out, "--out", tmp_path / "run", "--steps", "1", *TINY_RUN)
+    proc = run_cli("pretrain", "--data", out, "--out", tmp_path / "run", "--steps", "1", *RUN)
     assert "are [UNK]" in proc.stderr
 
 
@@ -210,7 +211,7 @@ def test_resume_says_what_it_does(tmp_path, small_english_data, classifier):
     """No checkpoint, a finished run, a longer run; a run directory given to finetune; the first log
     line after a resume has steps/s and sequences/s that agree."""
     run = tmp_path / "run"
-    common = ["pretrain", "--data", small_english_data, "--out", run, "--resume", *TINY_RUN, "--log-every", "3"]
+    common = ["pretrain", "--data", small_english_data, "--out", run, "--resume", *RUN, "--log-every", "3"]
     proc = run_cli(*common, "--steps", "4", "--save-every", "2")
     assert f"no checkpoint in {run}: starting from scratch" in proc.stdout
     proc = run_cli(*common, "--steps", "4")
@@ -264,9 +265,7 @@ def test_a_script_without_the_main_guard_gets_one_line_per_worker(tmp_path, smal
 def pretrained(tmp_path_factory, small_english_data):
     """A short pretraining run: (its directory, the finished command)."""
     run = tmp_path_factory.mktemp("pretrained") / "run"
-    proc = run_cli(
-        "pretrain", "--data", small_english_data, "--out", run, "--steps", "4", *TINY_RUN, "--log-every", "2"
-    )
+    proc = run_cli("pretrain", "--data", small_english_data, "--out", run, "--steps", "4", *RUN, "--log-every", "2")
     return run, proc
 
 

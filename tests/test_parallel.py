@@ -22,6 +22,9 @@ import pytest
 import torch
 import transformers
 from conftest import (
+    EXACT,
+    TINY_FINETUNE,
+    TINY_RUN,
     at_real_tokens,
     run_balanced_with_a_slow_rank,
     run_cli,
@@ -31,30 +34,8 @@ from conftest import (
 )
 from safetensors.torch import load_file
 
-COMMON = [
-    "--model",
-    "tiny",
-    "--precision",
-    "fp32",
-    "--dropout",
-    "0",
-    "--seed",
-    "7",
-    "--steps",
-    "3",
-    "--lr",
-    "1e-4",
-    "--warmup",
-    "1",
-    "--log-every",
-    "1",
-    "--save-every",
-    "2",
-    "--device",
-    "cpu",
-    "--loader-workers",
-    "0",
-]
+COMMON = [*TINY_RUN, *EXACT, "--seed", "7", "--steps", "3", "--lr", "1e-4", "--warmup", "1", "--log-every", "1"]
+COMMON += ["--save-every", "2"]
 LAYOUTS = {
     "2procs-x-4": (["--nproc", "2", "--batch-size", "4"], "2 processes = dp 2, ddp"),
     "1proc-x-4-x-accum2": (["--nproc", "1", "--batch-size", "4", "--grad-accum", "2"], "1 process"),
@@ -278,22 +259,7 @@ def test_activation_checkpointing_gives_the_same_gradients():
 # --- fine-tuning on the same layouts ----------------------------------------------------------------
 
 # 120 real reviews, 10% held out: 108 training examples, 7 steps of global batch 16 (the last one 12).
-FINETUNE = [
-    "--epochs",
-    "1",
-    "--max-seq-length",
-    "32",
-    "--lr",
-    "1e-3",
-    "--log-every",
-    "1",
-    "--device",
-    "cpu",
-    "--precision",
-    "fp32",
-    "--seed",
-    "3",
-]
+FINETUNE = [*TINY_FINETUNE, "--epochs", "1", "--lr", "1e-3", "--log-every", "1"]
 FINETUNE_LAYOUTS = {
     "1proc-x-16": ["--nproc", "1", "--batch-size", "16"],
     "fsdp-2procs-x-8": ["--nproc", "2", "--batch-size", "8", "--strategy", "fsdp"],

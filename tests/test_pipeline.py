@@ -19,7 +19,7 @@ import shutil
 import pytest
 import torch
 import transformers
-from conftest import run_cli, sentiment_reviews, write_tiny_bert
+from conftest import EXACT, TINY_FINETUNE, run_cli, sentiment_reviews, write_tiny_bert
 from safetensors.torch import load_file
 from test_parallel import evaluations, final_weights, losses, worst_difference
 
@@ -28,10 +28,7 @@ from bertgpu.errors import UserError
 from bertgpu.parallel.layout import check_layout
 
 COMMON = [
-    "--precision",
-    "fp32",
-    "--dropout",
-    "0",
+    *EXACT,
     "--seed",
     "7",
     "--steps",
@@ -179,10 +176,10 @@ def test_finetune_with_pp_ends_on_the_weights_of_one_process(tmp_path, small_unc
     schedule too, and agrees."""
     _, reviews = sentiment_reviews(tmp_path, test_per_class=60, train_per_class=0, seed=1)
     write_tiny_bert(tmp_path / "tiny", small_uncased_vocab, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    flags = ["--epochs", "1", "--max-seq-length", "32", "--lr", "1e-3", "--device", "cpu", "--precision", "fp32"]
+    flags = [*TINY_FINETUNE, "--epochs", "1", "--lr", "1e-3"]
     for name, layout in (("one", ["--nproc", "1"]), ("pp2", ["--nproc", "2", "--pp", "2"])):
         run_cli(
-            "finetune", "--model", tmp_path / "tiny", "--train", reviews, "--out", tmp_path / name, "--seed", "3",
+            "finetune", "--model", tmp_path / "tiny", "--train", reviews, "--out", tmp_path / name,
             "--batch-size", "16", *layout, *flags,
         )  # fmt: skip
     ref, got = (load_file(tmp_path / name / "best" / "model.safetensors") for name in ("one", "pp2"))

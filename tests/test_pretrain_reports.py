@@ -8,26 +8,11 @@ import json
 import sys
 
 import pytest
-from conftest import run_cli, run_in_process
+from conftest import TINY_RUN, run_cli, run_in_process
 
-RUN = [
-    "--model",
-    "tiny",
-    "--batch-size",
-    "4",
-    "--max-seq-length",
-    "64",
-    "--device",
-    "cpu",
-    "--log-every",
-    "1",
-    "--save-every",
-    "2",
-    "--eval-fraction",
-    "0.1",
-    "--eval-instances",
-    "16",
-]
+# With the DataLoader's default worker processes (2; a later flag wins).
+RUN = [*TINY_RUN, "--loader-workers", "2", "--batch-size", "4", "--max-seq-length", "64", "--log-every", "1"]
+RUN += ["--save-every", "2", "--eval-fraction", "0.1", "--eval-instances", "16"]
 
 
 @pytest.fixture(scope="module")

@@ -17,31 +17,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, run_cli
+from conftest import ROOT, TINY_RUN, run_cli
 from procs import assert_bitwise_equal, kill_torchrun_worker, losses, start, wait_for_step
 from safetensors.torch import load_file
 
 STEPS = 12
-ARGS = [
-    "--model",
-    "tiny",
-    "--steps",
-    str(STEPS),
-    "--batch-size",
-    "4",
-    "--log-every",
-    "1",
-    "--save-every",
-    "3",
-    "--loader-workers",
-    "1",
-    "--seed",
-    "5",
-    "--device",
-    "cpu",
-    "--precision",
-    "fp32",
-]
+ARGS = [*TINY_RUN, "--loader-workers", "1", "--steps", str(STEPS), "--batch-size", "4", "--log-every", "1"]
+ARGS += ["--save-every", "3", "--seed", "5", "--precision", "fp32"]  # later flags win: one loader worker
 
 
 def weights(run_dir: Path, step: int = STEPS) -> dict[str, torch.Tensor]:
@@ -185,16 +167,11 @@ def two_step_run(tmp_path_factory, small_english_data) -> Path:
         small_english_data,
         "--out",
         run,
-        "--model",
-        "tiny",
+        *TINY_RUN,
         "--steps",
         "2",
         "--batch-size",
         "4",
-        "--device",
-        "cpu",
-        "--loader-workers",
-        "0",
     )
     return run
 
@@ -221,15 +198,10 @@ def test_a_crafted_pickle_never_runs(tmp_path, small_english_data, two_step_run,
             small_english_data,
             "--out",
             run,
-            "--model",
-            "tiny",
+            *TINY_RUN,
             "--steps",
             "4",
             "--resume",
-            "--device",
-            "cpu",
-            "--loader-workers",
-            "0",
             check=False,
         )
     elif target == "training_state.pt":
@@ -240,15 +212,10 @@ def test_a_crafted_pickle_never_runs(tmp_path, small_english_data, two_step_run,
             small_english_data,
             "--out",
             run,
-            "--model",
-            "tiny",
+            *TINY_RUN,
             "--steps",
             "4",
             "--resume",
-            "--device",
-            "cpu",
-            "--loader-workers",
-            "0",
             check=False,
         )
     else:
@@ -283,8 +250,7 @@ def test_non_finite_loss_is_skipped_then_stops_with_the_last_good_weights(tmp_pa
         small_english_data,
         "--out",
         run,
-        "--model",
-        "tiny",
+        *TINY_RUN,
         "--steps",
         "50",
         "--batch-size",
@@ -297,10 +263,6 @@ def test_non_finite_loss_is_skipped_then_stops_with_the_last_good_weights(tmp_pa
         "0",
         "--max-bad-steps",
         "3",
-        "--device",
-        "cpu",
-        "--loader-workers",
-        "0",
         check=False,
     )
     assert proc.returncode != 0

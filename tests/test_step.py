@@ -11,7 +11,7 @@ import time
 import torch
 import torch.nn.functional as F
 import transformers
-from conftest import run_cli
+from conftest import TINY_RUN, run_cli
 from test_model import padded_batch, tiny_config
 
 from bertgpu.config import DataConfig
@@ -197,9 +197,9 @@ def test_waits_are_shares_of_the_window_with_a_hint_when_data_starves_the_device
 
 def test_pretrain_logs_its_waits_on_data_and_device(tmp_path, small_english_data):
     out = tmp_path / "run"
-    proc = run_cli("pretrain", "--data", small_english_data, "--out", out, "--model", "tiny", "--device", "cpu",
+    proc = run_cli("pretrain", "--data", small_english_data, "--out", out, *TINY_RUN, "--loader-workers", "1",
                    "--nproc", "1", "--steps", "6", "--batch-size", "4", "--log-every", "3", "--max-seq-length", "64",
-                   "--no-nsp", "--pack", "--loader-workers", "1")  # fmt: skip
+                   "--no-nsp", "--pack")  # fmt: skip
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [3, 6]
     assert all(0 <= r["data_wait"] <= 1 and r["device_wait"] == 0 for r in log)  # the CPU computes as it is asked

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli
+from conftest import TINY_RUN, run_cli
 from procs import start
 
 from bertgpu import checkpoint, recipe
-from bertgpu.budget import TimeBudget, parse_duration
+from bertgpu.budget import TimeBudget
 from bertgpu.cli import COMMANDS, build_config, build_parser
-from bertgpu.config import ModelConfig
+from bertgpu.config import ModelConfig, parse_duration
 from bertgpu.errors import UserError
 
 # -- the recipe's learning rate -------------------------------------------------------------------------
@@ -135,8 +135,8 @@ def test_durations():
 
 # -- real runs ------------------------------------------------------------------------------------------
 
-ARGS = ["--model", "tiny", "--recipe", "fast", "--no-nsp", "--batch-size", "8", "--eval-fraction", "0.1"]
-ARGS += ["--eval-instances", "32", "--log-every", "1", "--device", "cpu", "--loader-workers", "0"]
+ARGS = [*TINY_RUN, "--recipe", "fast", "--no-nsp", "--batch-size", "8", "--eval-fraction", "0.1"]
+ARGS += ["--eval-instances", "32", "--log-every", "1"]
 
 
 def _finished(out: Path) -> tuple[dict, list[dict]]:

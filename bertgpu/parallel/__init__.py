@@ -6,9 +6,12 @@
                     process count and the model, and the DeviceMesh they make
     layout.py       check_layout(): the degrees, precision and options that go together, or one line why not
     parallelize.py  parallelize(): tensor parallel -> activation checkpointing -> compile -> FSDP or
-                    DDP, in torchtitan's order; gradient clipping over sharded gradients
+                    DDP, in torchtitan's order (or the pipeline's stages, with --pp)
+    wrap.py         what parallelize() and the pipeline build with: ParallelModel, each step applied per
+                    encoder layer, gradient clipping over sharded gradients
     pipeline.py     --pp: pipeline stages cut from the model (Hugging Face names kept), each spread as
                     above, run by torch.distributed.pipelining's schedules; the tied embedding's two copies
+    rng.py          every rank's dropout RNG streams, into a checkpoint and back
 
 The training loops (bertgpu/tasks) call these and never wrap a model themselves; the model
 (bertgpu/model.py) knows nothing of any of it. PyTorch's own stack does the work: DeviceMesh,
@@ -17,6 +20,7 @@ DistributedDataParallel and torch.distributed.checkpoint (in bertgpu/checkpoint.
 """
 
 from .dims import ParallelDims
-from .parallelize import ParallelModel, parallelize
+from .parallelize import parallelize
+from .wrap import ParallelModel
 
 __all__ = ["ParallelDims", "ParallelModel", "parallelize"]

@@ -38,7 +38,7 @@ from ..model import BertForPreTraining
 from . import modernbert_stages, modernbert_tp
 from .compression import Compression
 from .dims import ParallelDims
-from .parallelize import (
+from .wrap import (
     ParallelModel,
     apply_activation_checkpointing,
     apply_tensor_parallel,

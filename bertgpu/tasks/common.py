@@ -43,6 +43,7 @@ from ..parallel.balance import Balancer
 from ..parallel.balance import describe as describe_balance
 from ..parallel.compression import Compression
 from ..parallel.layout import check_layout
+from ..parallel.rng import gather_rng_states, restore_rng_state
 from ..training import (
     LaggedFlags,
     RunLog,
@@ -55,11 +56,9 @@ from ..training import (
     build_schedule,
     console_is_tty,
     format_duration,
-    gather_rng_states,
     optimizer_step,
     peak_memory_mb,
     resolve_precision,
-    restore_rng_state,
 )
 
 

@@ -27,7 +27,7 @@ from ..parallel import ParallelDims, launch
 from ..paths import refuse_clobbering
 from ..training import resolve_precision
 from .common import run_local_workers
-from .fill_mask import model_directory
+from .model_dirs import model_directory
 
 DEFAULT_LENGTH = 128  # --max-seq-length 0 on prepared data: BERT's pretraining length
 

@@ -13,30 +13,16 @@ from typing import Any
 
 import torch
 
-from .. import architectures, checkpoint, hf_dir
+from .. import architectures, hf_dir
 from ..classifier import model_lowercase, model_vocab
 from ..config import FillMaskConfig, ModelConfig
 from ..data.tokenizer import Tokenizer
 from ..errors import UserError
 from ..model import BertForPreTraining
 from ..parallel import launch
+from .model_dirs import model_directory
 
 MASK = "[MASK]"
-
-
-def model_directory(path: str) -> Path:
-    """``path``, or the newest checkpoint when it is a `bertgpu pretrain` run directory."""
-    model_dir = Path(path)
-    if not model_dir.is_dir():
-        raise UserError(f"{path}: no such directory (a BERT directory: config.json, model.safetensors, vocab.txt)")
-    if not (model_dir / "config.json").is_file():
-        newest = checkpoint.latest_checkpoint(model_dir)
-        if newest is None:
-            raise UserError(
-                f"{path} has no config.json: not a BERT directory, nor a `bertgpu pretrain` run with a checkpoint"
-            )
-        model_dir = newest
-    return model_dir
 
 
 def load_masked_lm(path: str, device: torch.device) -> tuple[BertForPreTraining, Tokenizer, Path]:

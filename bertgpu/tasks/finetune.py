@@ -52,7 +52,8 @@ from ..training import (
     format_rate,
 )
 from .common import LoopState, Records, TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
-from .predict import check_model_dir, compute_metrics, predict_logits
+from .model_dirs import check_model_dir
+from .sharded_eval import compute_metrics, predict_logits
 
 # transformers' Trainer defaults that have no flag here (its Adam epsilon and gradient clipping are
 # config.FinetuneOptimConfig's).

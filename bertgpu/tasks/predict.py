@@ -1,10 +1,5 @@
-"""`bertgpu evaluate` and `bertgpu predict`, and the evaluation fine-tuning runs after every epoch.
-
-Evaluation is sharded so that every example counts exactly once: the batches are the same whatever
-the number of processes, data-parallel rank r takes every dp-th of them, and the logits are gathered
-into one array in example order before any metric is computed. The metrics of N processes are
-therefore those of one.
-"""
+"""`bertgpu evaluate` and `bertgpu predict`; the sharded evaluation itself is ``sharded_eval``'s, which
+fine-tuning runs after every epoch too."""
 
 from __future__ import annotations
 
@@ -19,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
-from .. import atomic, checkpoint, hf_dir
-from ..classifier import COLUMNS, Classifier, classifier_dir, finetuned_columns, model_vocab
-from ..config import EvaluateConfig, ModelConfig, PredictConfig
+from .. import atomic
+from ..classifier import COLUMNS, Classifier, classifier_dir, finetuned_columns
+from ..config import EvaluateConfig, PredictConfig
 from ..data.classification import (
     ClassificationDataset,
     Examples,
@@ -32,121 +26,18 @@ from ..data.classification import (
     as_data_labels,
     check_labels,
     detect_format,
-    eval_batches,
     load_examples,
     read_lines,
     read_table,
     require_columns,
 )
-from ..data.tokenizer import load_vocab
 from ..errors import UserError
 from ..parallel import ParallelDims, launch
 from ..paths import refuse_clobbering
-from ..training import autocast, console_is_tty, resolve_precision
+from ..training import console_is_tty, resolve_precision
 from .common import run_local_workers
-
-
-def check_model_dir(path: str) -> tuple[Path, ModelConfig]:
-    """A BERT directory with config.json, model.safetensors and vocab.txt."""
-    model_dir = Path(path)
-    if not model_dir.is_dir():
-        raise UserError(
-            f"--model {path}: no such directory (a BERT directory: config.json, model.safetensors, vocab.txt)"
-        )
-    if not (model_dir / "config.json").is_file():
-        newest = checkpoint.latest_checkpoint(model_dir)
-        if newest is None:
-            raise UserError(
-                f"--model {path} has no config.json: not a BERT directory, nor a `bertgpu pretrain` run "
-                "with a checkpoint"
-            )
-        model_dir = newest  # a pretraining run's --out: its newest checkpoint, as finetune's start line says
-    config = ModelConfig.load(model_dir)
-    if not (model_dir / hf_dir.WEIGHTS_NAME).is_file():
-        if (model_dir / "pytorch_model.bin").is_file():
-            raise UserError(
-                f"{model_dir} holds only pytorch_model.bin, a pickle that can run code when loaded; "
-                f"convert it to model.safetensors first "
-                f"(in transformers: from_pretrained, then save_pretrained)"
-            )
-        raise UserError(
-            f"{model_dir} has no {hf_dir.WEIGHTS_NAME}: fine-tuning starts from trained weights "
-            f"(a `bertgpu pretrain` checkpoint or a Hugging Face BERT directory)"
-        )
-    vocab_size = len(load_vocab(model_vocab(model_dir)))
-    if vocab_size > config.vocab_size:
-        raise UserError(
-            f"{model_dir / 'vocab.txt'} has {vocab_size} tokens, more than the model's vocab_size "
-            f"{config.vocab_size} (config.json): the vocab is not this model's"
-        )
-    return model_dir, config
-
-
-# ---------------------------------------------------------------------------------------------
-# Evaluation: sharded over the data-parallel ranks, gathered in example order, metrics computed once.
-
-
-@torch.no_grad()
-def predict_logits(
-    model: Any,
-    dataset: ClassificationDataset,
-    batch_size: int,
-    dims: ParallelDims,
-    device: torch.device,
-    precision: str,
-    shares: list[int] | None = None,
-) -> torch.Tensor:
-    """Logits of every example, ``[N, num_labels]`` in float64 on the CPU, identical on every rank.
-
-    ``model`` is a classifier, or a ``ParallelModel`` of one; ``shares`` the ranks' shares of the
-    batches (unequal GPUs). Each data-parallel rank fills the rows of its batches in a zero array and
-    the arrays are summed over the data-parallel ranks: every row
-    comes from exactly one, and adding zeros is exact. Under FSDP every forward pass is collective,
-    so a rank with fewer batches runs its last one again (its result unused), to keep in step.
-    """
-    was_training = model.training
-    model.eval()
-    logits = torch.zeros(len(dataset), model.config.num_labels, dtype=torch.float64, device=device)
-    batches = eval_batches(dataset.lengths, batch_size, dims.dp, dims.dp_rank, shares)
-    if dims.fsdp:
-        rounds = max(len(eval_batches(dataset.lengths, batch_size, dims.dp, r, shares)) for r in range(dims.dp))
-        batches = batches + [None] * (rounds - len(batches))
-    last = None
-    for indices in batches:
-        batch = {k: v.to(device, non_blocking=True) for k, v in dataset.batch(indices or last).items()}
-        with autocast(precision, device):
-            out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-        if indices is not None:
-            logits[indices] = out.double()
-            last = indices
-    model.train(was_training)
-    return dims.dp_sum(logits).cpu()
-
-
-def compute_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
-    """Mean loss, accuracy and F1 (of label id 1 with two classes, else the macro average over the
-    classes present in labels or predictions, as scikit-learn's f1_score), and the confusion matrix
-    (rows: true label, columns: predicted)."""
-    num_labels = logits.size(1)
-    labels = labels.cpu()
-    predictions = logits.argmax(-1)
-    confusion = torch.zeros(num_labels, num_labels, dtype=torch.long)
-    confusion.index_put_((labels, predictions), torch.ones_like(labels), accumulate=True)
-    tp = confusion.diag()
-    fp_fn = confusion.sum(0) + confusion.sum(1) - 2 * tp
-    f1 = torch.where(2 * tp + fp_fn > 0, 2 * tp / (2 * tp + fp_fn).clamp(min=1), torch.zeros(()))
-    if num_labels == 2:
-        f1_value = f1[1].item()
-    else:
-        present = (confusion.sum(0) + confusion.sum(1)) > 0
-        f1_value = f1[present].mean().item()
-    return {
-        "loss": F.cross_entropy(logits, labels).item(),
-        "accuracy": tp.sum().item() / len(labels),
-        "f1": f1_value,
-        "examples": len(labels),
-        "confusion": confusion.tolist(),
-    }
+from .model_dirs import check_model_dir
+from .sharded_eval import compute_metrics, predict_logits
 
 
 def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:

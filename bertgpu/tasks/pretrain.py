@@ -28,8 +28,8 @@ import numpy as np
 import torch
 
 from .. import architectures, checkpoint, evaluation, hf_dir, recipe
-from ..budget import TimeBudget, parse_duration
-from ..config import ModelConfig, OptimConfig, PretrainConfig, accumulation, fast_recipe, parse_nnodes
+from ..budget import TimeBudget
+from ..config import ModelConfig, OptimConfig, PretrainConfig, accumulation, fast_recipe, parse_duration, parse_nnodes
 from ..data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
 from ..data.loader import run_loader
 from ..data.pretraining import (

@@ -1,0 +1,62 @@
+"""The model a command is given: a BERT directory, or a `bertgpu pretrain` run, which means its newest checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import checkpoint, hf_dir
+from ..classifier import model_vocab
+from ..config import ModelConfig
+from ..data.tokenizer import load_vocab
+from ..errors import UserError
+
+
+def model_directory(path: str) -> Path:
+    """``path``, or the newest checkpoint when it is a `bertgpu pretrain` run directory."""
+    model_dir = Path(path)
+    if not model_dir.is_dir():
+        raise UserError(f"{path}: no such directory (a BERT directory: config.json, model.safetensors, vocab.txt)")
+    if not (model_dir / "config.json").is_file():
+        newest = checkpoint.latest_checkpoint(model_dir)
+        if newest is None:
+            raise UserError(
+                f"{path} has no config.json: not a BERT directory, nor a `bertgpu pretrain` run with a checkpoint"
+            )
+        model_dir = newest
+    return model_dir
+
+
+def check_model_dir(path: str) -> tuple[Path, ModelConfig]:
+    """A BERT directory with config.json, model.safetensors and vocab.txt."""
+    model_dir = Path(path)
+    if not model_dir.is_dir():
+        raise UserError(
+            f"--model {path}: no such directory (a BERT directory: config.json, model.safetensors, vocab.txt)"
+        )
+    if not (model_dir / "config.json").is_file():
+        newest = checkpoint.latest_checkpoint(model_dir)
+        if newest is None:
+            raise UserError(
+                f"--model {path} has no config.json: not a BERT directory, nor a `bertgpu pretrain` run "
+                "with a checkpoint"
+            )
+        model_dir = newest  # a pretraining run's --out: its newest checkpoint, as finetune's start line says
+    config = ModelConfig.load(model_dir)
+    if not (model_dir / hf_dir.WEIGHTS_NAME).is_file():
+        if (model_dir / "pytorch_model.bin").is_file():
+            raise UserError(
+                f"{model_dir} holds only pytorch_model.bin, a pickle that can run code when loaded; "
+                f"convert it to model.safetensors first "
+                f"(in transformers: from_pretrained, then save_pretrained)"
+            )
+        raise UserError(
+            f"{model_dir} has no {hf_dir.WEIGHTS_NAME}: fine-tuning starts from trained weights "
+            f"(a `bertgpu pretrain` checkpoint or a Hugging Face BERT directory)"
+        )
+    vocab_size = len(load_vocab(model_vocab(model_dir)))
+    if vocab_size > config.vocab_size:
+        raise UserError(
+            f"{model_dir / 'vocab.txt'} has {vocab_size} tokens, more than the model's vocab_size "
+            f"{config.vocab_size} (config.json): the vocab is not this model's"
+        )
+    return model_dir, config

@@ -1,0 +1,177 @@
+"""The shape of the package, read from its source with ``ast`` (nothing is imported, nothing runs).
+
+Every import counts, those inside functions too: a module that imports another lazily still depends on it.
+Each module sits above or below every other, never both; a bertgpu package (``bertgpu.parallel``,
+``bertgpu.data``, ``bertgpu.tasks``) counts as one module for that too, so a top-level module does not reach
+into a package that reaches back into it. A ``_name`` stays in its module. No command imports another command.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "bertgpu"
+
+ALLOWED_PRIVATE: set[tuple[str, str, str]] = set()  # (importer, imported, name): none
+
+
+def _modules() -> dict[str, tuple[Path, bool]]:
+    """Every module of bertgpu: its dotted name -> (file, whether it is a package's __init__)."""
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        package = parts[-1] == "__init__"
+        found[".".join(parts[:-1] if package else parts)] = (path, package)
+    return found
+
+
+MODULES = _modules()
+TREES = {name: ast.parse(path.read_text(encoding="utf-8"), str(path)) for name, (path, _) in MODULES.items()}
+
+
+def _imports() -> list[tuple[str, str, str | None, int, str | None]]:
+    """(importer, imported module, the name taken from it or None, line, the local name a module is bound to
+    or None) for every import of a bertgpu module."""
+    found = []
+    for name, (_, package) in MODULES.items():
+        here = name if package else name.rpartition(".")[0]
+        for node in ast.walk(TREES[name]):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.split(".")[0] == "bertgpu":
+                        found.append((name, alias.name, None, node.lineno, alias.asname))
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here.split(".")[: len(here.split(".")) - node.level + 1]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                if target.split(".")[0] != "bertgpu":
+                    continue
+                for alias in node.names:
+                    if f"{target}.{alias.name}" in MODULES:  # from . import launch: the module itself
+                        found.append((name, f"{target}.{alias.name}", None, node.lineno, alias.asname or alias.name))
+                    else:
+                        found.append((name, target, alias.name, node.lineno, None))
+    return found
+
+
+IMPORTS = _imports()
+
+
+def _cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of the graph, as the modules along it (the first repeated at the end), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def _where(edges: list[tuple[str, str]], of) -> str:
+    lines = {}
+    for importer, imported, _, line, _ in IMPORTS:
+        if (of(importer), of(imported)) in edges:
+            lines.setdefault((of(importer), of(imported)), []).append(f"{importer}:{line} imports {imported}")
+    return "\n".join(dict.fromkeys(line for edge in edges for line in lines[edge]))
+
+
+def _assert_no_cycle(of) -> None:
+    edges: dict[str, set[str]] = {}
+    for importer, imported, _, _, _ in IMPORTS:
+        if of(importer) != of(imported):
+            edges.setdefault(of(importer), set()).add(of(imported))
+    cycle = _cycle(edges)
+    assert cycle is None, "an import circle: " + " -> ".join(cycle) + "\n" + _where(list(zip(cycle, cycle[1:])), of)
+
+
+def test_the_imports_are_read():
+    """The graph this file checks is the package's: a few imports every reader of bertgpu knows are in it."""
+    pairs = {(importer, imported) for importer, imported, _, _, _ in IMPORTS}
+    assert ("bertgpu.model", "bertgpu.config") in pairs
+    assert ("bertgpu.tasks.pretrain", "bertgpu.tasks.common") in pairs  # from .common import ...
+    assert ("bertgpu.parallel.layout", "bertgpu.parallel.launch") in pairs  # from . import launch
+    assert ("bertgpu", "bertgpu.tasks.pretrain") in pairs  # inside a function
+    assert len(MODULES) > 50
+
+
+def test_no_module_imports_one_that_imports_it():
+    _assert_no_cycle(lambda module: module)
+
+
+def test_no_package_imports_one_that_imports_it():
+    """bertgpu.parallel, bertgpu.data and bertgpu.tasks each as one node: training.py may use parallel/ or
+    parallel/ training.py, not both."""
+    _assert_no_cycle(lambda module: ".".join(module.split(".")[:2]))
+
+
+def test_the_cycle_check_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b", "c"}, "b": {"c"}}) is None
+
+
+def test_no_module_takes_another_ones_private_name():
+    taken = [
+        f"{importer}:{line} takes {name} from {imported}"
+        for importer, imported, name, line, _ in IMPORTS
+        if name and name.startswith("_") and not name.startswith("__") and importer != imported
+        if (importer, imported, name) not in ALLOWED_PRIVATE
+    ]
+    # module._name, where a name is bound to a bertgpu module (from . import launch; launch._x)
+    for name, tree in TREES.items():
+        bound = {local for importer, _, _, _, local in IMPORTS if importer == name and local}
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in bound
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
+                taken.append(f"{name}:{node.lineno} takes {node.value.id}.{node.attr}")
+    assert not taken, "\n".join(taken)
+
+
+def test_no_command_imports_another():
+    """The tasks that bertgpu.cli runs share what they share through modules of their own (tasks/common.py,
+    ...), never through each other."""
+    commands = {imported for importer, imported, _, _, _ in IMPORTS if importer == "bertgpu.cli"}
+    commands = {m for m in commands if m.startswith("bertgpu.tasks.")}
+    assert {"bertgpu.tasks.pretrain", "bertgpu.tasks.finetune", "bertgpu.tasks.predict"} <= commands
+    crossing = [
+        f"{importer}:{line} imports {imported}"
+        for importer, imported, _, line, _ in IMPORTS
+        if importer in commands and imported in commands and importer != imported
+    ]
+    assert not crossing, "\n".join(dict.fromkeys(crossing))
+
+
+def test_the_models_know_nothing_of_files_processes_or_the_command_line():
+    """model.py and modernbert.py are computation: no torch.distributed, no checkpoint or Hugging Face
+    directory, no CLI; and no module of bertgpu imports the CLI (it sits on top)."""
+    for name in ("bertgpu.model", "bertgpu.modernbert"):
+        for node in ast.walk(TREES[name]):
+            if isinstance(node, ast.Import):
+                assert not any(a.name.startswith("torch.distributed") for a in node.names), f"{name}:{node.lineno}"
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                assert not (node.module or "").startswith("torch.distributed"), f"{name}:{node.lineno}"
+        imported = {imp for importer, imp, _, _, _ in IMPORTS if importer == name}
+        assert not imported & {"bertgpu.checkpoint", "bertgpu.hf_dir", "bertgpu.cli", "bertgpu.atomic"}, name
+        assert not any(m.startswith(("bertgpu.parallel", "bertgpu.tasks")) for m in imported), name
+    users = [f"{importer}:{line}" for importer, imported, _, line, _ in IMPORTS if imported == "bertgpu.cli"]
+    assert users == ["bertgpu.__main__:1"]
