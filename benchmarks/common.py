@@ -51,11 +51,12 @@ def flags(**options: Any) -> list[str]:
     return out
 
 
-def sh(*args: object, env: dict | None = None, cwd: Path | None = ROOT, log: Path | None = None):
+def sh(*args: object, env: dict | None = None, cwd: Path | None = ROOT, log: Path | None = None, timeout=None):
     """Run a command (from the checkout unless ``cwd`` says otherwise), its output captured (and written to
     ``log``); a failure stops the benchmark with the command and the tail of its output."""
     cmd = [str(a) for a in args]
-    proc = subprocess.run(cmd, text=True, capture_output=True, cwd=cwd, env={**os.environ, **(env or {})})
+    env = {**os.environ, **(env or {})}
+    proc = subprocess.run(cmd, text=True, capture_output=True, cwd=cwd, env=env, timeout=timeout)
     if log is not None:
         log.write_text(proc.stdout + proc.stderr)
     if proc.returncode:
@@ -66,6 +67,12 @@ def sh(*args: object, env: dict | None = None, cwd: Path | None = ROOT, log: Pat
 def bertgpu(*args: object, **kwargs: Any) -> subprocess.CompletedProcess:
     """``python -m bertgpu ARGS`` through ``sh``."""
     return sh(*BERTGPU, *args, **kwargs)
+
+
+def evaluate(model_dir: Path, data: Path, output: Path, *more: object, **kwargs: Any) -> dict:
+    """``bertgpu evaluate`` of a fine-tuned model on labelled data: its metrics, also written to ``output``."""
+    bertgpu("evaluate", "--model", model_dir, "--data", data, "--output", output, *more, **kwargs)
+    return json.loads(Path(output).read_text())
 
 
 def run_limited(cmd: list[str], log: Path, limit: float, env: dict | None = None) -> tuple[int | None, float, str]:
