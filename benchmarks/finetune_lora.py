@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
+
+import common
 
 from bertgpu import samples
 
@@ -40,23 +39,11 @@ VARIANTS = {  # name: (extra flags, default learning rates to sweep)
 }
 
 
-def bertgpu(*args: str) -> subprocess.CompletedProcess:
-    proc = subprocess.run(
-        [sys.executable, "-m", "bertgpu", *map(str, args)],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    if proc.returncode != 0:
-        raise SystemExit(f"bertgpu {' '.join(map(str, args))} failed:\n{proc.stderr[-3000:]}")
-    return proc
-
-
 def train_rate(out: Path) -> tuple[float, float]:
     """(training examples/s over the whole run, peak memory in MiB) from the run's log."""
     seconds = examples = peak = 0.0
     previous = 0  # the step of the previous log line: a line's rates cover the steps since
-    for record in map(json.loads, (out / "log.jsonl").read_text().splitlines()):
+    for record in common.log_records(out):
         if "steps_per_s" not in record:
             continue
         window = (record["step"] - previous) / record["steps_per_s"]
@@ -69,38 +56,15 @@ def train_rate(out: Path) -> tuple[float, float]:
 
 def run(variant: str, flags: list[str], lr: float, seed: int, args, data: tuple[Path, Path], root: Path) -> dict:
     out = root / f"{variant}-lr{lr:g}-seed{seed}"
-    proc = bertgpu(
+    proc = common.bertgpu(
         "finetune",
-        "--model",
-        args.model,
-        "--train",
-        data[0],
-        "--out",
-        out,
-        "--nproc",
-        "1",
-        "--device",
-        args.device,
-        "--epochs",
-        args.epochs,
-        "--batch-size",
-        args.batch_size,
-        "--max-seq-length",
-        args.max_seq_length,
-        "--lr",
-        lr,
-        "--warmup",
-        "0.1",
-        "--eval-split",
-        "0.1",
-        "--seed",
-        seed,
-        "--log-every",
-        args.log_every,
-        "--overwrite",
+        *common.flags(model=args.model, train=data[0], out=out, nproc=1, device=args.device, epochs=args.epochs,
+                      batch_size=args.batch_size, max_seq_length=args.max_seq_length, lr=lr, warmup=0.1,
+                      eval_split=0.1, seed=seed, log_every=args.log_every, overwrite=True),
         *flags,
-    )
-    start = proc.stdout.splitlines()[0]
+        cwd=None,
+    )  # fmt: skip
+    start = next(line for line in proc.stdout.splitlines() if line.startswith("bertgpu finetune:"))  # after the labels
     metrics = json.loads((out / "metrics.json").read_text())
     rate, peak = train_rate(out)
     return {
@@ -148,22 +112,6 @@ def training_state_mb(model_dir: str, flags: list[str]) -> float:
         if t.requires_grad:
             held += 3 * t.numel() * 4
     return held / 2**20
-
-
-def test_metrics(result: dict, test_csv: Path, args) -> dict:
-    path = Path(result["out"]) / "test.json"
-    bertgpu(
-        "evaluate",
-        "--model",
-        Path(result["out"]) / "best",
-        "--data",
-        test_csv,
-        "--device",
-        args.device,
-        "--output",
-        path,
-    )
-    return json.loads(path.read_text())
 
 
 def trainable(start_line: str) -> str:
@@ -236,7 +184,8 @@ def main() -> None:
             )
         chosen[variant] = max(rates, key=lambda lr: statistics.mean(r["eval_accuracy"] for r in runs[lr]))
         for r in runs[chosen[variant]]:
-            r["test"] = test_metrics(r, data[1], args)
+            out = Path(r["out"])
+            r["test"] = common.evaluate(out / "best", data[1], out / "test.json", "--device", args.device, cwd=None)
         results.append(
             {
                 "variant": variant,

@@ -34,24 +34,18 @@ import dataclasses
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-LABELS = ["negative", "positive"]
+import common
+from common import PEERS, PY, sh
+from peers.hf_trainer_finetune import LABELS
 
-
-def sh(*args: object) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([str(a) for a in args], cwd=ROOT, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"failed: {' '.join(map(str, args))}\n{proc.stdout}\n{proc.stderr}")
-    return proc
+ENV = {"TOKENIZERS_PARALLELISM": "false"}  # for every command, beside common's HF_HUB_OFFLINE=1
 
 
 def bertgpu(*args: object) -> subprocess.CompletedProcess:
-    return sh(sys.executable, "-m", "bertgpu", *args)
+    return common.bertgpu(*args, env=ENV)
 
 
 def sentiment_files(
@@ -104,46 +98,17 @@ def run_bertgpu(
     start = time.perf_counter()
     bertgpu(
         "finetune",
-        "--model",
-        model,
-        "--train",
-        train,
-        "--eval",
-        val,
-        "--out",
-        out,
-        "--overwrite",
-        "--nproc",
-        nproc,
-        "--device",
-        "cpu",
-        "--precision",
-        "fp32",
-        "--epochs",
-        hp["epochs"],
-        "--lr",
-        hp["lr"],
-        "--warmup",
-        hp["warmup"],
-        "--batch-size",
-        hp["batch_size"],
-        "--max-seq-length",
-        hp["max_seq_length"],
-        "--seed",
-        hp["seed"],
-        "--weight-decay",
-        hp["weight_decay"],
-        "--log-every",
-        1,
+        *common.flags(model=model, train=train, eval=val, out=out, overwrite=True, nproc=nproc, device="cpu",
+                      precision="fp32", epochs=hp["epochs"], lr=hp["lr"], warmup=hp["warmup"],
+                      batch_size=hp["batch_size"], max_seq_length=hp["max_seq_length"], seed=hp["seed"],
+                      weight_decay=hp["weight_decay"], log_every=1),
         *group,
-    )
+    )  # fmt: skip
     wall = time.perf_counter() - start
-    bertgpu("evaluate", "--model", out / "best", "--data", test, "--output", out / "test.json", "--device", "cpu")
-    test_metrics = json.loads((out / "test.json").read_text())
+    test_metrics = common.evaluate(out / "best", test, out / "test.json", "--device", "cpu", env=ENV)
     best_epoch = json.loads((out / "metrics.json").read_text())["best_epoch"]
     # --log-every 1: every line covers one training step, never an evaluation (the rate clock restarts after it).
-    steps = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines() if line.strip()]
-    steps = [r for r in steps if r.get("steps_per_s")]
+    steps = [r for r in common.log_records(out) if r.get("steps_per_s")]
     train_s = sum(1 / r["steps_per_s"] for r in steps)
     examples = sum(r["seq_per_s"] / r["steps_per_s"] for r in steps)
     return {
@@ -172,112 +137,10 @@ def run_trainer(
         **hp,
     }
     start = time.perf_counter()
-    sh(sys.executable, __file__, "--trainer", json.dumps(spec))
+    sh(PY, PEERS / "hf_trainer_finetune.py", json.dumps(spec), env=ENV)
     wall = time.perf_counter() - start
     result = json.loads((out / "test.json").read_text())
     return {"name": name, "wall_s": wall, "load": os.getloadavg()[0], **result}
-
-
-def trainer_side(spec: dict) -> None:
-    """transformers' Trainer with the same settings (runs in its own process)."""
-    import numpy as np
-    import torch
-    from transformers import (
-        BertForSequenceClassification,
-        BertTokenizerFast,
-        DataCollatorWithPadding,
-        Trainer,
-        TrainerCallback,
-        TrainingArguments,
-    )
-
-    tokenizer = BertTokenizerFast.from_pretrained(spec["model"])
-    label2id = {label: i for i, label in enumerate(LABELS)}
-
-    def load(path: str) -> list[dict]:
-        with open(path, encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-        enc = tokenizer([r["text"] for r in rows], truncation=True, max_length=spec["max_seq_length"])
-        return [{**{k: v[i] for k, v in enc.items()}, "labels": label2id[r["label"]]} for i, r in enumerate(rows)]
-
-    def metrics(prediction) -> dict:
-        predicted = np.argmax(prediction.predictions, axis=-1)
-        labels = prediction.label_ids
-        tp = int(((predicted == 1) & (labels == 1)).sum())
-        fp_fn = int((predicted != labels).sum())
-        return {"accuracy": float((predicted == labels).mean()), "f1": 2 * tp / max(1, 2 * tp + fp_fn)}
-
-    class TrainTime(TrainerCallback):
-        """Seconds spent in training epochs: from an epoch's start to its end, before its evaluation."""
-
-        seconds = 0.0
-
-        def on_epoch_begin(self, args, state, control, **kwargs):
-            self.start = time.perf_counter()
-
-        def on_epoch_end(self, args, state, control, **kwargs):
-            TrainTime.seconds += time.perf_counter() - self.start
-
-    # transformers 5 names the option train_sampling_strategy; 4.x has group_by_length.
-    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
-    grouping = (
-        {"train_sampling_strategy": "group_by_length" if spec["group_by_length"] else "random"}
-        if "train_sampling_strategy" in fields
-        else {"group_by_length": spec["group_by_length"]}
-    )
-    model = BertForSequenceClassification.from_pretrained(
-        spec["model"], num_labels=2, id2label=dict(enumerate(LABELS)), label2id=label2id
-    )
-    args = TrainingArguments(
-        output_dir=spec["out"],
-        num_train_epochs=spec["epochs"],
-        learning_rate=spec["lr"],
-        per_device_train_batch_size=spec["batch_size"],
-        per_device_eval_batch_size=spec["batch_size"],
-        weight_decay=spec["weight_decay"],
-        warmup_steps=spec["warmup"],
-        seed=spec["seed"],
-        eval_strategy="epoch",
-        save_strategy="epoch",
-        load_best_model_at_end=True,
-        metric_for_best_model="accuracy",
-        save_total_limit=3,
-        report_to="none",
-        use_cpu=True,
-        logging_steps=100,
-        disable_tqdm=True,
-        **grouping,
-    )
-    train = load(spec["train"])
-    trainer = Trainer(
-        model=model,
-        args=args,
-        train_dataset=train,
-        eval_dataset=load(spec["val"]),
-        data_collator=DataCollatorWithPadding(tokenizer),
-        compute_metrics=metrics,
-        callbacks=[TrainTime()],
-    )
-    trainer.train()
-    best_step = int(trainer.state.best_model_checkpoint.rsplit("-", 1)[-1])
-    best_epoch = next(
-        r["epoch"] for r in trainer.state.log_history if r.get("step") == best_step and "eval_accuracy" in r
-    )
-    test = load(spec["test"])
-    result = trainer.evaluate(test, metric_key_prefix="test")
-    Path(spec["out"], "test.json").write_text(
-        json.dumps(
-            {
-                "accuracy": result["test_accuracy"],
-                "f1": result["test_f1"],
-                "examples": len(test),
-                "best_epoch": round(best_epoch),
-                "torch_threads": torch.get_num_threads(),
-                "train_s": TrainTime.seconds,
-                "examples_per_s": len(train) * spec["epochs"] / TrainTime.seconds,
-            }
-        )
-    )
 
 
 def pretrained_tiny(work: Path, steps: int) -> tuple[Path, Path]:
@@ -297,30 +160,9 @@ def pretrained_tiny(work: Path, steps: int) -> tuple[Path, Path]:
     start = time.perf_counter()
     proc = bertgpu(
         "pretrain",
-        "--data",
-        work / "data",
-        "--model",
-        "tiny",
-        "--out",
-        work / "pretrain",
-        "--nproc",
-        2,
-        "--device",
-        "cpu",
-        "--batch-size",
-        32,
-        "--steps",
-        steps,
-        "--lr",
-        "1e-3",
-        "--warmup",
-        "0.05",
-        "--log-every",
-        100,
-        "--save-every",
-        steps,
-        "--overwrite",
-    )
+        *common.flags(data=work / "data", model="tiny", out=work / "pretrain", nproc=2, device="cpu", batch_size=32,
+                      steps=steps, lr="1e-3", warmup="0.05", log_every=100, save_every=steps, overwrite=True),
+    )  # fmt: skip
     print(
         f"pretraining: {steps} steps in {time.perf_counter() - start:.0f} s; {proc.stdout.strip().splitlines()[-2]}",
         flush=True,
@@ -336,18 +178,10 @@ def pretrained_tiny(work: Path, steps: int) -> tuple[Path, Path]:
 
 def table(title: str, rows: list[dict], hp: dict) -> str:
     settings = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in hp.items())
-    lines = [
-        f"**{title}** ({settings})",
-        "",
-        "| run | training | examples/s | wall time | load after | test accuracy | test F1 | best epoch |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['name']} | {r['train_s']:.0f} s | {r['examples_per_s']:.1f} | {r['wall_s']:.0f} s | "
-            f"{r['load']:.1f} | {r['accuracy']:.4f} | {r['f1']:.4f} | {r['best_epoch']} |"
-        )
-    return "\n".join(lines)
+    columns = ("run", "training", "examples/s", "wall time", "load after", "test accuracy", "test F1", "best epoch")
+    cells = [(r["name"], f"{r['train_s']:.0f} s", f"{r['examples_per_s']:.1f}", f"{r['wall_s']:.0f} s", f"{r['load']:.1f}",
+              f"{r['accuracy']:.4f}", f"{r['f1']:.4f}", r["best_epoch"]) for r in rows]  # fmt: skip
+    return "\n".join([f"**{title}** ({settings})", "", *common.markdown_table(columns, cells, align="lrrrrrrr")])
 
 
 def main() -> None:
@@ -366,11 +200,7 @@ def main() -> None:
         default=[],
         help="trainer: the whole bertgpu vs Trainer part; two-processes: its 2-process bertgpu run",
     )
-    parser.add_argument("--trainer", help=argparse.SUPPRESS)  # internal: run the Trainer side with this spec
     args = parser.parse_args()
-    if args.trainer:
-        trainer_side(json.loads(args.trainer))
-        return
 
     import torch
 
@@ -387,76 +217,34 @@ def main() -> None:
     )
 
     if "trainer" not in args.skip:
-        hp = {
-            "epochs": args.epochs,
-            "lr": 1e-4,
-            "warmup": 0.1,
-            "batch_size": 16,
-            "max_seq_length": args.max_seq_length,
-            "weight_decay": 0.01,
-            "seed": 42,
-        }
+        hp = dict(epochs=args.epochs, lr=1e-4, warmup=0.1, batch_size=16, max_seq_length=args.max_seq_length,
+                  weight_decay=0.01, seed=42)  # fmt: skip
         rows = []
+
+        def add(row: dict) -> None:
+            rows.append(row)
+            print(row, flush=True)
+
         for grouped in (False, True):
             how = "grouped by length" if grouped else "random batches"
             suffix = "grouped" if grouped else "random"
-            rows.append(
-                run_bertgpu(
-                    f"bertgpu finetune, 1 process, {how}",
-                    minilm,
-                    data,
-                    work / f"bertgpu-1-{suffix}",
-                    hp,
-                    group_by_length=grouped,
-                )
-            )
-            print(rows[-1], flush=True)
-            rows.append(
-                run_trainer(
-                    f"transformers Trainer, {how}",
-                    minilm,
-                    data,
-                    work / f"trainer-{suffix}",
-                    hp,
-                    group_by_length=grouped,
-                )
-            )
-            print(rows[-1], flush=True)
+            add(run_bertgpu(f"bertgpu finetune, 1 process, {how}", minilm, data, work / f"bertgpu-1-{suffix}", hp,
+                            group_by_length=grouped))  # fmt: skip
+            add(run_trainer(f"transformers Trainer, {how}", minilm, data, work / f"trainer-{suffix}", hp,
+                            group_by_length=grouped))  # fmt: skip
         if "two-processes" not in args.skip:
-            rows.append(
-                run_bertgpu(
-                    "bertgpu finetune, 2 processes (batch 8 each), default batching",
-                    minilm,
-                    data,
-                    work / "bertgpu-2",
-                    {**hp, "batch_size": hp["batch_size"] // 2},
-                    nproc=2,
-                )
-            )
-            print(rows[-1], flush=True)
+            add(run_bertgpu("bertgpu finetune, 2 processes (batch 8 each), default batching", minilm, data,
+                            work / "bertgpu-2", {**hp, "batch_size": hp["batch_size"] // 2}, nproc=2))  # fmt: skip
         print("\n" + table("all-MiniLM-L6-v2 on the sentiment reviews", rows, hp) + "\n", flush=True)
 
     if "pretraining" not in args.skip:
         pretrained, random_dir = pretrained_tiny(work / "tiny", args.pretrain_steps)
-        hp = {
-            "epochs": 3,
-            "lr": 3e-4,
-            "warmup": 0.1,
-            "batch_size": 32,
-            "max_seq_length": 128,
-            "weight_decay": 0.01,
-            "seed": 42,
-        }
+        hp = dict(epochs=3, lr=3e-4, warmup=0.1, batch_size=32, max_seq_length=128, weight_decay=0.01, seed=42)
         rows = [
-            run_bertgpu(
-                f"tiny, pretrained {args.pretrain_steps} steps on People's Daily",
-                pretrained,
-                data,
-                work / "tiny-pretrained",
-                hp,
-            ),
+            run_bertgpu(f"tiny, pretrained {args.pretrain_steps} steps on People's Daily", pretrained, data,
+                        work / "tiny-pretrained", hp),
             run_bertgpu("tiny, random initialisation", random_dir, data, work / "tiny-random", hp),
-        ]
+        ]  # fmt: skip
         print("\n" + table("tiny BERT (2 layers, hidden 128, Chinese vocab)", rows, hp) + "\n", flush=True)
 
 

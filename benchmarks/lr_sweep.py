@@ -15,16 +15,13 @@ A corpus: the Python documentation sources of Debian's python3.11-doc (`apt-get 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
-import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-BERTGPU = [sys.executable, "-m", "bertgpu"]
+import common
+from common import bertgpu
 
 # size:steps:learning rates[:global batch] (--batch otherwise); the larger sizes run at batch 8, 4x cheaper a step,
 # their rates compared there and brought to --batch by the square-root rule --recipe fast scales with
@@ -34,29 +31,17 @@ DEFAULT_SIZES = (
 )
 
 
-def sh(*args) -> subprocess.CompletedProcess:
-    proc = subprocess.run([str(a) for a in args], text=True, capture_output=True, cwd=ROOT)
-    if proc.returncode:
-        sys.exit(f"failed ({proc.returncode}): {' '.join(map(str, args))[:300]}\n{proc.stderr[-3000:]}")
-    return proc
-
-
 def prepared(corpus: list[str], work: Path, vocab_size: int) -> Path:
     data = work / "data"
     if (data / "meta.json").exists() or (data / "bertgpu_data.json").exists() or data.is_dir():
         return data
-    files = sorted(
-        f
-        for p in corpus
-        for f in (glob.glob(f"{p}/**/*", recursive=True) if os.path.isdir(p) else [p])
-        if os.path.isfile(f)
-    )
+    files = common.corpus_files(corpus)
     text = work / "corpus.txt"
     with open(text, "w", encoding="utf-8") as out:
         for f in files:
             out.write(Path(f).read_text(encoding="utf-8", errors="replace").strip() + "\n\n")
-    sh(*BERTGPU, "vocab", text, "--size", vocab_size, "--out", work / "vocab.txt", "--overwrite")
-    sh(*BERTGPU, "prepare", text, "--vocab", work / "vocab.txt", "--out", data, "--overwrite", "--workers", "2")
+    bertgpu("vocab", text, "--size", vocab_size, "--out", work / "vocab.txt", "--overwrite")
+    bertgpu("prepare", text, "--vocab", work / "vocab.txt", "--out", data, "--overwrite", "--workers", "2")
     return data
 
 
@@ -86,14 +71,14 @@ def main() -> None:
                 continue
             out = work / f"run-{size}-{lr:g}"
             start = time.perf_counter()
-            sh(
-                *BERTGPU, "pretrain", "--data", data, "--model", size, "--out", out, "--overwrite",
+            bertgpu(
+                "pretrain", "--data", data, "--model", size, "--out", out, "--overwrite",
                 "--recipe", "fast", "--no-nsp", "--nproc", "1", "--batch-size", batch,
                 "--max-seq-length", args.seq, "--lr", lr, "--warmup", args.warmup, "--steps", steps,
                 "--save-every", 100000, "--log-every", max(1, int(steps) // 10), "--keep", 1, "--seed", "0",
                 "--eval-fraction", "0.05", "--eval-instances", args.eval_instances, "--device", "cpu",
             )  # fmt: skip
-            records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+            records = common.log_records(out)
             evals = [r["eval_mlm_loss"] for r in records if "eval_mlm_loss" in r]
             train = [r["mlm_loss"] for r in records if "mlm_loss" in r]
             row = {

