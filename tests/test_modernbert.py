@@ -289,3 +289,21 @@ def test_forward_is_one_graph_for_torch_compile(attention, length):
     with torch.no_grad():  # FlexAttention has no backward on CPU; the forward is what is traced here
         explained = torch._dynamo.explain(model)(ids, attention_mask=mask)
     assert explained.graph_break_count == 0, [str(b.reason).splitlines()[0] for b in explained.break_reasons]
+
+
+def test_finetune_on_two_processes_with_fewer_evaluation_batches_than_ranks(tmp_path, small_uncased_vocab):
+    """Two data-parallel processes evaluate 4 examples: one rank has the only batch, the other none. DDP's
+    buffer broadcast (ModernBERT has buffers: its rotary frequencies) made each forward a collective, and this
+    run hung at its first evaluation; it now ends with a best checkpoint."""
+    start = tmp_path / "hf"
+    write_hf_modernbert(start, small_uncased_vocab)
+    train, _ = sentiment_reviews(tmp_path / "reviews", test_per_class=5, train_per_class=20, seed=0)
+    out = tmp_path / "clf"
+    run_cli(
+        "finetune", "--model", start, "--train", train, "--out", out, "--epochs", "1", "--batch-size", "8",
+        "--max-seq-length", "32", "--eval-split", "0.1", "--device", "cpu", "--nproc", "2", "--seed", "0",
+        timeout=180,
+    )  # fmt: skip
+    assert json.loads((out / "best" / "config.json").read_text())["architectures"] == [
+        "ModernBertForSequenceClassification"
+    ]

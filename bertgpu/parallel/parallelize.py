@@ -97,8 +97,14 @@ def parallelize(
     if dims.dp > 1:
         from torch.nn.parallel import DistributedDataParallel
 
+        # No buffer broadcast at each forward: our buffers (ModernBERT's rotary frequencies) are the same
+        # constants on every rank, and the broadcast is a collective that hung an evaluation in which the
+        # ranks run different numbers of batches.
         ddp = DistributedDataParallel(
-            model, process_group=dims.dp_group, device_ids=[device.index] if device.type == "cuda" else None
+            model,
+            process_group=dims.dp_group,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            broadcast_buffers=False,
         )
         powersgd, mute = register_compression(ddp, compression, dims.dp_group, seed)
         return ParallelModel(ddp, model, dims, compression, powersgd, mute)
