@@ -39,6 +39,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -243,6 +244,8 @@ def main() -> None:
     def measured(name: str, run: Path) -> None:
         """The run's curve, kept after each run: a stopped benchmark keeps what it measured."""
         curves[name] = curve(run, batches)
+        if not curves[name]:
+            sys.exit(f"{name}: the run saved no model within --budget {args.budget:g} s (raise --budget)")
         print(f"{name}: held-out loss {curves[name][-1][1]:.3f} at {curves[name][-1][0]:.0f} s", flush=True)
         (work / "curves.json").write_text(json.dumps(curves, indent=1))
 
