@@ -28,6 +28,7 @@ The tasks call ``parallelize`` and use what it returns; they never wrap a model 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -97,14 +98,14 @@ def parallelize(
     if dims.dp > 1:
         from torch.nn.parallel import DistributedDataParallel
 
-        # No buffer broadcast at each forward: our buffers (ModernBERT's rotary frequencies) are the same
-        # constants on every rank, and the broadcast is a collective that hung an evaluation in which the
-        # ranks run different numbers of batches.
+        # No buffer sync at each forward: our buffers (ModernBERT's rotary frequencies) are the same
+        # constants on every rank, and the sync is a collective that hung an evaluation in which the ranks
+        # run different numbers of batches. torch 2.13 names it forward_sync_buffers (broadcast_buffers
+        # warns there); older releases know only broadcast_buffers.
+        known = inspect.signature(DistributedDataParallel).parameters
+        no_sync = {"forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers": False}
         ddp = DistributedDataParallel(
-            model,
-            process_group=dims.dp_group,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            broadcast_buffers=False,
+            model, process_group=dims.dp_group, device_ids=[device.index] if device.type == "cuda" else None, **no_sync
         )
         powersgd, mute = register_compression(ddp, compression, dims.dp_group, seed)
         return ParallelModel(ddp, model, dims, compression, powersgd, mute)
