@@ -54,7 +54,7 @@ def add_config_arguments(
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         t = hints[f.name]
-        if f.name in skip:
+        if f.name in skip or f.metadata.get("internal"):  # internal: filled by the CLI (PretrainConfig.given)
             continue
         if dataclasses.is_dataclass(t):
             add_config_arguments(parser, t, f.metadata.get("positional", ()), f.metadata.get("skip", ()))
@@ -159,16 +159,27 @@ def _apply_config_file(parser: argparse.ArgumentParser, values: dict[str, Any]) 
             action.default = value
 
 
-def build_config(cls: type, ns: argparse.Namespace) -> Any:
+def build_config(cls: type, ns: argparse.Namespace, given: typing.Collection[str] = ()) -> Any:
+    """The command's config from its parsed flags; ``given``: the fields the user set (flags or the --config
+    file), for a config that keeps them (``PretrainConfig.given``)."""
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for f in dataclasses.fields(cls):
         t = hints[f.name]
         if dataclasses.is_dataclass(t):
             kwargs[f.name] = build_config(t, ns)
+        elif f.metadata.get("internal"):
+            kwargs[f.name] = sorted(given)
         elif hasattr(ns, f.name):  # else a field the command leaves out: its default
             kwargs[f.name] = getattr(ns, f.name)
     return cls(**kwargs)
+
+
+def given_fields(parser: argparse.ArgumentParser, argv: list[str], from_file: typing.Collection[str]) -> set[str]:
+    """The fields the user set: each flag typed in ``argv`` (--flag VALUE or --flag=VALUE), by its destination,
+    and each field of the --config file (``from_file``)."""
+    dest = {option: a.dest for a in parser._actions for option in a.option_strings}
+    return {dest[arg.split("=", 1)[0]] for arg in argv if arg.split("=", 1)[0] in dest} | set(from_file)
 
 
 def _vocab(cfg: VocabConfig) -> None:
@@ -301,12 +312,14 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     argv = sys.argv[1:] if argv is None else list(argv)
+    from_file: dict[str, Any] = {}
     try:
         if argv and argv[0] in commands and "--config" in " ".join(argv):
             # The file's values become the defaults before the real parse, so required flags may come from it.
             known, _ = _config_only.parse_known_args(argv[1:])
             if known.config:
-                _apply_config_file(commands[argv[0]], read_config_file(known.config, argv[0], COMMANDS[argv[0]][0]))
+                from_file = read_config_file(known.config, argv[0], COMMANDS[argv[0]][0])
+                _apply_config_file(commands[argv[0]], from_file)
     except UserError as e:
         print(f"bertgpu: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -315,11 +328,9 @@ def main(argv: list[str] | None = None) -> None:
         commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     cls, fn, _ = COMMANDS[args.command]
     try:
-        cfg = build_config(cls, args)
-        # --steps at its default value is still --steps given: the config alone cannot tell the two apart.
-        steps_given = any(a == "--steps" or a.startswith("--steps=") for a in argv)
-        if isinstance(cfg, PretrainConfig) and cfg.time_budget and steps_given:
-            raise UserError("--time-budget and --steps contradict each other: give one (the budget sizes the steps)")
+        # A checkpoint's bertgpu.json holds every field: what its run was given is its own list of them.
+        file_given = from_file["given"] if isinstance(from_file.get("given"), list) else from_file
+        cfg = build_config(cls, args, given_fields(commands[args.command], argv[1:], file_given))
         if getattr(args, "config", None):  # the file is an input too (each command checks its own inputs)
             # the command's outputs, as its parsed flags name them (a command has --out, --output or neither)
             outputs = {flag: vars(args).get(name, "") for name, flag in (("out", "--out"), ("output", "--output"))}

@@ -901,13 +901,21 @@ class PretrainConfig:
         "sizes warmup and decay to zero to end at the budget (re-sized if the speed changes; resumes count "
         "the time already trained), then evaluates and saves",
     )
+    # The fields the user gave (flags, --config file), which --recipe fast and --time-budget must not take for
+    # defaults left alone when a value equals its default (--lr 1e-4 is BERT's default and still a choice).
+    # Filled by the CLI, not a flag itself; a field that differs from its default counts as given anyway.
+    given: list[str] = field(default_factory=list, metadata={"internal": True})
+
+    def gave(self, name: str, value: Any, default: Any) -> bool:
+        """Whether field ``name`` (now ``value``) was given rather than left at its ``default``."""
+        return value != default or name in self.given
 
     def __post_init__(self) -> None:
         if self.recipe == "fast":
             apply_fast_recipe(self)
         if self.time_budget:
             parse_duration(self.time_budget)
-            if self.optim.steps != OptimConfig.steps:
+            if self.gave("steps", self.optim.steps, OptimConfig.steps):
                 raise UserError(
                     "--time-budget and --steps contradict each other: give one (the budget sizes the steps)"
                 )
@@ -945,14 +953,14 @@ class TrainingConfig(Protocol):
 
 
 def apply_fast_recipe(cfg: PretrainConfig) -> None:
-    """--recipe fast: change each field that still holds the BERT recipe's default (a flag given with another
-    value wins; docs/pretrain.md: The fast recipe)."""
+    """--recipe fast: change each field the user did not give (``PretrainConfig.gave``; a flag given wins, even
+    at BERT's default value; docs/pretrain.md: The fast recipe)."""
     data = cfg.data
-    if not data.nsp and not data.pack:
+    if not data.nsp and not cfg.gave("pack", data.pack, False):
         data.pack = True  # no sequence mostly padding: 117 real tokens of 128 instead of 39 on short documents
-    if data.masked_lm_prob == 0.15:
+    if not cfg.gave("masked_lm_prob", data.masked_lm_prob, 0.15):
         data.masked_lm_prob = 0.3  # MosaicBERT: 30% masking beats 15%
-        if data.max_predictions == 20:  # BERT's 20 slots for 15% of 128; as many as the masking needs
+        if not cfg.gave("max_predictions", data.max_predictions, 20):  # BERT's 20 slots for 15% of 128
             data.max_predictions = max(20, -(-round(0.3 * data.max_seq_length) // 8) * 8)
     if cfg.dropout is None:
         cfg.dropout = 0.0  # Cramming: no dropout when every token is seen about once

@@ -14,7 +14,7 @@ import dataclasses
 import math
 from typing import Any
 
-from .config import ModelConfig, OptimConfig, fast_recipe
+from .config import ModelConfig, OptimConfig, PretrainConfig, fast_recipe
 
 # The global batch of the sweep: the table's rates are for this batch.
 SWEEP_BATCH = 32
@@ -60,19 +60,19 @@ def _default(name: str) -> Any:
     return next(f.default for f in dataclasses.fields(OptimConfig) if f.name == name)
 
 
-def choose(cfg: Any, model: ModelConfig) -> tuple[OptimConfig, str]:
+def choose(cfg: PretrainConfig, model: ModelConfig) -> tuple[OptimConfig, str]:
     """The optimizer settings of a pretraining run (its --lr before --lr-scaling), and, where --recipe fast chose
     the learning rate or warmup, why (for the start line; empty otherwise)."""
     optim = cfg.optim
     if not fast_recipe(cfg):
         return optim, ""
     chose = []
-    if optim.lr == _default("lr"):
+    if not cfg.gave("lr", optim.lr, _default("lr")):
         lr, where = swept_lr(model)
         scaling = optim.lr_scaling if optim.lr_scaling != "none" else "sqrt"
         optim = dataclasses.replace(optim, lr=lr, lr_scaling=scaling, reference_batch=SWEEP_BATCH)
         chose.append(f"lr {lr:g}, {where} best at batch {SWEEP_BATCH} in the lr sweep of BENCHMARKS.md")
-    if optim.warmup == _default("warmup"):
+    if not cfg.gave("warmup", optim.warmup, _default("warmup")):
         optim = dataclasses.replace(optim, warmup=WARMUP)
         chose.append("the warmup")
     if not chose:

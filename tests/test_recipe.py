@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bertgpu.cli import COMMANDS, build_config, build_parser
+from bertgpu.cli import COMMANDS, build_config, build_parser, given_fields
 from bertgpu.config import DataConfig
 from bertgpu.data.pretraining import IGNORE_INDEX, PretrainingDataset
 from bertgpu.data.shards import ShardedCorpus
@@ -47,8 +47,12 @@ def test_pack_needs_no_nsp():
 
 
 def _parse(*argv: str):
-    args = build_parser().parse_args(["pretrain", "--model", "tiny", "--out", "o", "--data", "d", *argv])
-    return build_config(COMMANDS["pretrain"][0], args)
+    """The config as the CLI builds it, with the flags given (cli.given_fields)."""
+    argv = ["pretrain", "--model", "tiny", "--out", "o", "--data", "d", *argv]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = next(a for a in parser._actions if a.dest == "command").choices["pretrain"]
+    return build_config(COMMANDS["pretrain"][0], args, given_fields(command, argv[1:], ()))
 
 
 def test_fast_recipe_sets_its_values_and_explicit_flags_win():
@@ -64,6 +68,9 @@ def test_fast_recipe_sets_its_values_and_explicit_flags_win():
     assert _parse("--no-nsp", "--recipe", "fast", "--max-seq-length", "512").data.max_predictions == 160
     mine = _parse("--no-nsp", "--recipe", "fast", "--masked-lm-prob", "0.2", "--dropout", "0.1")
     assert (mine.data.masked_lm_prob, mine.data.max_predictions, mine.dropout, mine.data.pack) == (0.2, 20, 0.1, True)
+    # BERT's own values typed out are choices too: the recipe leaves them as given
+    typed = _parse("--no-nsp", "--recipe", "fast", "--masked-lm-prob", "0.15", "--max-predictions=20")
+    assert (typed.data.masked_lm_prob, typed.data.max_predictions, typed.data.pack) == (0.15, 20, True)
     with_nsp = _parse("--recipe", "fast")  # NSP pairs cannot be packed; the rest applies
     assert (with_nsp.data.pack, with_nsp.data.masked_lm_prob) == (False, 0.3)
 

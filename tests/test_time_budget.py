@@ -15,7 +15,7 @@ from procs import start
 
 from bertgpu import checkpoint, recipe
 from bertgpu.budget import TimeBudget
-from bertgpu.cli import COMMANDS, build_config, build_parser
+from bertgpu.cli import COMMANDS, build_config, build_parser, given_fields
 from bertgpu.config import ModelConfig, parse_duration
 from bertgpu.errors import UserError
 
@@ -23,8 +23,12 @@ from bertgpu.errors import UserError
 
 
 def _parse(*argv: str):
-    args = build_parser().parse_args(["pretrain", "--out", "o", "--data", "d", "--no-nsp", *argv])
-    return build_config(COMMANDS["pretrain"][0], args)
+    """The config as the CLI builds it, with the flags given (cli.given_fields)."""
+    argv = ["pretrain", "--out", "o", "--data", "d", "--no-nsp", *argv]
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    command = next(a for a in parser._actions if a.dest == "command").choices["pretrain"]
+    return build_config(COMMANDS["pretrain"][0], args, given_fields(command, argv[1:], ()))
 
 
 @pytest.mark.parametrize("size", ["tiny", "base"])
@@ -49,6 +53,12 @@ def test_the_users_lr_and_warmup_win_and_bert_keeps_its_defaults():
         ModelConfig.preset("mini", vocab_size=2000),
     )
     assert (both.lr, both.warmup, why) == (5e-4, 0.2, "")
+    # BERT's default lr and warmup typed out are the user's choice, not values left for the recipe
+    typed, why = recipe.choose(
+        _parse("--model", "mini", "--recipe", "fast", "--lr", "1e-4", "--warmup=0.01"),
+        ModelConfig.preset("mini", vocab_size=2000),
+    )
+    assert (typed.lr, typed.lr_scaling, typed.warmup, why) == (1e-4, "none", 0.01, "")
     bert, why = recipe.choose(_parse("--model", "mini"), ModelConfig.preset("mini", vocab_size=2000))
     assert (bert.lr, bert.warmup, why) == (1e-4, 0.01, "")
 
