@@ -21,6 +21,8 @@ from __future__ import annotations
 import random
 from typing import NamedTuple
 
+from peers import lines_in_part
+
 MAX_SEQ_LENGTH = 128
 SHORT_SEQ_PROB = 0.1
 
@@ -75,20 +77,13 @@ def create_training_instances(
 ) -> tuple[list[TrainingInstance], int]:  # fmt: skip
     """The original's, on the lines starting in bytes [start, end) of ``path``; also returns the word pieces read."""
     all_documents: list[list[list[str]]] = [[]]
-    with open(path, "rb") as f:  # binary, to seek to the part; the original reads the whole file as text
-        f.seek(start)
-        pos = start
-        for raw in f:
-            if pos >= end:
-                break
-            pos += len(raw)
-            line = raw.decode("utf-8").strip()
-            # Empty lines are used as document delimiters
-            if not line:
-                all_documents.append([])
-            tokens = tokenizer.tokenize(line)  # as the original, the blank line too (to [])
-            if tokens:
-                all_documents[-1].append(tokens)
+    for line in lines_in_part(path, start, end):  # the original reads the whole file as text
+        # Empty lines are used as document delimiters
+        if not line:
+            all_documents.append([])
+        tokens = tokenizer.tokenize(line)  # as the original, the blank line too (to [])
+        if tokens:
+            all_documents[-1].append(tokens)
     # Remove empty documents
     all_documents = [x for x in all_documents if x]
     n_tokens = sum(len(tokens) for document in all_documents for tokens in document)  # not the original's: the count

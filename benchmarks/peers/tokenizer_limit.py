@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import time
 
+from peers import lines_in_part
+
 BATCH_LINES = 1_000  # the fastest batch size for encode_batch_fast, and shards.ENCODE_LINES
 
 _limit_tokenizer = None
@@ -28,19 +30,12 @@ def _limit_range(path: str, start: int, end: int) -> int:
     encode = _limit_tokenizer._tokenizer.encode_batch_fast
     tokens = 0
     batch: list[str] = []
-    with open(path, "rb") as f:
-        f.seek(start)
-        pos = start
-        for raw in f:
-            if pos >= end:
-                break
-            pos += len(raw)
-            line = raw.decode("utf-8").strip()
-            if line:
-                batch.append(line)
-                if len(batch) == BATCH_LINES:
-                    tokens += sum(len(e.ids) for e in encode(batch, add_special_tokens=False))
-                    batch = []
+    for line in lines_in_part(path, start, end):
+        if line:
+            batch.append(line)
+            if len(batch) == BATCH_LINES:
+                tokens += sum(len(e.ids) for e in encode(batch, add_special_tokens=False))
+                batch = []
     if batch:
         tokens += sum(len(e.ids) for e in encode(batch, add_special_tokens=False))
     return tokens
