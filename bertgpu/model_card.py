@@ -164,7 +164,7 @@ def _peak_lr(optim: dict[str, Any], global_batch: int | None) -> str:
     """``peak lr 0.0005 (--lr 0.001 scaled sqrt from batch 32 to 8)``: the rate the run peaked at."""
     lr, scaling = optim["lr"], optim.get("lr_scaling", "none")
     if scaling == "none" or not global_batch:
-        return f"peak lr {lr:g}" + (f" (--lr-scaling {scaling})" if scaling != "none" else "")
+        return f"peak lr {lr:g}" if scaling == "none" else f"lr {lr:g} before --lr-scaling {scaling}"
     peak = scaled_lr(lr, global_batch, scaling, optim["reference_batch"])
     return f"peak lr {peak:.3g} (--lr {lr:g} scaled {scaling} from batch {optim['reference_batch']} to {global_batch})"
 
