@@ -222,7 +222,7 @@ def test_a_budget_run_records_the_recipes_choices_and_the_steps_it_ran_and_a_rer
     planned and ran, and the precision used; `--config bertgpu.json` trains those steps with that lr and warmup."""
     first, again = tmp_path / "first", tmp_path / "again"
     done = run_cli(
-        "pretrain", "--data", small_english_data, "--out", first, "--nproc", "1", "--time-budget", "6s", *ARGS
+        "pretrain", "--data", small_english_data, "--out", first, "--nproc", "1", "--time-budget", "4s", *ARGS
     )
     steps = _finished(first)[1][-1]["step"]
     ckpt = checkpoint.latest_checkpoint(first)
@@ -233,10 +233,10 @@ def test_a_budget_run_records_the_recipes_choices_and_the_steps_it_ran_and_a_rer
     assert (optim["lr"], optim["lr_scaling"], optim["reference_batch"]) == (swept, "sqrt", recipe.SWEEP_BATCH)
     assert (optim["warmup"], optim["steps"]) == (recipe.WARMUP, steps)
     assert saved["config"]["run"]["precision"] == precision != "auto"
-    assert saved["time_budget"] == "6s" and saved["config"]["time_budget"] == ""  # re-run by its steps
+    assert saved["time_budget"] == "4s" and saved["config"]["time_budget"] == ""  # re-run by its steps
     card = (ckpt / "README.md").read_text()
-    assert f"at step {steps} of {steps} planned by --time-budget 6s." in card
-    assert f"| steps | {steps} of {steps} planned by --time-budget 6s |" in card
+    assert f"at step {steps} of {steps} planned by --time-budget 4s." in card
+    assert f"| steps | {steps} of {steps} planned by --time-budget 4s |" in card
     peak = swept * (8 / recipe.SWEEP_BATCH) ** 0.5  # --batch-size 8 on 1 process
     assert f"peak lr {peak:.3g} (--lr {swept:g} scaled sqrt from batch 32 to 8), warmup {recipe.WARMUP:g} (" in card
     assert f"| precision | {precision} (--precision auto) |" in card
