@@ -108,6 +108,7 @@ def save_checkpoint(
     rank_tensors: dict[str, torch.Tensor] | None = None,
     card: str | None = None,
     saver: BackgroundSaver | None = None,
+    notes: dict[str, Any] | None = None,
 ) -> Path:
     """Write the resumable checkpoint ``run_dir/checkpoints/step-NNNNNNN`` atomically and keep the
     newest ``keep``. Every process calls this, together; ``rank_tensors`` is state of this process's
@@ -119,8 +120,8 @@ def save_checkpoint(
     gathered from every process's shard, written by rank 0); beside the weights lie the optimizer
     state (``optimizer/``, each process writing its own shard), the plain training state (``state``:
     tensors and plain values only, read back with ``torch.load(weights_only=True)``) and the run's
-    config. If the write fails (a full disk), the previous checkpoint stays the latest and nothing
-    half-written remains.
+    config (bertgpu.json: the config as the run ran, and ``notes`` beside it). If the write fails (a full
+    disk), the previous checkpoint stays the latest and nothing half-written remains.
     """
     path = Path(run_dir) / "checkpoints" / f"step-{step:07d}"
     previous = latest_checkpoint(run_dir)
@@ -137,7 +138,9 @@ def save_checkpoint(
         )
         torch.save({"step": step, **state}, tmp / STATE_NAME)
         atomic.write_json(
-            tmp / RUN_CONFIG_NAME, {"step": step, "config": dataclasses.asdict(run_config)}, sort_keys=True
+            tmp / RUN_CONFIG_NAME,
+            {"step": step, **(notes or {}), "config": dataclasses.asdict(run_config)},
+            sort_keys=True,
         )
         if card:
             (tmp / CARD_NAME).write_text(card, encoding="utf-8")
@@ -160,11 +163,14 @@ def save_checkpoint(
 @dataclass
 class Snapshot:
     """What a checkpoint holds of a training run at one step, besides the model and optimizer: the plain
-    values (``training_state.pt``), this process's own tensors (PowerSGD's) and the model card."""
+    values (``training_state.pt``), this process's own tensors (PowerSGD's), the model card, and the run's config
+    as it ran to this step, with what was settled at run time (bertgpu.json)."""
 
     values: dict[str, Any]
     rank_tensors: dict[str, torch.Tensor] | None = None
     card: str | None = None
+    config: Any = None  # None: the config ``Checkpointer.set_contents`` was given
+    notes: dict[str, Any] | None = None  # beside the config in bertgpu.json (a --time-budget that planned its steps)
 
 
 class Checkpointer:
@@ -236,7 +242,7 @@ class Checkpointer:
             self.optimizer,
             self.model_config,
             snapshot.values,
-            self.config,
+            self.config if snapshot.config is None else snapshot.config,
             vocab_path=self.vocab_path,
             do_lower_case=self.do_lower_case,
             keep=self.keep,
@@ -244,6 +250,7 @@ class Checkpointer:
             rank_tensors=snapshot.rank_tensors,
             card=snapshot.card,
             saver=self.saver,
+            notes=snapshot.notes,
         )
         return self.latest
 

@@ -148,6 +148,21 @@ def read_config_file(path: str, command: str, cls: type) -> dict[str, Any]:
     return flat
 
 
+# Fields that exclude each other: one typed on the command line overrides the --config file's value of the other
+# too, as it overrides the file's own (a checkpoint's bertgpu.json holds the --steps its --time-budget planned).
+EXCLUSIVE = (("steps", "time_budget"),)
+
+
+def _yield_to_typed(values: dict[str, Any], typed: typing.Collection[str]) -> dict[str, Any]:
+    """The --config file's ``values`` less those that exclude a field typed on the command line (``EXCLUSIVE``),
+    taken from the file's own list of the fields its run was given too."""
+    dropped = {b for pair in EXCLUSIVE for a, b in (pair, pair[::-1]) if a in typed and b not in typed}
+    values = {k: v for k, v in values.items() if k not in dropped}
+    if isinstance(values.get("given"), list):
+        values["given"] = [name for name in values["given"] if name not in dropped]
+    return values
+
+
 def _apply_config_file(parser: argparse.ArgumentParser, values: dict[str, Any]) -> None:
     """Make the file's values the defaults of the command's flags, so that flags given override them."""
     for action in parser._actions:
@@ -319,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
             known, _ = _config_only.parse_known_args(argv[1:])
             if known.config:
                 from_file = read_config_file(known.config, argv[0], COMMANDS[argv[0]][0])
+                from_file = _yield_to_typed(from_file, given_fields(commands[argv[0]], argv[1:], ()))
                 _apply_config_file(commands[argv[0]], from_file)
     except UserError as e:
         print(f"bertgpu: error: {e}", file=sys.stderr)

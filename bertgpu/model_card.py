@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from .config import ModelConfig
+from .config import ModelConfig, scaled_lr
 
 
 def _value(value: Any) -> str:
@@ -25,15 +25,22 @@ def render(
     layout: str,
     metrics: dict[str, tuple[Any, int]] | None = None,
     precision: str | None = None,
+    *,
+    asked_precision: str | None = None,
+    time_budget: str = "",
+    global_batch: int | None = None,
 ) -> str:
-    """The card's Markdown. ``task`` is ``pretrain`` or ``finetune``; ``metrics`` the figures to show, each
-    with the step it was measured at (the newest logged and held-out values for pretraining, the epoch's
-    evaluation for fine-tuning); ``precision`` the one the run used (``--precision auto`` resolved). Paths are
-    shown as the user gave them."""
+    """The card's Markdown. ``task`` is ``pretrain`` or ``finetune``; ``run_config`` the config as the run ran
+    (``TrainingRun.ran_config``: the learning rate and warmup --recipe fast chose, the steps planned);
+    ``metrics`` the figures to show, each with the step it was measured at (the newest logged and held-out values
+    for pretraining, the epoch's evaluation for fine-tuning); ``precision`` the one the run used (the config's when
+    not given) and ``asked_precision`` the --precision given (auto); ``time_budget`` the --time-budget that planned
+    the steps; ``global_batch`` the batch --lr-scaling scaled the learning rate to. Paths are shown as the user
+    gave them."""
     cfg = dataclasses.asdict(run_config)
     run = cfg["run"]
-    if precision and precision != run["precision"]:
-        run = {**run, "precision": f"{precision} (--precision {run['precision']})"}
+    used, asked = precision or run["precision"], asked_precision or run["precision"]
+    run = {**run, "precision": used if used == asked else f"{used} (--precision {asked})"}
     m = model_config
     shape = (
         f"{m.num_hidden_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
@@ -48,7 +55,8 @@ def render(
             "80% [MASK] / 10% random / 10% kept, drawn afresh every epoch"
         )
         title = "A BERT pretrained with bertgpu"
-        what = f"A BERT encoder with its pretraining heads ({objective}), at step {step:,} of {optim['steps']:,}."
+        steps = f"{step:,} of {optim['steps']:,}" + (f" planned by --time-budget {time_budget}" if time_budget else "")
+        what = f"A BERT encoder with its pretraining heads ({objective}), at step {steps}."
         recipe = [
             ("data", data["data"]),
             ("model", cfg["model"]),
@@ -56,12 +64,12 @@ def render(
             ("recipe", _recipe(cfg)),
             ("masking", masking),
             ("sequence length", data["max_seq_length"]),
-            ("steps", f"{step:,} of {optim['steps']:,}"),
+            ("steps", steps),
             ("batch size per rank", run["batch_size"]),
             ("accumulation", _accumulation(run)),
             (
                 "optimizer",
-                f"{optim['optimizer']}, peak lr {optim['lr']:g}, warmup {optim['warmup']:g}, "
+                f"{optim['optimizer']}, {_peak_lr(optim, global_batch)}, {_warmup(optim['warmup'])}, "
                 f"weight decay {optim['weight_decay']:g}, clip {optim['clip']:g}",
             ),
             ("precision", run["precision"]),
@@ -150,6 +158,20 @@ def render(
         "",
     ]
     return "\n".join(lines)
+
+
+def _peak_lr(optim: dict[str, Any], global_batch: int | None) -> str:
+    """``peak lr 0.0005 (--lr 0.001 scaled sqrt from batch 32 to 8)``: the rate the run peaked at."""
+    lr, scaling = optim["lr"], optim.get("lr_scaling", "none")
+    if scaling == "none" or not global_batch:
+        return f"peak lr {lr:g}" if scaling == "none" else f"lr {lr:g} before --lr-scaling {scaling}"
+    peak = scaled_lr(lr, global_batch, scaling, optim["reference_batch"])
+    return f"peak lr {peak:.3g} (--lr {lr:g} scaled {scaling} from batch {optim['reference_batch']} to {global_batch})"
+
+
+def _warmup(warmup: float) -> str:
+    """``warmup 0.06 (6% of the run)`` or ``warmup 100 steps``."""
+    return f"warmup {warmup:g} steps" if warmup >= 1 else f"warmup {warmup:g} ({warmup * 100:g}% of the run)"
 
 
 def _lr(lr: Any) -> str:

@@ -50,7 +50,7 @@ bertgpu predict --model "$OUT/classifier" "这本书写得很好，我非常喜�
 
 cat <<MSG
 
-Done.
+Done. The commands below are .venv's: \`source .venv/bin/activate\` first (or call .venv/bin/bertgpu).
 The pretrained model is a Hugging Face BERT directory:
   $CKPT
   python -c "from transformers import BertForPreTraining; m = BertForPreTraining.from_pretrained('$CKPT')"

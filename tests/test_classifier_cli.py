@@ -64,6 +64,9 @@ def test_a_preset_fine_tunes_from_random_weights_with_the_widths_lr(from_preset,
     assert (out / "best" / "vocab.txt").read_bytes() == small_uncased_vocab.read_bytes()
     saved = json.loads((out / "best" / "bertgpu.json").read_text())["config"]
     assert saved["optim"]["lr"] == 7.2e-4 and saved["model"] == "tiny"
+    # The precision used, not auto: a re-run from bertgpu.json repeats the run (issue 40); the card says both
+    assert saved["run"]["precision"] == "fp32"
+    assert "| precision | fp32 (--precision auto) |" in (out / "best" / "README.md").read_text()
 
 
 def test_a_preset_needs_a_vocab_and_lr_wins(tmp_path, reviews, small_uncased_vocab, minilm_dir, capsys):

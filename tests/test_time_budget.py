@@ -210,3 +210,65 @@ def test_time_budget_and_steps_contradict(tmp_path, small_english_data, steps):
     err = proc.stderr.strip()
     assert proc.returncode == 2 and len(err.splitlines()) == 1 and "--time-budget and --steps" in err, err
     assert not (tmp_path / "x").exists()
+
+
+# -- what a budgeted run's checkpoints record, and a re-run from them (issue 40) ------------------------------
+
+
+def test_a_budget_run_records_the_recipes_choices_and_the_steps_it_ran_and_a_rerun_repeats_them(
+    tmp_path, small_english_data
+):
+    """bertgpu.json and the model card hold the lr and warmup --recipe fast chose, the steps --time-budget
+    planned and ran, and the precision used; `--config bertgpu.json` trains those steps with that lr and warmup."""
+    first, again = tmp_path / "first", tmp_path / "again"
+    done = run_cli(
+        "pretrain", "--data", small_english_data, "--out", first, "--nproc", "1", "--time-budget", "4s", *ARGS
+    )
+    steps = _finished(first)[1][-1]["step"]
+    ckpt = checkpoint.latest_checkpoint(first)
+    assert ckpt.name == f"step-{steps:07d}"
+    saved = json.loads((ckpt / "bertgpu.json").read_text())
+    optim, precision = saved["config"]["optim"], done.stdout.split(" on cpu, ")[1].split(",")[0]
+    swept = recipe.SWEPT_LR["tiny"][1]
+    assert (optim["lr"], optim["lr_scaling"], optim["reference_batch"]) == (swept, "sqrt", recipe.SWEEP_BATCH)
+    assert (optim["warmup"], optim["steps"]) == (recipe.WARMUP, steps)
+    assert saved["config"]["run"]["precision"] == precision != "auto"
+    assert saved["time_budget"] == "4s" and saved["config"]["time_budget"] == ""  # re-run by its steps
+    card = (ckpt / "README.md").read_text()
+    assert f"at step {steps} of {steps} planned by --time-budget 4s." in card
+    assert f"| steps | {steps} of {steps} planned by --time-budget 4s |" in card
+    peak = swept * (8 / recipe.SWEEP_BATCH) ** 0.5  # --batch-size 8 on 1 process
+    assert f"peak lr {peak:.3g} (--lr {swept:g} scaled sqrt from batch 32 to 8), warmup {recipe.WARMUP:g} (" in card
+    assert f"| precision | {precision} (--precision auto) |" in card
+
+    rerun = run_cli("pretrain", "--config", ckpt / "bertgpu.json", "--out", again)
+    start_line = rerun.stdout.splitlines()[0]
+    assert f"peak lr {peak:.3g} = {swept:.3g} x sqrt(8/32)" in start_line, start_line
+    assert f"{precision}, global batch 8" in start_line and f", warmup 6%, {steps} steps, " in start_line, start_line
+    records = [json.loads(line) for line in (again / "log.jsonl").read_text().splitlines()]
+    trained = [r for r in records if "lr" in r]
+    assert trained[-1]["step"] == steps and trained[-1]["lr"] == 0.0 and trained[0]["peak_lr"] == pytest.approx(peak)
+    repeated = json.loads((checkpoint.latest_checkpoint(again) / "bertgpu.json").read_text())
+    assert repeated["config"]["optim"] == optim and repeated["config"]["run"]["precision"] == precision
+
+
+def test_a_flag_typed_over_a_config_file_overrides_the_field_it_excludes(tmp_path, monkeypatch):
+    """A checkpoint's bertgpu.json of a budgeted run holds its planned --steps: --time-budget typed over it runs a
+    budget again (the file's steps yield, as the file's own budget would), and --steps typed over a file with a
+    --time-budget trains those steps."""
+    from bertgpu import cli
+
+    built = []
+    monkeypatch.setitem(cli.COMMANDS, "pretrain", (cli.COMMANDS["pretrain"][0], built.append, ""))
+    record = {"step": 13, "time_budget": "6s", "config": {"model": "tiny", "out": "o", "data": {"data": "d"}}}
+    record["config"].update(optim={"steps": 13, "lr": 1e-3}, time_budget="", given=["model", "time_budget"])
+    saved = tmp_path / "bertgpu.json"
+    saved.write_text(json.dumps(record))
+    cli.main(["pretrain", "--config", str(saved), "--out", "x", "--time-budget", "4s"])
+    assert (built[-1].time_budget, built[-1].optim.steps, built[-1].optim.lr) == ("4s", 1000, 1e-3)
+    cli.main(["pretrain", "--config", str(saved), "--out", "x"])
+    assert (built[-1].time_budget, built[-1].optim.steps) == ("", 13)  # the run's planned steps
+    budget = tmp_path / "budget.yaml"
+    budget.write_text("model: tiny\nout: o\ndata: d\ntime-budget: 5m\n")
+    cli.main(["pretrain", "--config", str(budget), "--steps", "20"])
+    assert (built[-1].time_budget, built[-1].optim.steps) == ("", 20)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import site
 import sys
 import uuid
 import zlib
@@ -201,6 +202,8 @@ def launch(
     levels = [log.level for log in quiet]
     for log in quiet:
         log.setLevel(logging.CRITICAL)
+    environ = {name: os.environ.get(name) for name in WORKER_IMPORT_ENV}
+    os.environ.update(worker_import_env())
     try:
         elastic_launch(config, fn)(*args)
     except SignalException as e:  # Ctrl-C or SIGTERM reached the launcher: the workers checkpoint and say so
@@ -226,6 +229,35 @@ def launch(
     finally:
         for log, level in zip(quiet, levels):
             log.setLevel(level)
+        for name, value in environ.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+WORKER_IMPORT_ENV = ("PYTHONSAFEPATH", "PYTHONPATH")
+
+
+def worker_import_env() -> dict[str, str]:
+    """The variables the workers' interpreters start with, so that they import this bertgpu whatever the working
+    directory holds.
+
+    The fork server the workers come from is a ``python -c`` process, whose sys.path begins with the working
+    directory: a ``bertgpu/`` folder there (the directory holding a clone, say) is imported as an empty namespace
+    package before an editable install's finder is asked, and every worker forked from it inherits that broken
+    module. PYTHONSAFEPATH (Python 3.11+) leaves the working directory off the path. The parent of this package on
+    PYTHONPATH finds it by path on every version (a regular package wins over a namespace folder met earlier on the
+    path) and finds an uninstalled clone run as ``python -m bertgpu``; a site-packages directory is on the path
+    already, and is not put before the standard library."""
+    parent = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    site_dirs = [*getattr(site, "getsitepackages", list)(), getattr(site, "getusersitepackages", str)()]
+    if os.path.realpath(parent) not in {os.path.realpath(d) for d in site_dirs if d} | set(
+        map(os.path.realpath, entries)
+    ):
+        entries.insert(0, parent)
+    return {"PYTHONSAFEPATH": "1", **({"PYTHONPATH": os.pathsep.join(entries)} if entries else {})}
 
 
 def _start_method(fn: Callable[..., Any], args: tuple) -> str:

@@ -83,7 +83,7 @@ def announce_resume(
     """With --resume, before any process starts, say in one line what resuming will do: start from
     scratch (no checkpoint yet), nothing (the run is finished: return True), or train to a changed
     length (``length_flag``: the learning-rate schedule is stretched to it, so a rate that had decayed
-    rises again)."""
+    rises again). ``length_saved`` reads the length the latest checkpoint's bertgpu.json records."""
     if not cfg.run.resume or launch.restart_count() > 0 or int(os.environ.get("RANK", 0)) != 0:
         return False
     latest = checkpoint.latest_checkpoint(cfg.out)
@@ -99,7 +99,7 @@ def announce_resume(
         )
         return True
     try:
-        saved = length_saved(json.loads((latest / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))["config"])
+        saved = length_saved(json.loads((latest / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8")))
     except (OSError, KeyError, ValueError):
         return False
     if saved != length_now:
@@ -391,10 +391,12 @@ class TrainingRun:
         do_lower_case: bool,
         fixed: dict[str, Any],
         architecture: str | None = None,
+        settle: Callable[[Any], tuple[Any, dict[str, Any]]] | None = None,
     ) -> None:
         """What every checkpoint of the run holds besides the loop's state: the model and optimizer, the
-        model's config and vocab, and ``fixed``, the state that stays the same for the whole run."""
-        self.model_config, self.fixed = model_config, fixed
+        model's config and vocab, and ``fixed``, the state that stays the same for the whole run. ``settle``:
+        the task's config with the values it settled at run time, and notes for bertgpu.json (``ran_config``)."""
+        self.model_config, self.fixed, self.settle = model_config, fixed, settle
         self.checkpointer.set_contents(
             self.net.model,
             self.optimizer,
@@ -404,6 +406,13 @@ class TrainingRun:
             do_lower_case=do_lower_case,
             architecture=architecture,
         )
+
+    def ran_config(self) -> tuple[Any, dict[str, Any]]:
+        """The run's config as it runs, which its checkpoints record (bertgpu.json, the model card) so that
+        ``--config bertgpu.json`` repeats it: --precision resolved, and what the task settled at run time
+        (pretraining's --recipe fast and --time-budget); with the notes bertgpu.json keeps beside it."""
+        cfg, notes = self.settle(self.cfg) if self.settle is not None else (self.cfg, {})
+        return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, precision=self.precision)), notes
 
     def finished(self, step: int) -> bool:
         """The loop's stop: its last step is done, or a signal stopped the run (its checkpoint written)."""
@@ -513,10 +522,19 @@ class TrainingRun:
             "layout_name": self.dims.describe(),
         }
         metrics = self.log.latest(*self.records.card_keys) if self.records.card_keys else None
+        config, notes = self.ran_config()
         card = model_card.render(
-            self.task, self.cfg, loop.step, self.model_config, self.dims.describe(), metrics, self.precision
+            self.task,
+            config,
+            loop.step,
+            self.model_config,
+            self.dims.describe(),
+            metrics,
+            asked_precision=self.cfg.run.precision,
+            time_budget=notes.get("time_budget", ""),
+            global_batch=self.fixed.get("global_batch"),
         )
-        return checkpoint.Snapshot(values, self.net.rank_state_dict(), card)
+        return checkpoint.Snapshot(values, self.net.rank_state_dict(), card, config, notes or None)
 
     def save_now(self, loop: LoopState) -> Path:
         """A checkpoint of the loop's step, due or not (a stop, a failing run, an epoch's end)."""

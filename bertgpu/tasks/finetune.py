@@ -203,7 +203,7 @@ def run_finetune(cfg: FinetuneConfig) -> None:
         cfg,
         "--epochs",
         cfg.epochs,
-        lambda saved: saved["epochs"],
+        lambda saved: saved["config"]["epochs"],
         lambda state: state["position"]["epoch"] > cfg.epochs,
     ):
         return
@@ -618,7 +618,10 @@ def save_epoch(
                 "task": "finetune",
                 "epoch": epoch,
                 "step": record["step"],
-                "config": dataclasses.asdict(cfg),
+                # the precision used, not auto: a re-run from this file repeats the run
+                "config": dataclasses.asdict(
+                    dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, precision=precision or cfg.run.precision))
+                ),
             },
         },
         card=model_card.render(

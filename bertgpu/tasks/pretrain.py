@@ -184,11 +184,23 @@ def run(cfg: PretrainConfig) -> None:
         length = ("--time-budget (seconds)", round(parse_duration(cfg.time_budget)), _saved_budget)
         finished = lambda state: _budget_spent(state, length[1])  # noqa: E731
     else:
-        length = ("--steps", cfg.optim.steps, lambda saved: saved["optim"]["steps"])
+        length = ("--steps", cfg.optim.steps, lambda saved: saved["config"]["optim"]["steps"])
         finished = lambda state: state["step"] >= cfg.optim.steps  # noqa: E731
     if announce_resume(cfg, *length, finished):
         return
     run_workers(train, cfg)
+
+
+def settle(cfg: PretrainConfig, chosen: OptimConfig, run: TrainingRun) -> tuple[PretrainConfig, dict[str, Any]]:
+    """The run as it runs, for its checkpoints: the learning rate and warmup --recipe fast chose (``chosen``,
+    before --lr-scaling), and the steps planned (--steps, or what --time-budget has planned so far: at the last
+    checkpoint the steps taken). A budgeted run is recorded as a run of those steps, its budget beside the config
+    (bertgpu.json's ``time_budget``), so that ``--config bertgpu.json`` repeats it step for step, with the same
+    warmup share and decay to zero by steps rather than by the clock (docs/runs.md: Config files)."""
+    optim = dataclasses.replace(chosen, steps=run.total_steps)
+    if not cfg.time_budget:
+        return dataclasses.replace(cfg, optim=optim), {}
+    return dataclasses.replace(cfg, optim=optim, time_budget=""), {"time_budget": cfg.time_budget}
 
 
 def _budget_spent(state: dict, seconds: float) -> bool:
@@ -198,7 +210,9 @@ def _budget_spent(state: dict, seconds: float) -> bool:
 
 
 def _saved_budget(saved: dict) -> int | None:
-    return round(parse_duration(saved["time_budget"])) if saved.get("time_budget") else None
+    """A checkpoint's --time-budget in seconds, from its bertgpu.json (beside the config; in it before issue 40)."""
+    text = saved.get("time_budget") or saved["config"].get("time_budget")
+    return round(parse_duration(text)) if text else None
 
 
 @dataclass
@@ -274,6 +288,7 @@ def train(cfg: PretrainConfig) -> Path:
             "global_batch": global_batch,
             "heldout_documents": None if heldout is None else torch.from_numpy(heldout),
         },
+        settle=functools.partial(settle, chosen=chosen, run=run),
     )
     run.start(
         start_line(cfg, run, plan, eval_set, loop, global_batch, chosen, why, budget, len(dataset)),
