@@ -49,6 +49,27 @@ def with_dropout(config: Any, p: float) -> Any:
     return dataclasses.replace(config, hidden_dropout_prob=p, attention_probs_dropout_prob=p)
 
 
+def for_finetuning(config: Any, dropout: float, pooling: str) -> Any:
+    """``config`` as fine-tuning trains it: every dropout probability, the classifier's included, at ``dropout``,
+    and the classifier reading ``pooling`` ("pooler": BERT's pooler, ModernBERT's [CLS]; or "mean")."""
+    if arch_of(config) == "modernbert":
+        return dataclasses.replace(
+            config.with_dropout(dropout),
+            classifier_dropout=dropout,
+            classifier_pooling="mean" if pooling == "mean" else "cls",
+        )
+    return dataclasses.replace(
+        with_dropout(config, dropout),
+        classifier_dropout=None,  # follows hidden_dropout_prob
+        classifier_pooling="mean" if pooling == "mean" else None,
+    )
+
+
+def pooling_of(config: Any) -> str:
+    """What a classification config's classifier reads: "pooler" or "mean" (finetune --pooling's names)."""
+    return "mean" if config.classifier_pooling == "mean" else "pooler"
+
+
 def pretraining_model(config: Any, pad_vocab_multiple: int = 1) -> nn.Module:
     """BertForPreTraining or ModernBertForMaskedLM: forward(input_ids, token_type_ids, attention_mask,
     mlm_positions) -> (mlm_logits, nsp_logits; zeros for ModernBERT)."""

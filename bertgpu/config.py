@@ -65,6 +65,10 @@ class ModelConfig:
     classifier_dropout: float | None = None
     # Sequence classification (fine-tuning): label names by id, as transformers stores them.
     id2label: dict[int, str] | None = None
+    # bertgpu's own (not BertConfig's; None: not written): "mean" classifies the mean of the last hidden states
+    # instead of the pooler's tanh(W h_[CLS]) (finetune --pooling; transformers' BertForSequenceClassification
+    # ignores it and reads the pooler).
+    classifier_pooling: str | None = None
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -75,6 +79,8 @@ class ModelConfig:
             raise UserError(f"unsupported hidden_act {self.hidden_act!r} (supported: {', '.join(ACTIVATIONS)})")
         if self.id2label is not None:
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+        if self.classifier_pooling not in (None, "pooler", "mean"):
+            raise UserError(f"classifier_pooling must be pooler or mean, not {self.classifier_pooling!r}")
 
     @property
     def num_labels(self) -> int:
@@ -1270,6 +1276,21 @@ class FinetuneConfig:
         flag="--no-group-by-length",
     )
     max_seq_length: int = opt(128, "tokens per example at most, [CLS] and [SEP]s included (longest-first truncation)")
+    dropout: float | None = opt(
+        None,
+        "dropout probability of the encoder and the classifier head while fine-tuning (default: 0.1, as BERT is "
+        "fine-tuned, whatever the checkpoint's config.json says: --recipe fast pretrains with dropout 0, no "
+        "fine-tuning choice)",
+    )
+    pooling: str = opt(
+        "auto",
+        "what the classifier reads: pooler (BERT's tanh(W h_[CLS]); ModernBERT's [CLS] through its head), or mean "
+        "(the mean of the last hidden states); auto: mean for a bertgpu pretraining checkpoint whose [CLS] no loss "
+        "ever trained (pretrain --no-nsp, ModernBERT), else pooler (BENCHMARKS.md: The chance-level fine-tune). A "
+        "BERT with mean pooling gives other outputs in transformers' BertForSequenceClassification, which reads "
+        "the pooler",
+        choices=["auto", "pooler", "mean"],
+    )
     metric: str = opt("accuracy", "the evaluation metric that picks the best checkpoint", choices=["accuracy", "f1"])
     save_total_limit: int = opt(3, "checkpoints to keep: the best and the newest (0: keep all)")
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
@@ -1295,6 +1316,8 @@ class FinetuneConfig:
             )
         if self.run.save_every < 1:
             raise UserError(f"--save-every must be at least 1, got {self.run.save_every}")
+        if self.dropout is not None and not 0 <= self.dropout < 1:
+            raise UserError(f"--dropout must be in [0, 1), got {self.dropout:g}")
         _check_length(self.max_seq_length, allow_auto=False)
 
 

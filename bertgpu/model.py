@@ -361,7 +361,8 @@ class BertForPreTraining(nn.Module):
 
 
 class BertForSequenceClassification(nn.Module):
-    """BERT with a linear classifier on the pooled [CLS] output."""
+    """BERT with a linear classifier on the pooled [CLS] output (or, with ``config.classifier_pooling`` "mean",
+    on the mean of the last hidden states over the real tokens)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -379,7 +380,12 @@ class BertForSequenceClassification(nn.Module):
         attention_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Return logits [B, num_labels]."""
-        _, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        mean = self.config.classifier_pooling == "mean"
+        x, pooled = self.bert(input_ids, token_type_ids, attention_mask, pool=not mean)
+        if mean:
+            m = torch.ones(x.shape[:2], device=x.device) if attention_mask is None else attention_mask
+            m = m.to(x.dtype).unsqueeze(-1)
+            pooled = (x * m).sum(1) / m.sum(1)
         return self.classifier(self.dropout(pooled))
 
 

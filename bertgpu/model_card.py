@@ -106,6 +106,8 @@ def render(
                 f"{_lr(cfg['optim']['lr'])} (AdamW), warmup {cfg['optim']['warmup']:g}, "
                 f"weight decay {cfg['optim']['weight_decay']:g}",
             ),
+            ("dropout", _value(cfg.get("dropout"))),
+            ("pooling", _pooling(cfg.get("pooling"), m.model_type)),
             ("LoRA rank", cfg["adapter"]["lora_rank"] or "none (full fine-tuning)"),
             ("precision", run["precision"]),
             ("layout", layout),
@@ -158,6 +160,18 @@ def render(
         "",
     ]
     return "\n".join(lines)
+
+
+def _pooling(pooling: Any, model_type: str) -> str:
+    """What the classifier reads, and where transformers gives other outputs."""
+    if pooling != "mean":
+        return "[CLS] through the head" if model_type == "modernbert" else "the pooler, tanh(W h_[CLS])"
+    if model_type == "modernbert":
+        return "mean of the last hidden states (classifier_pooling mean, as transformers reads it)"
+    return (
+        "mean of the last hidden states (classifier_pooling mean in config.json: transformers' "
+        "BertForSequenceClassification ignores it and reads the untrained pooler, so use bertgpu predict)"
+    )
 
 
 def _peak_lr(optim: dict[str, Any], global_batch: int | None) -> str:

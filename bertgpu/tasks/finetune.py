@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -58,6 +59,9 @@ from .sharded_eval import compute_metrics, predict_logits
 # transformers' Trainer defaults that have no flag here (its Adam epsilon and gradient clipping are
 # config.FinetuneOptimConfig's).
 DEFAULT_EVAL_SPLIT = 0.1
+# Fine-tuning's dropout when --dropout is not given: BERT's (Devlin et al. fine-tune with 0.1), not whatever the
+# checkpoint's config.json holds (--recipe fast pretrains with 0).
+DEFAULT_DROPOUT = 0.1
 METRICS_NAME = "metrics.json"
 # What the log sums between two log lines, and over an epoch (summed over the data-parallel ranks).
 LOG_SUMS = ("loss", "correct", "examples", "tokens")
@@ -77,6 +81,7 @@ class Plan:
     dp: int  # data-parallel processes: the global batch is batch size x dp x accumulation steps
     labels_line: str = ""  # the examples per label in --train
     vocab: Path = Path()  # the model directory's vocab.txt, or --vocab with a preset
+    head_line: str = ""  # the dropout and pooling chosen, and why
 
 
 def check(cfg: FinetuneConfig) -> Plan:
@@ -126,11 +131,23 @@ def check(cfg: FinetuneConfig) -> Plan:
     else:
         train, evaluation = split_examples(train, cfg.eval_split or DEFAULT_EVAL_SPLIT, cfg.run.seed)
     id2label = dict(enumerate(names))
-    config = dataclasses.replace(base, id2label=id2label)
+    keep_head = model_dir is not None and base.id2label == id2label
+    dropout = DEFAULT_DROPOUT if cfg.dropout is None else cfg.dropout
+    pooling, why = choose_pooling(cfg.pooling, model_dir, base, keep_head)
+    config = architectures.for_finetuning(dataclasses.replace(base, id2label=id2label), dropout, pooling)
+    head_line = (
+        f"dropout {dropout:g} ("
+        + (
+            "--dropout"
+            if cfg.dropout is not None
+            else f"fine-tuning's default; the model's config says {_dropout(base)}"
+        )
+        + f"), pooling {pooling} ({why})"
+    )
     return Plan(
         model_dir,
         config,
-        model_dir is not None and base.id2label == id2label,
+        keep_head,
         lowercase,
         train,
         evaluation,
@@ -138,7 +155,40 @@ def check(cfg: FinetuneConfig) -> Plan:
         dims.dp,
         labels_line,
         vocab,
+        head_line,
     )
+
+
+def _dropout(config: ModelConfig) -> str:
+    return f"{config.hidden_dropout_prob:g}"
+
+
+def cls_untrained(model_dir: Path | None) -> bool:
+    """Whether ``model_dir`` is a bertgpu pretraining checkpoint whose [CLS] output no loss ever read: masked LM
+    alone (--no-nsp, and every ModernBERT) leaves it, and BERT's pooler on it, as initialised. On such a
+    checkpoint the pooled [CLS] is nearly the same vector for every text (BENCHMARKS.md: The chance-level
+    fine-tune), and fine-tuning through it can sit at chance."""
+    if model_dir is None:
+        return False
+    try:
+        run = json.loads((model_dir / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))["config"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False  # not one of our pretraining checkpoints: a pooler of unknown history counts as trained
+    data = run.get("data") if isinstance(run, dict) else None
+    if not isinstance(data, dict) or "nsp" not in data:
+        return False  # a fine-tuning run's, or another task's
+    return run.get("arch") == "modernbert" or not data["nsp"]
+
+
+def choose_pooling(asked: str, model_dir: Path | None, base: ModelConfig, keep_head: bool) -> tuple[str, str]:
+    """--pooling resolved ("pooler" or "mean"), and why."""
+    if asked != "auto":
+        return asked, "--pooling"
+    if keep_head:
+        return architectures.pooling_of(base), "the classifier's own, continued"
+    if cls_untrained(model_dir):
+        return "mean", "auto: no pretraining loss trained [CLS]; --pooling pooler for BertForSequenceClassification"
+    return "pooler", "auto"
 
 
 def _preset(cfg: FinetuneConfig) -> tuple[ModelConfig, Path]:
@@ -199,6 +249,7 @@ def run_finetune(cfg: FinetuneConfig) -> None:
         if int(os.environ.get("RANK", 0)) == 0:
             print(plan.labels_line, flush=True)
             print(f"bertgpu: {lr_line}", flush=True)
+            print(f"bertgpu: {plan.head_line}", flush=True)
     if announce_resume(
         cfg,
         "--epochs",
@@ -258,6 +309,12 @@ class Loop(LoopState):
 def train(cfg: FinetuneConfig) -> Path:
     plan = check(cfg)
     cfg = resolve_lr(cfg, plan.model_config)[0]  # set by run_finetune; a config built elsewhere gets the default
+    # as it ran (bertgpu.json and the model card): the dropout and pooling chosen
+    cfg = dataclasses.replace(
+        cfg,
+        dropout=plan.model_config.hidden_dropout_prob,
+        pooling=architectures.pooling_of(plan.model_config),
+    )
     run = TrainingRun(cfg, plan.model_config, "finetune", adapter=cfg.adapter)
     dims, device, out = run.dims, run.device, run.out
     sizes, accum = accumulation(cfg.run, dims.dp)  # --grad-accum, or what makes --global-batch on this layout
@@ -356,6 +413,8 @@ def build_model(cfg: FinetuneConfig, plan: Plan, run: TrainingRun) -> BertForSeq
         hf_dir.load_weights(model, run.resume_from)
     elif plan.model_dir is not None:  # else a preset: the seeded random initialisation
         hf_dir.load_weights(model if plan.keep_head else architectures.encoder(model), plan.model_dir)
+    if getattr(model.config, "classifier_pooling", None) == "mean" and hasattr(model, "bert"):
+        model.bert.pooler.requires_grad_(False)  # unread: no gradient, so no process may wait for one
     if cfg.adapter.enabled:
         lora.apply(model, cfg.adapter, run.device, run.precision, base_model=plan.model_dir)
         if run.resume_from is not None:
@@ -389,6 +448,7 @@ def start_line(
         f"labels {', '.join(run.model_config.id2label.values())}, global batch {global_batch} = "
         f"{describe_batch(loop.sizes, accum)}, "
         f"{describe_lr(o.lr, optim.lr, o.lr_scaling, global_batch, o.reference_batch)}, "
+        f"dropout {cfg.dropout:g}, pooling {cfg.pooling}, "
         f"{optim.steps} steps in {cfg.epochs} epoch(s){how}"
     )
 
