@@ -24,6 +24,8 @@ LABELS = {"positive": "好评", "negative": "差评"}
 EMPTY_EVERY = 15  # every 15th review of the file is left empty, as ChnSentiCorp's CSV has some
 COMMON = [
     *TINY_FINETUNE,
+    "--dropout",  # the model's 0 (fine-tuning's own default is 0.1): the runs compared must be deterministic
+    "0",
     "--text-column",
     "review",
     "--metric",
