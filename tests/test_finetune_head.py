@@ -94,3 +94,9 @@ def test_finetuning_says_and_records_what_it_chose(checkpoints, tmp_path):
     assert (ran["dropout"], ran["pooling"]) == (0.1, "mean")
     predicted = run_cli("predict", "--model", out / "best", TEXTS[0][0])  # bertgpu reads the mean pooling back
     assert predicted.stdout.split()[0] in ("code", "prose")
+    # fine-tuned again on other labels (a new head): the pooler it never trained is still not read
+    relabelled = tmp_path / "relabelled.csv"
+    with open(relabelled, "w", encoding="utf-8", newline="") as f:
+        csv.writer(f).writerows([("text", "label"), *((text, label[0]) for text, label in TEXTS * 10)])
+    again = _plan(out / "best", relabelled, tmp_path)
+    assert again.model_config.classifier_pooling == "mean" and "classifier_pooling mean" in again.head_line

@@ -186,8 +186,15 @@ def choose_pooling(asked: str, model_dir: Path | None, base: ModelConfig, keep_h
         return asked, "--pooling"
     if keep_head:
         return architectures.pooling_of(base), "the classifier's own, continued"
+    if architectures.pooling_of(base) == "mean":  # e.g. a classifier fine-tuned so, now given other labels
+        return "mean", "auto: the model's config.json says classifier_pooling mean"
     if cls_untrained(model_dir):
-        return "mean", "auto: no pretraining loss trained [CLS]; --pooling pooler for BertForSequenceClassification"
+        interop = (
+            ""
+            if architectures.arch_of(base) == "modernbert"
+            else "; --pooling pooler for BertForSequenceClassification"
+        )
+        return "mean", "auto: no pretraining loss trained [CLS]" + interop  # transformers' ModernBERT reads mean too
     return "pooler", "auto"
 
 
