@@ -86,6 +86,7 @@ def test_finetuning_says_and_records_what_it_chose(checkpoints, tmp_path):
     out = tmp_path / "clf"
     proc = run_cli("finetune", "--model", fast, "--train", train, "--out", out, "--epochs", "1", *TINY_FINETUNE)
     assert "dropout 0.1, pooling mean" in proc.stdout  # the start line
+    assert "mean pooling, which transformers' BertForSequenceClassification does not read" in proc.stdout
     config = json.loads((out / "best" / "config.json").read_text())
     assert (config["hidden_dropout_prob"], config["classifier_pooling"]) == (0.1, "mean")
     card = (out / "best" / "README.md").read_text()

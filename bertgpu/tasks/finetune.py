@@ -395,8 +395,13 @@ def train(cfg: FinetuneConfig) -> Path:
         loop.step,
         {"loss": "min", "accuracy": "max", "eval_loss": "min", "eval_accuracy": "max", "eval_f1": "max"},
         f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  "
-        f"(transformers.{architectures.class_names(plan.model_config)[1]}.from_pretrained('{out / 'best'}'), "
-        f"or bertgpu predict --model {out / 'best'} TEXT)",
+        + (
+            f"(bertgpu predict --model {out / 'best'} TEXT; mean pooling, which transformers' "
+            "BertForSequenceClassification does not read: --pooling pooler for that)"
+            if architectures.arch_of(plan.model_config) == "bert" and cfg.pooling == "mean"
+            else f"(transformers.{architectures.class_names(plan.model_config)[1]}.from_pretrained('{out / 'best'}'), "
+            f"or bertgpu predict --model {out / 'best'} TEXT)"
+        ),
     )
     return out / "best"
 
