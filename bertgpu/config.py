@@ -1285,8 +1285,9 @@ class FinetuneConfig:
     pooling: str = opt(
         "auto",
         "what the classifier reads: pooler (BERT's tanh(W h_[CLS]); ModernBERT's [CLS] through its head), or mean "
-        "(the mean of the last hidden states); auto: mean for a bertgpu pretraining checkpoint whose [CLS] no loss "
-        "ever trained (pretrain --no-nsp, ModernBERT), else pooler (BENCHMARKS.md: The chance-level fine-tune). A "
+        "(the mean of the last hidden states); auto: mean for a BERT checkpoint bertgpu pretrained without NSP "
+        "(--no-nsp, --recipe fast: its pooler never trained), else pooler (BENCHMARKS.md: The chance-level "
+        "fine-tune). A "
         "BERT with mean pooling gives other outputs in transformers' BertForSequenceClassification, which reads "
         "the pooler",
         choices=["auto", "pooler", "mean"],

@@ -50,7 +50,7 @@ def test_a_fast_recipe_checkpoint_is_finetuned_with_dropout_and_mean_pooling(che
     c = plan.model_config
     assert (c.hidden_dropout_prob, c.attention_probs_dropout_prob, c.classifier_pooling) == (0.1, 0.1, "mean")
     assert "dropout 0.1 (fine-tuning's default; the model's config says 0)" in plan.head_line
-    assert "pooling mean (auto: no pretraining loss trained [CLS]" in plan.head_line
+    assert "pooling mean (auto: pretrained without NSP, the pooler is untrained" in plan.head_line
     # NSP trained the pooler: it is kept, as is a Hugging Face BERT of unknown history
     assert _plan(nsp, train, tmp_path).model_config.classifier_pooling is None
     hf = write_tiny_bert(tmp_path / "hf", nsp / "vocab.txt")

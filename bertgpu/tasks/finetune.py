@@ -163,11 +163,11 @@ def _dropout(config: ModelConfig) -> str:
     return f"{config.hidden_dropout_prob:g}"
 
 
-def cls_untrained(model_dir: Path | None) -> bool:
-    """Whether ``model_dir`` is a bertgpu pretraining checkpoint whose [CLS] output no loss ever read: masked LM
-    alone (--no-nsp, and every ModernBERT) leaves it, and BERT's pooler on it, as initialised. On such a
-    checkpoint the pooled [CLS] is nearly the same vector for every text (BENCHMARKS.md: The chance-level
-    fine-tune), and fine-tuning through it can sit at chance."""
+def pooler_untrained(model_dir: Path | None) -> bool:
+    """Whether ``model_dir`` is a bertgpu BERT pretraining checkpoint whose pooler no loss ever trained: masked LM
+    alone (--no-nsp) leaves it as initialised, and fine-tuning through it sat at chance for an epoch
+    (BENCHMARKS.md: The chance-level fine-tune). ModernBERT's classifier reads [CLS] through the masked-LM head's
+    transform, which pretraining trains: its fine-tuning did as well either way there."""
     if model_dir is None:
         return False
     try:
@@ -177,7 +177,7 @@ def cls_untrained(model_dir: Path | None) -> bool:
     data = run.get("data") if isinstance(run, dict) else None
     if not isinstance(data, dict) or "nsp" not in data:
         return False  # a fine-tuning run's, or another task's
-    return run.get("arch") == "modernbert" or not data["nsp"]
+    return run.get("arch") != "modernbert" and not data["nsp"]
 
 
 def choose_pooling(asked: str, model_dir: Path | None, base: ModelConfig, keep_head: bool) -> tuple[str, str]:
@@ -188,13 +188,8 @@ def choose_pooling(asked: str, model_dir: Path | None, base: ModelConfig, keep_h
         return architectures.pooling_of(base), "the classifier's own, continued"
     if architectures.pooling_of(base) == "mean":  # e.g. a classifier fine-tuned so, now given other labels
         return "mean", "auto: the model's config.json says classifier_pooling mean"
-    if cls_untrained(model_dir):
-        interop = (
-            ""
-            if architectures.arch_of(base) == "modernbert"
-            else "; --pooling pooler for BertForSequenceClassification"
-        )
-        return "mean", "auto: no pretraining loss trained [CLS]" + interop  # transformers' ModernBERT reads mean too
+    if pooler_untrained(model_dir):
+        return "mean", "auto: pretrained without NSP, the pooler is untrained; --pooling pooler for transformers"
     return "pooler", "auto"
 
 
