@@ -275,16 +275,13 @@ def train(cfg: PretrainConfig) -> Path:
             "heldout_documents": None if heldout is None else torch.from_numpy(heldout),
         },
     )
+    # MFU on the real tokens (padding is no work), against the card's own data-sheet peak or --peak-tflops.
+    peak, peak_note = peak_flops(device, run.precision, cfg.peak_tflops)
+    line = start_line(cfg, run, plan, eval_set, loop, global_batch, chosen, why, budget, len(dataset))
     run.start(
-        start_line(cfg, run, plan, eval_set, loop, global_batch, chosen, why, budget, len(dataset)),
+        line + (f"; MFU on real tokens, {peak_note}" if device.type == "cuda" or cfg.peak_tflops else ""),
         cfg.optim.steps if budget is None else budget.plan_guess(loop.step),
-        Throughput(
-            architectures.training_flops_per_sequence(
-                plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions
-            ),
-            peak_flops(device, run.precision),
-            dims.world_size,
-        ),
+        Throughput(functools.partial(architectures.training_flops, plan.model_config), peak, dims.world_size),
         records(cfg, run, eval_set, global_batch, max(loop.sizes), budget),
         loop,
     )
