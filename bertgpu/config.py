@@ -887,6 +887,12 @@ class PretrainConfig:
         "pad the vocab inside the model to a multiple of this, for faster GPU "
         "matmuls (checkpoints keep the true vocab size; 1: no padding)",
     )
+    fused_qkv: bool = opt(
+        True,
+        "a BERT's attention computes Q, K and V as three matmuls (default: one, of the three weights "
+        "concatenated; the parameters and checkpoints are transformers' query, key and value either way)",
+        flag="--no-fused-qkv",
+    )
     peak_tflops: float = opt(
         0.0,
         "the GPU's dense peak TFLOP/s at the run's precision, for MFU (default: from the card's exact model in "

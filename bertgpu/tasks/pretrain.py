@@ -42,7 +42,7 @@ from ..data.pretraining import (
 from ..data.shards import ShardedCorpus, warn_if_unknown
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
-from ..model import BertForPreTraining, use_varlen_attention
+from ..model import BertForPreTraining, use_fused_qkv, use_varlen_attention
 from ..parallel import launch
 from ..parallel.compression import describe as describe_compression
 from ..parallel.layout import check_layout
@@ -242,6 +242,7 @@ def train(cfg: PretrainConfig) -> Path:
     model = build_model(cfg, plan, run.resume_from)
     if device.type == "cuda":
         use_varlen_attention(model)  # padded rows through flash attention's variable-length kernel
+    use_fused_qkv(model, cfg.fused_qkv)  # Q, K and V as one matmul (a BERT's; ModernBERT's Wqkv is one weight)
     if cfg.run.fp8:
         from ..fp8 import apply_fp8
 
