@@ -107,6 +107,19 @@ def time_steps(step, steps: int, warmup: int, device: torch.device) -> list[floa
     return times
 
 
+def release_compiled(device: torch.device) -> None:
+    """Free what a compiled configuration holds before the next one runs: torch.compile's code and, on a GPU,
+    its CUDA graphs' memory pools (large 128 x 128 holds tens of GiB in each side's pool: two at once, and the
+    eager steps beside them, would not fit an 80 GB card). The next compiled configuration compiles again,
+    from the on-disk caches."""
+    import gc
+
+    torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
 def transformers_modes(device: torch.device, compiled: bool) -> tuple[dict[str, str | None], str]:
     """transformers' configurations to time, name -> torch.compile mode (None: eager), and a note on a mode
     left out and why."""
@@ -206,10 +219,11 @@ def run(cfg: BenchConfig) -> dict[str, float]:
         configurations[name] = functools.partial(step_theirs, model, mode == "reduce-overhead")
     ours.train()
     theirs.train()
-    seconds = {
-        name: statistics.median(time_steps(step, cfg.steps, cfg.warmup, device))
-        for name, step in configurations.items()
-    }
+    seconds = {}
+    for name, step in configurations.items():
+        seconds[name] = statistics.median(time_steps(step, cfg.steps, cfg.warmup, device))
+        if name.endswith(("+compile", "+graphs")):
+            release_compiled(device)
 
     flops = training_flops(mcfg, cfg.batch_size, real_tokens, scored)  # one step's real work
     peak, peak_note = peak_flops(device, precision, cfg.peak_tflops)
