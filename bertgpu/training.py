@@ -7,9 +7,11 @@ import functools
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -227,27 +229,51 @@ def autocast(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=dtype)
 
 
-# Dense peak FLOP/s per GPU (bf16/fp16 tensor cores, TF32), from the vendors' data sheets.
-_PEAK_FLOPS = {
-    "H200": (989e12, 494e12),
-    "H100": (989e12, 494e12),
-    "A100": (312e12, 156e12),
-    "L40S": (362e12, 183e12),
-    "A10G": (125e12, 62.5e12),
-    "L4": (121e12, 60e12),
-    "V100": (125e12, 15.7e12),
-}
+# Dense (not sparse) peak FLOP/s of one GPU, from NVIDIA's data sheets: (bf16/fp16 tensor cores, TF32 tensor
+# cores; V100: fp16 and plain fp32, it has no TF32), keyed by a pattern of the exact model that
+# torch.cuda.get_device_name prints. The first match wins, so a variant comes before its family. A card not
+# listed (or a variant not told apart, e.g. an A10G, a plain "H100") has no peak: MFU is not shown rather
+# than taken from a sibling card (--peak-tflops gives it).
+_PEAK_FLOPS: tuple[tuple[str, str, float, float], ...] = (
+    # (pattern, the card as its data sheet names it, bf16, tf32)
+    (r"\bH100\b.*\bNVL\b", "H100 NVL", 835e12, 417.5e12),
+    (r"\bH100\b.*\bPCIe\b", "H100 PCIe", 756e12, 378e12),
+    (r"\bH100\b.*(\bSXM|80GB HBM3$)", "H100 SXM", 989.4e12, 494.7e12),
+    (r"\bGH200\b", "GH200", 989.4e12, 494.7e12),
+    (r"\bH200\b.*\bNVL\b", "H200 NVL", 835e12, 417.5e12),
+    (r"\bH200$|\bH200\b.*\bSXM", "H200 SXM", 989.4e12, 494.7e12),
+    (r"\bA100\b.*\b(SXM|PCIE|PCIe)", "A100 (SXM or PCIe, 40 or 80 GB)", 312e12, 156e12),
+    (r"\bL40S$", "L40S", 362.05e12, 183e12),
+    (r"\bL40$", "L40", 181e12, 90.5e12),
+    (r"\bL4$", "L4", 121e12, 60e12),
+    (r"\bA10$", "A10", 125e12, 62.5e12),
+    (r"\bRTX 4090$", "GeForce RTX 4090", 165.2e12, 82.6e12),
+    (r"\bRTX 3090$", "GeForce RTX 3090", 71e12, 35.6e12),
+    (r"\bV100-SXM2", "V100 SXM2", 125e12, 15.7e12),
+    (r"\bV100-PCIE", "V100 PCIe", 112e12, 14e12),
+)
 
 
-def peak_flops(device: torch.device, precision: str) -> float | None:
-    """Peak FLOP/s of one GPU for MFU, or None when unknown (CPU, unlisted GPU)."""
+def card_peak(name: str, precision: str) -> tuple[float | None, str]:
+    """The dense peak FLOP/s of the GPU ``name`` (as torch.cuda.get_device_name prints it) at ``precision``
+    (bf16/fp16 on the tensor cores, fp32 as TF32), and a line saying which data-sheet figure it is; None
+    and a line saying why for a card not in the table."""
+    for pattern, card, half, tf32 in _PEAK_FLOPS:
+        if re.search(pattern, name.strip()):
+            peak = half if precision in ("bf16", "fp16") else tf32
+            kind = "bf16/fp16" if precision in ("bf16", "fp16") else ("fp32" if "V100" in card else "TF32")
+            return peak, f"peak {peak / 1e12:,.1f} TFLOP/s ({card}, dense {kind}, NVIDIA's data sheet)"
+    return None, f"peak unknown for {name!r}: MFU not shown (give it with --peak-tflops)"
+
+
+def peak_flops(device: torch.device, precision: str, given_tflops: float = 0.0) -> tuple[float | None, str]:
+    """Peak FLOP/s of one GPU for MFU and where the figure comes from: ``given_tflops`` (--peak-tflops) when
+    set, else the card's data sheet (``card_peak``); None on a CPU or an unlisted GPU."""
+    if given_tflops > 0:
+        return given_tflops * 1e12, f"peak {given_tflops:,.1f} TFLOP/s (--peak-tflops)"
     if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    for key, (half, tf32) in _PEAK_FLOPS.items():
-        if key in name:
-            return half if precision in ("bf16", "fp16") else tf32
-    return None
+        return None, "no MFU on a CPU"
+    return card_peak(torch.cuda.get_device_name(device), precision)
 
 
 class Sums:
@@ -412,23 +438,27 @@ def describe_waits(values: dict[str, Any], device: str) -> str:
 class Throughput:
     """Steps, sequences and tokens per second over the last logging window, and MFU.
 
-    MFU = (training FLOPs per sequence × sequences/s) / (peak FLOP/s × number of GPUs), with the
-    FLOPs per sequence from ``model.training_flops_per_sequence`` (matmuls only, forward + backward).
+    MFU = the model FLOPs of the window's real work / (seconds × peak FLOP/s × number of GPUs), the FLOPs
+    from ``flops(sequences, tokens, masked)`` (``architectures.training_flops``: matmuls only, forward +
+    backward) over the real (non-padding) tokens and the masked slots that were scored, so padding is no
+    work; None (fine-tuning): no MFU.
     """
 
-    def __init__(self, flops_per_sequence: float, peak: float | None, world_size: int):
-        self.flops_per_sequence, self.peak, self.world = flops_per_sequence, peak, world_size
+    def __init__(
+        self, flops: Callable[[float, float, float], float] | None, peak: float | None, world_size: int
+    ) -> None:
+        self.flops, self.peak, self.world = flops, peak, world_size
         self.waits = Waits()  # the loop's waits on data and device, as shares of the window (``rates``)
         self.reset()
 
     def reset(self) -> None:
         self.t0 = time.perf_counter()
-        self.carried = (0, 0, 0)
+        self.carried = (0, 0, 0, 0)
 
-    def carry(self, steps: int, sequences: int, tokens: int) -> None:
+    def carry(self, steps: int, sequences: int, tokens: int, masked: int = 0) -> None:
         """On resume: the log window restored from the checkpoint already holds these, trained before
         this process's clock started; the next rates leave them out (the window's losses keep them)."""
-        self.carried = (steps, sequences, tokens)
+        self.carried = (steps, sequences, tokens, masked)
 
     def pause(self) -> None:
         """Stop the clock (an evaluation between training steps); ``resume`` starts it again."""
@@ -437,14 +467,14 @@ class Throughput:
     def resume(self) -> None:
         self.t0 += time.perf_counter() - self.paused_at
 
-    def rates(self, steps: int, sequences: int, tokens: int) -> dict[str, float]:
+    def rates(self, steps: int, sequences: int, tokens: int, masked: int = 0) -> dict[str, float]:
         dt = max(time.perf_counter() - self.t0, 1e-9)
-        steps, sequences, tokens = (
-            max(0, now - before) for now, before in zip((steps, sequences, tokens), self.carried)
+        steps, sequences, tokens, masked = (
+            max(0, now - before) for now, before in zip((steps, sequences, tokens, masked), self.carried)
         )
         out = {"steps_per_s": steps / dt, "seq_per_s": sequences / dt, "tokens_per_s": tokens / dt}
-        if self.peak:
-            out["mfu"] = self.flops_per_sequence * sequences / dt / (self.peak * self.world)
+        if self.peak and self.flops is not None and sequences:
+            out["mfu"] = self.flops(sequences, tokens, masked) / dt / (self.peak * self.world)
         out.update(self.waits.shares(dt))
         self.reset()
         return out

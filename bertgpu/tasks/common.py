@@ -426,7 +426,12 @@ class TrainingRun:
         if self.state is not None:
             key, window = next(iter(self.sums.items()))
             carried = dict(zip(window.names, self.state[key].tolist()))
-            meter.carry(loop.steps_in_window, int(carried[f"{records.unit}s"]), int(carried["tokens"]))
+            meter.carry(
+                loop.steps_in_window,
+                int(carried[f"{records.unit}s"]),
+                int(carried["tokens"]),
+                int(carried.get("masked", 0)),
+            )
         self.total_steps = total_steps
         self.started = time.perf_counter()
         if self.is_main:
@@ -480,7 +485,8 @@ class TrainingRun:
         with self.meter.waits.on("device") if gpu else contextlib.nullcontext():  # waits for the queued steps
             s = window.read(self.dims)
         records = self.records
-        rates = self.meter.rates(loop.steps_in_window, int(s[f"{records.unit}s"]), int(s["tokens"]))
+        unit = f"{records.unit}s"
+        rates = self.meter.rates(loop.steps_in_window, int(s[unit]), int(s["tokens"]), int(s.get("masked", 0)))
         values = {
             **records.values(s),
             "lr": self.schedule.get_last_lr()[0],

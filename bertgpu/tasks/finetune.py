@@ -301,7 +301,7 @@ def train(cfg: FinetuneConfig) -> Path:
     run.start(
         start_line(cfg, run, loop, accum, optim, len(train_set), len(eval_set), trainable, n_params),
         optim.steps,
-        Throughput(0.0, None, dims.world_size),
+        Throughput(None, None, dims.world_size),
         Records(values=log_values, line=functools.partial(log_line, steps=optim.steps), unit="example"),
         loop,
     )

@@ -42,7 +42,7 @@ from ..data.pretraining import (
 from ..data.shards import ShardedCorpus, warn_if_unknown
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError
-from ..model import BertForPreTraining, use_varlen_attention
+from ..model import BertForPreTraining, use_fused_qkv, use_varlen_attention
 from ..parallel import launch
 from ..parallel.compression import describe as describe_compression
 from ..parallel.layout import check_layout
@@ -256,6 +256,7 @@ def train(cfg: PretrainConfig) -> Path:
     model = build_model(cfg, plan, run.resume_from)
     if device.type == "cuda":
         use_varlen_attention(model)  # padded rows through flash attention's variable-length kernel
+    use_fused_qkv(model, cfg.fused_qkv)  # Q, K and V as one matmul (a BERT's; ModernBERT's Wqkv is one weight)
     if cfg.run.fp8:
         from ..fp8 import apply_fp8
 
@@ -290,16 +291,13 @@ def train(cfg: PretrainConfig) -> Path:
         },
         settle=functools.partial(settle, chosen=chosen, run=run),
     )
+    # MFU on the real tokens (padding is no work), against the card's own data-sheet peak or --peak-tflops.
+    peak, peak_note = peak_flops(device, run.precision, cfg.peak_tflops)
+    line = start_line(cfg, run, plan, eval_set, loop, global_batch, chosen, why, budget, len(dataset))
     run.start(
-        start_line(cfg, run, plan, eval_set, loop, global_batch, chosen, why, budget, len(dataset)),
+        line + (f"; MFU on real tokens, {peak_note}" if device.type == "cuda" or cfg.peak_tflops else ""),
         cfg.optim.steps if budget is None else budget.plan_guess(loop.step),
-        Throughput(
-            architectures.training_flops_per_sequence(
-                plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions
-            ),
-            peak_flops(device, run.precision),
-            dims.world_size,
-        ),
+        Throughput(functools.partial(architectures.training_flops, plan.model_config), peak, dims.world_size),
         records(cfg, run, eval_set, global_batch, max(loop.sizes), budget),
         loop,
     )
