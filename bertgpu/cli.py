@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import sys
 import types
 import typing
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 from .config import (
@@ -283,8 +284,62 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
 }
 
 
+def _nearest(word: str, candidates: typing.Iterable[str]) -> list[str]:
+    """The candidates ``word`` likely meant: those it begins (an abbreviation), else difflib's closest."""
+    candidates = list(candidates)
+    starts = [c for c in candidates if c.startswith(word) and c != word]
+    return starts[:3] or difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+
+
+def _did_you_mean(word: str, candidates: typing.Iterable[str]) -> str:
+    close = _nearest(word, candidates)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with every mistake in one line (naming the flag, and the nearest one for a typo)
+    instead of the command's whole usage, which --help prints; flags are typed whole (no abbreviations:
+    --epoch is not taken for --epochs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        # A typo's suggestion is enough; else where the command's flags are listed.
+        hint = "" if "did you mean" in message else f" (see `{self.prog} --help`)"
+        self.exit(2, f"bertgpu: error: {message}{hint}\n")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            choices = [str(c) for c in action.choices]
+            raise argparse.ArgumentError(
+                action,
+                f"invalid choice: {value!r}{_did_you_mean(str(value), choices)}; choose from {', '.join(choices)}",
+            )
+        super()._check_value(action, value)
+
+
+def _flag_like(arg: str, parser: argparse.ArgumentParser) -> bool:
+    """Whether argparse takes ``arg`` for a flag: it starts with '-', is not a negative number, '-' (standard
+    input) or a text with a space."""
+    return arg.startswith("-") and arg != "-" and " " not in arg and not parser._negative_number_matcher.match(arg)
+
+
+def check_flags(parser: argparse.ArgumentParser, args: list[str]) -> None:
+    """A flag the command does not have is an error naming the nearest ones, before argparse's own parse
+    (which would first complain of a required flag missing, the one the typo meant)."""
+    options = [option for action in parser._actions for option in action.option_strings]
+    for arg in args:
+        if arg == "--":  # what follows is positional
+            return
+        name = arg.split("=", 1)[0]
+        if _flag_like(arg, parser) and name not in options:
+            parser.error(f"`{parser.prog}` has no flag {name}{_did_you_mean(name, options)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="bertgpu",
         description="BERT from raw text to a classifier, on one CPU, one GPU, all GPUs of a machine, or many machines.",
     )
@@ -303,7 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_config_only = argparse.ArgumentParser(add_help=False)
+_config_only = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
 _config_only.add_argument("--config")
 
 
@@ -312,6 +367,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in commands:
+        check_flags(commands[argv[0]], argv[1:])
     from_file: dict[str, Any] = {}
     try:
         if argv and argv[0] in commands and "--config" in " ".join(argv):
@@ -324,8 +381,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"bertgpu: error: {e}", file=sys.stderr)
         sys.exit(2)
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # argparse would blame the top-level parser and print its usage, not the command's
-        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # argparse would blame the top-level parser, not the command
+        commands[args.command].error(f"unexpected argument(s): {' '.join(unknown)}")
     cls, fn, _ = COMMANDS[args.command]
     try:
         # A checkpoint's bertgpu.json holds every field: what its run was given is its own list of them.

@@ -479,3 +479,57 @@ def test_inspect_errors(tmp_path, english_data, capsys):
     proc = run_cli("inspect", tmp_path / "nodata", check=False)
     assert_one_line_error(proc, "nodata", "bertgpu prepare")
     assert_one_line_error_in_process(["inspect", english_data, "--index", "100000"], "--index 100000", "instances")
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors that name the right thing (issue 40): flags, presets, --config values, run directories, CSV
+# delimiters and encodings. Each is one line, and nothing is written.
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["pretrain", "--eval-fracton", "0.1"], ["`bertgpu pretrain` has no flag --eval-fracton", "--eval-fraction?"]),
+        (["pretrain", "--eval-fracton=0.1"], ["has no flag --eval-fracton ", "--eval-fraction?"]),
+        (["finetune", "--epoch", "3"], ["`bertgpu finetune` has no flag --epoch (did you mean --epochs?)"]),
+        (["pretrain"], ["required: --model, --data", "bertgpu pretrain --help"]),
+        (["pretrain", "--steps", "two"], ["--steps: invalid int value: 'two'"]),
+        (["finetune", "--metric", "f2"], ["--metric: invalid choice: 'f2'", "accuracy, f1"]),
+        (["bench", "--model", "minii"], ["invalid choice: 'minii' (did you mean mini?)", "tiny, mini, small"]),
+        (["pretrian"], ["invalid choice: 'pretrian' (did you mean pretrain?)"]),
+    ],
+    ids=["typo", "typo-with-value", "abbreviation", "required", "bad-int", "bad-choice", "preset", "command"],
+)
+def test_argparse_mistakes_are_one_line_naming_the_flag(tmp_path, args, needles, capsys):
+    """A mistyped flag gets the nearest one instead of the 45-line usage; an abbreviation is refused, not taken
+    for the flag it begins (a flag is typed whole); argparse's other errors are one line too."""
+    out = tmp_path / "run"
+    err = in_process_error(*args, *(["--out", out] if args[0] in ("pretrain", "finetune") else []))
+    assert "usage:" not in err
+    for needle in needles:
+        assert needle in err, err
+    assert not out.exists()
+
+
+def test_an_abbreviated_flag_is_refused_before_anything_runs(tmp_path, tiny_classifier_setup, capsys):
+    """`--epoch 1` was taken for --epochs: a run the user did not ask for. Now nothing is written."""
+    from bertgpu.cli import build_parser
+
+    model, train = tiny_classifier_setup
+    out = tmp_path / "clf"
+    args = ["finetune", "--model", model, "--train", train, "--text-column", "review", "--out", out, "--epoch", "1"]
+    assert_one_line_error_in_process(args, "has no flag --epoch (did you mean --epochs?)")
+    assert not out.exists()
+    config = tmp_path / "c.json"
+    config.write_text('{"epochs": 1}')
+    args = ["finetune", "--model", model, "--train", train, "--out", out, "--conf", config]
+    assert_one_line_error_in_process(args, "has no flag --conf (did you mean --config?)")
+    assert not out.exists()
+    parsers = [build_parser()]
+    parsers += [
+        p
+        for a in parsers[0]._actions
+        if hasattr(a, "choices") and isinstance(a.choices, dict)
+        for p in a.choices.values()
+    ]
+    assert len(parsers) == 10 and not any(p.allow_abbrev for p in parsers)
