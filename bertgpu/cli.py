@@ -95,12 +95,69 @@ def _sections(cls: type) -> dict[str, type]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])}
 
 
-def _flag_fields(cls: type) -> set[str]:
-    """Every field a command's flags set, nested sections flattened (flags are flat)."""
-    names = {f.name for f in dataclasses.fields(cls)}
+def _flag_fields(cls: type) -> dict[str, tuple[Any, dataclasses.Field]]:
+    """Every field a command's flags set, nested sections flattened (flags are flat): name -> (type, field)."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name: (hints[f.name], f) for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(hints[f.name])}
     for section in _sections(cls).values():
         names |= _flag_fields(section)
     return names
+
+
+_EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _config_value(where: str, value: Any, t: Any, f: dataclasses.Field) -> Any:
+    """A --config file's value for a field of type ``t``, as a flag would give it (a string is converted as the
+    flag converts what is typed: "1e-4" is a number), or a UserError naming the key, the value and the type
+    it needs (argparse would blame the flag, which the user never typed, under a page of usage)."""
+    from .config import parse_batch_sizes
+
+    base, optional = _unwrap_optional(t)
+    shown = json.dumps(value, ensure_ascii=False)
+    if value is None:
+        if optional or base is str:  # a str field's None is its own default (a checkpoint's bertgpu.json)
+            return value
+        raise UserError(f"{where}: null is not {_EXPECTED.get(base, 'a value')}")
+    if f.metadata.get("cli_type") is str and typing.get_origin(base) in (typing.Union, types.UnionType):
+        # --batch-size: one number, or one per data-parallel rank ("48,16" or a list)
+        try:
+            if isinstance(value, bool) or not isinstance(value, (int, str, list)):
+                raise UserError(value)
+            parse_batch_sizes(value)
+        except UserError:
+            raise UserError(
+                f"{where}: {shown} is not a batch size (a number, or one per data-parallel rank: 48,16)"
+            ) from None
+        return value
+    if typing.get_origin(base) is list:
+        if isinstance(value, str):  # one item
+            value = [value]
+        if not isinstance(value, list) or any(isinstance(v, (bool, list, dict)) or v is None for v in value):
+            raise UserError(f"{where}: {shown} is not a list of strings")
+        return [str(v) for v in value]
+    if base is bool:
+        if not isinstance(value, bool):
+            raise UserError(f"{where}: {shown} is not true or false")
+        return value
+    if base in (int, float):
+        if isinstance(value, str):
+            try:
+                return base(value.strip())
+            except ValueError:
+                pass
+        elif not isinstance(value, bool) and isinstance(value, (int, float) if base is float else int):
+            return value
+        raise UserError(f"{where}: {shown} is not {_EXPECTED[base]}")
+    if base is str:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise UserError(f"{where}: {shown} is not a string")
+        value = str(value)  # as typed: --time-budget 300
+        choices = [str(c) for c in f.metadata.get("choices") or ()]
+        if choices and value not in choices:
+            raise UserError(f"{where}: {shown} is not one of {', '.join(choices)}{_did_you_mean(value, choices)}")
+        return value
+    return value
 
 
 def read_config_file(path: str, command: str, cls: type) -> dict[str, Any]:
@@ -133,19 +190,19 @@ def read_config_file(path: str, command: str, cls: type) -> dict[str, Any]:
     names = _flag_fields(cls)
     flat: dict[str, Any] = {}
 
-    def add(mapping: dict[str, Any], section: type) -> None:
+    def add(mapping: dict[str, Any], section: type, prefix: str) -> None:
         for key, value in mapping.items():
             name = str(key).replace("-", "_").lstrip("_")
             if name in _sections(section) and isinstance(value, dict):
-                add(value, _sections(section)[name])
+                add(value, _sections(section)[name], f"{prefix}{key}.")
             elif name in names:
-                flat[name] = value
+                flat[name] = _config_value(f"--config {path}: {prefix}{key}", value, *names[name])
             else:
-                raise UserError(
-                    f"--config {path}: {key!r} is not a field of `bertgpu {command}` (see bertgpu {command} --help)"
-                )
+                spelled = {n.replace("_", "-") if "-" in str(key) else n: n for n in names}  # as the file spells keys
+                hint = _did_you_mean(str(key), spelled) or f" (see bertgpu {command} --help)"
+                raise UserError(f"--config {path}: {key!r} is not a field of `bertgpu {command}`{hint}")
 
-    add(data, cls)
+    add(data, cls, "")
     return flat
 
 
@@ -288,7 +345,7 @@ def _nearest(word: str, candidates: typing.Iterable[str]) -> list[str]:
     """The candidates ``word`` likely meant: those it begins (an abbreviation), else difflib's closest."""
     candidates = list(candidates)
     starts = [c for c in candidates if c.startswith(word) and c != word]
-    return starts[:3] or difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return starts[:3] or difflib.get_close_matches(word, candidates, n=1, cutoff=0.75)
 
 
 def _did_you_mean(word: str, candidates: typing.Iterable[str]) -> str:

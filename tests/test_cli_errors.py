@@ -533,3 +533,52 @@ def test_an_abbreviated_flag_is_refused_before_anything_runs(tmp_path, tiny_clas
         for p in a.choices.values()
     ]
     assert len(parsers) == 10 and not any(p.allow_abbrev for p in parsers)
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ('steps: "two hundred"\n', 'run.yaml: steps: "two hundred" is not an integer'),
+        ("steps: 2.5\n", "run.yaml: steps: 2.5 is not an integer"),
+        ("optim:\n  lr: fast\n", 'run.yaml: optim.lr: "fast" is not a number'),
+        ('compile: "yes"\n', 'run.yaml: compile: "yes" is not true or false'),
+        ("eval-fraction: [0.1]\n", "run.yaml: eval-fraction: [0.1] is not a number"),
+        ("device: gpu\n", 'run.yaml: device: "gpu" is not one of auto, cpu, cuda'),
+        ("batch_size: 4,x\n", 'run.yaml: batch_size: "4,x" is not a batch size'),
+        (
+            "eval-fracton: 0.1\n",
+            "run.yaml: 'eval-fracton' is not a field of `bertgpu pretrain` (did you mean eval-fraction?)",
+        ),
+    ],
+    ids=["int-words", "int-float", "float", "bool", "list", "choice", "batch-size", "unknown-key"],
+)
+def test_config_file_value_of_the_wrong_type(tmp_path, english_data, text, needle, capsys):
+    """One line naming the file, the key, the value and the type it needs; not argparse's usage page blaming
+    a flag (--steps) that the user never typed."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"data: {english_data}\nmodel: tiny\n" + text)
+    out = tmp_path / "run"
+    err = in_process_error("pretrain", "--config", config, "--out", out)
+    assert needle in err and str(config) in err, err
+    assert not out.exists()
+
+
+def test_config_file_values_as_a_command_line_gives_them(tmp_path):
+    """What a flag takes from the command line a file may give as a string ("1e-4": YAML reads it as one); and
+    every command accepts the config it saves (a checkpoint's bertgpu.json re-runs its run)."""
+    import dataclasses
+
+    from bertgpu.cli import COMMANDS, read_config_file
+    from bertgpu.config import FillMaskConfig, PredictConfig
+
+    config = tmp_path / "run.yaml"
+    config.write_text("optim:\n  lr: 1e-4\n  steps: '200'\nbatch-size: 48,16\nrun:\n  seed: 3\n")
+    flat = read_config_file(str(config), "pretrain", COMMANDS["pretrain"][0])
+    assert flat == {"lr": 1e-4, "steps": 200, "batch_size": "48,16", "seed": 3}
+    config.write_text("corpus: a.txt\nsize: '300'\n")
+    assert read_config_file(str(config), "vocab", COMMANDS["vocab"][0]) == {"corpus": ["a.txt"], "size": 300}
+    for command, (cls, _, _) in COMMANDS.items():
+        made = {PredictConfig: {"texts": ["a text"]}, FillMaskConfig: {"text": ["a [MASK]"]}}.get(cls, {})
+        saved = tmp_path / f"{command}.json"
+        saved.write_text(json.dumps({"step": 1, "config": dataclasses.asdict(cls(**made))}))
+        assert read_config_file(str(saved), command, cls), command
