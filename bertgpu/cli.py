@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import json
 import sys
 import types
@@ -29,7 +28,7 @@ from .config import (
     PretrainConfig,
     VocabConfig,
 )
-from .errors import UserError
+from .errors import UserError, did_you_mean
 from .paths import refuse_clobbering
 
 
@@ -155,7 +154,7 @@ def _config_value(where: str, value: Any, t: Any, f: dataclasses.Field) -> Any:
         value = str(value)  # as typed: --time-budget 300
         choices = [str(c) for c in f.metadata.get("choices") or ()]
         if choices and value not in choices:
-            raise UserError(f"{where}: {shown} is not one of {', '.join(choices)}{_did_you_mean(value, choices)}")
+            raise UserError(f"{where}: {shown} is not one of {', '.join(choices)}{did_you_mean(value, choices)}")
         return value
     return value
 
@@ -199,7 +198,7 @@ def read_config_file(path: str, command: str, cls: type) -> dict[str, Any]:
                 flat[name] = _config_value(f"--config {path}: {prefix}{key}", value, *names[name])
             else:
                 spelled = {n.replace("_", "-") if "-" in str(key) else n: n for n in names}  # as the file spells keys
-                hint = _did_you_mean(str(key), spelled) or f" (see bertgpu {command} --help)"
+                hint = did_you_mean(str(key), spelled) or f" (see bertgpu {command} --help)"
                 raise UserError(f"--config {path}: {key!r} is not a field of `bertgpu {command}`{hint}")
 
     add(data, cls, "")
@@ -341,18 +340,6 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
 }
 
 
-def _nearest(word: str, candidates: typing.Iterable[str]) -> list[str]:
-    """The candidates ``word`` likely meant: those it begins (an abbreviation), else difflib's closest."""
-    candidates = list(candidates)
-    starts = [c for c in candidates if c.startswith(word) and c != word]
-    return starts[:3] or difflib.get_close_matches(word, candidates, n=1, cutoff=0.75)
-
-
-def _did_you_mean(word: str, candidates: typing.Iterable[str]) -> str:
-    close = _nearest(word, candidates)
-    return f" (did you mean {' or '.join(close)}?)" if close else ""
-
-
 class Parser(argparse.ArgumentParser):
     """argparse's parser with every mistake in one line (naming the flag, and the nearest one for a typo)
     instead of the command's whole usage, which --help prints; flags are typed whole (no abbreviations:
@@ -372,7 +359,7 @@ class Parser(argparse.ArgumentParser):
             choices = [str(c) for c in action.choices]
             raise argparse.ArgumentError(
                 action,
-                f"invalid choice: {value!r}{_did_you_mean(str(value), choices)}; choose from {', '.join(choices)}",
+                f"invalid choice: {value!r}{did_you_mean(str(value), choices)}; choose from {', '.join(choices)}",
             )
         super()._check_value(action, value)
 
@@ -392,7 +379,7 @@ def check_flags(parser: argparse.ArgumentParser, args: list[str]) -> None:
             return
         name = arg.split("=", 1)[0]
         if _flag_like(arg, parser) and name not in options:
-            parser.error(f"`{parser.prog}` has no flag {name}{_did_you_mean(name, options)}")
+            parser.error(f"`{parser.prog}` has no flag {name}{did_you_mean(name, options)}")
 
 
 def build_parser() -> argparse.ArgumentParser:

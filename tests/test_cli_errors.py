@@ -582,3 +582,21 @@ def test_config_file_values_as_a_command_line_gives_them(tmp_path):
         saved = tmp_path / f"{command}.json"
         saved.write_text(json.dumps({"step": 1, "config": dataclasses.asdict(cls(**made))}))
         assert read_config_file(str(saved), command, cls), command
+
+
+def test_an_unknown_preset_is_named_with_the_presets(
+    tmp_path, english_data, tiny_classifier_setup, uncased_vocab, capsys
+):
+    """`--model minii --vocab V` was told "minii brings its own vocab.txt", as if it were a directory."""
+    _, train = tiny_classifier_setup
+    out = tmp_path / "out"
+    presets = "(presets: tiny, mini, small, medium, base, large)"
+    for vocab in (["--vocab", uncased_vocab], []):
+        args = ["finetune", "--model", "minii", *vocab, "--train", train, "--text-column", "review", "--out", out]
+        err = assert_one_line_error_in_process(args, "--model minii: no such preset or directory", presets)
+        assert "did you mean mini?" in err and "vocab.txt" not in err
+    args = ["pretrain", "--data", english_data, "--model", "bsae", "--out", out]
+    assert_one_line_error_in_process(args, "--model bsae: no such preset, file or directory", presets, "mean base?")
+    args = ["bench", "--model", "minii"]
+    assert_one_line_error_in_process(args, "--model: invalid choice: 'minii' (did you mean mini?)", "tiny, mini,")
+    assert not out.exists()

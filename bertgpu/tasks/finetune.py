@@ -37,7 +37,7 @@ from ..data.classification import (
 )
 from ..data.sharing import shares_of
 from ..data.tokenizer import Tokenizer, load_vocab, vocab_is_cased
-from ..errors import UserError
+from ..errors import UserError, did_you_mean
 from ..model import BertForSequenceClassification
 from ..parallel import launch
 from ..parallel.dims import ParallelDims
@@ -94,6 +94,11 @@ def check(cfg: FinetuneConfig) -> Plan:
         model_dir, base, vocab = None, *_preset(cfg)
         lowercase = not vocab_is_cased(vocab)
     else:
+        if not Path(cfg.model).exists():
+            raise UserError(
+                f"--model {cfg.model}: no such preset or directory (presets: {', '.join(PRESETS)})"
+                + did_you_mean(cfg.model, PRESETS)
+            )
         if cfg.vocab:
             raise UserError(
                 f"--vocab goes with a preset --model ({', '.join(PRESETS)}); {cfg.model} brings its own vocab.txt"
