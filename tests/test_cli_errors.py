@@ -600,3 +600,42 @@ def test_an_unknown_preset_is_named_with_the_presets(
     args = ["bench", "--model", "minii"]
     assert_one_line_error_in_process(args, "--model: invalid choice: 'minii' (did you mean mini?)", "tiny, mini,")
     assert not out.exists()
+
+
+def test_a_model_without_a_classifier_says_what_kind_of_directory_it_is(
+    tmp_path, two_step_run, minilm_dir, tiny_classifier_setup, capsys
+):
+    """predict/evaluate --model on a pretraining run was "a `bertgpu finetune` run without a classifier yet"."""
+    tiny, _ = tiny_classifier_setup
+    data = tmp_path / "test.csv"
+    data.write_text("text,label\ngood,pos\nbad,neg\n")
+    newest = two_step_run / "checkpoints" / "step-0000002"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    finetune_run = tmp_path / "clf"
+    (finetune_run / "checkpoints").mkdir(parents=True)
+    fine_tune = "fine-tune it first: bertgpu finetune --model {}"
+    kinds = {
+        two_step_run: [
+            "is a `bertgpu pretrain` run",
+            "masked-LM models with no classifier",
+            fine_tune.format(two_step_run),
+        ],
+        newest: ["is a `bertgpu pretrain` checkpoint: a masked-LM model with no classifier", fine_tune.format(newest)],
+        empty: ["is an empty directory, not a classifier"],
+        finetune_run: ["is a `bertgpu finetune` run without a classifier yet", "best/"],
+        minilm_dir: [
+            "is a BertModel with no classifier (its config.json has no id2label)",
+            fine_tune.format(minilm_dir),
+        ],
+        tiny: ["is a BertForPreTraining with no classifier", fine_tune.format(tiny)],
+    }
+    for model, needles in kinds.items():
+        for args in (["predict", "--model", model, "a text"], ["evaluate", "--model", model, "--data", data]):
+            err = assert_one_line_error_in_process(args, str(model), *needles)
+            assert "a `bertgpu finetune` run without" not in err or model == finetune_run, err
+    assert not (newest / "eval_results.json").exists() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "clf",
+        "empty",
+        "test.csv",
+    ]

@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from .. import atomic
-from ..classifier import COLUMNS, Classifier, classifier_dir, finetuned_columns
+from ..classifier import COLUMNS, Classifier, classifier_dir, finetuned_columns, not_a_classifier
 from ..config import EvaluateConfig, PredictConfig
 from ..data.classification import (
     ClassificationDataset,
@@ -45,10 +45,7 @@ def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
     and where the metrics go; UserError on any mistake."""
     model_dir, config = check_model_dir(cfg.model)
     if not config.id2label:
-        raise UserError(
-            f"{model_dir} is not a classifier: its config.json has no id2label "
-            f"(fine-tune it first: bertgpu finetune --model {model_dir} ...)"
-        )
+        raise not_a_classifier(model_dir)
     resolve_precision(cfg.precision, torch.device(launch.resolve_device(cfg.device)))
     examples = load_examples(cfg.data, cfg.text_column, cfg.pair_column or None, cfg.label_column, cfg.format)
     names = as_data_labels([config.id2label[i] for i in sorted(config.id2label)], examples)
