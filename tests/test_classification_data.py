@@ -356,3 +356,38 @@ def test_finetune_bad_input(tmp_path, minilm_dir, case, capsys):
     for needle in needles:
         assert needle in line, line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("delimiter", [";", "\t", "|"])
+def test_a_csv_separated_by_another_character_is_detected_and_said(tmp_path, delimiter):
+    """Spreadsheets save ';' where the comma is the decimal point: such a .csv was "2 fields, but the header
+    has 1" or "no column 'text'; columns found: 'text;label'". Commas inside the texts stay text."""
+    path = tmp_path / "data.csv"
+    rows = [("text", "label"), ("A fine, sturdy book", "positive"), ("meh, 2,5 out of 10", "negative")]
+    path.write_text("".join(delimiter.join(row) + "\n" for row in rows), encoding="utf-8")
+    examples = load_examples(path, "text", label_column="label")
+    assert examples.texts == ["A fine, sturdy book", "meh, 2,5 out of 10"] and examples.labels == [
+        "positive",
+        "negative",
+    ]
+    name = {";": "semicolons", "\t": "tabs", "|": "vertical bars"}[delimiter]
+    flag = "tab" if delimiter == "\t" else repr(delimiter)
+    assert examples.note == f"{path}: its fields are separated by {name}, not commas: read so (--delimiter {flag})"
+    assert load_examples(path, "text", label_column="label", delimiter=flag.strip("'")).texts == examples.texts
+    # the comma wins where it splits the lines evenly: a comma CSV whose texts hold semicolons is a comma CSV
+    comma = tmp_path / "comma.csv"
+    comma.write_text('text,label\n"one; two",a\nthree;four,b\n', encoding="utf-8")
+    plain = load_examples(comma, "text", label_column="label")
+    assert plain.texts == ["one; two", "three;four"] and plain.note is None
+
+
+def test_a_csv_that_two_delimiters_split_evenly_asks_for_one(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text("text;label|id\nx;1|2\ny;3|4\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"data.csv: not separated by commas; semicolons \(';'\) and vertical bars"):
+        load_examples(path, "text", label_column="label")
+    assert load_examples(path, "text", label_column="label|id", delimiter=";").labels == ["1|2", "3|4"]
+    with pytest.raises(UserError, match=r"columns found: 'text;label\|id' \(fields separated by semicolons\? give"):
+        load_examples(path, "text", label_column="label", delimiter=",")
+    with pytest.raises(UserError, match="--delimiter ';;': give one character"):
+        load_examples(path, "text", label_column="label", delimiter=";;")

@@ -118,16 +118,20 @@ def check(cfg: FinetuneConfig) -> Plan:
             )
         lora.check(cfg.adapter, base)
     columns = dict(
-        text_column=cfg.text_column, pair_column=cfg.pair_column or None, label_column=cfg.label_column, fmt=cfg.format
+        text_column=cfg.text_column,
+        pair_column=cfg.pair_column or None,
+        label_column=cfg.label_column,
+        fmt=cfg.format,
+        delimiter=cfg.delimiter,
     )
     train = load_examples(cfg.train, **columns)
     names = label_names(train)
     labels_line, label_warnings = describe_labels(train, names)
-    warnings = [train.skipped_warning(), *label_warnings]
+    warnings = [train.note, train.skipped_warning(), *label_warnings]
     if cfg.eval:
         evaluation = load_examples(cfg.eval, **columns)
         check_labels(evaluation, names, f"the training data {cfg.train}")
-        warnings.append(evaluation.skipped_warning())
+        warnings += [evaluation.note, evaluation.skipped_warning()]
     else:
         train, evaluation = split_examples(train, cfg.eval_split or DEFAULT_EVAL_SPLIT, cfg.run.seed)
     id2label = dict(enumerate(names))
