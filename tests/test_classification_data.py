@@ -338,7 +338,7 @@ def test_finetune_bad_input(tmp_path, minilm_dir, case, capsys):
     elif case == "non-utf8":
         (tmp_path / "gbk.csv").write_bytes("text,label\n好,positive\n差,negative\n".encode("gbk"))
         args["--train"] = tmp_path / "gbk.csv"
-        needles = ["gbk.csv:2: not valid UTF-8"]
+        needles = ["gbk.csv:2: not valid UTF-8", "it looks like GBK (Chinese)", "iconv -f GBK -t UTF-8"]
     elif case == "unseen-eval-label":
         args["--eval"] = write_csv(tmp_path / "eval.csv", [("ok", "positive"), ("so so", "neutral")])
         needles = ["eval.csv:3: label 'neutral' never appears in the training data"]
@@ -391,3 +391,31 @@ def test_a_csv_that_two_delimiters_split_evenly_asks_for_one(tmp_path):
         load_examples(path, "text", label_column="label", delimiter=",")
     with pytest.raises(UserError, match="--delimiter ';;': give one character"):
         load_examples(path, "text", label_column="label", delimiter=";;")
+
+
+def test_encodings_are_read_or_named(tmp_path):
+    """A Latin-1 CSV was told to convert "from GBK": each encoding is named as what it is, with the command
+    that converts it; UTF-16 and UTF-32 with a byte-order mark (Excel's "Unicode text") are read as they are."""
+    text = "text,label\nCafé au lait,positive\nNoël à Paris,negative\n"
+    utf8 = tmp_path / "utf8.csv"
+    utf8.write_text(text, encoding="utf-8")
+    expected = load_examples(utf8, "text", label_column="label").texts
+    for codec in ("utf-16", "utf-16-be", "utf-32", "utf-8-sig"):
+        path = tmp_path / f"{codec}.csv"
+        path.write_bytes(text.encode(codec) if codec != "utf-16-be" else b"\xfe\xff" + text.encode(codec))
+        assert load_examples(path, "text", label_column="label").texts == expected, codec
+    cases = {
+        "latin1": (text.encode("latin-1"), ":2: not valid UTF-8 (byte 0xe9 at byte offset 14); it looks like Latin-1"),
+        "cp1252": (text.replace("au", "\u201cau\u201d").encode("cp1252"), "it looks like Windows-1252"),
+        "utf-16-le": (text.encode("utf-16-le"), "UTF-16LE text without a byte-order mark, not UTF-8"),
+        "utf-16-be": (text.encode("utf-16-be"), "UTF-16BE text without a byte-order mark, not UTF-8"),
+    }
+    for name, (data, needle) in cases.items():
+        path = tmp_path / f"{name}.csv"
+        path.write_bytes(data)
+        with pytest.raises(UserError) as caught:
+            load_examples(path, "text", label_column="label")
+        message = str(caught.value)
+        assert needle in message and "GBK" not in message, message
+        iconv = {"latin1": "LATIN1", "cp1252": "CP1252"}.get(name, name.upper().replace("16-", "16"))
+        assert f"iconv -f {iconv} -t UTF-8 {path} > {tmp_path / name}.utf8.csv" in message, message

@@ -639,3 +639,39 @@ def test_a_model_without_a_classifier_says_what_kind_of_directory_it_is(
         "empty",
         "test.csv",
     ]
+
+
+@pytest.mark.parametrize(
+    "codec, needle",
+    [
+        ("utf-16", "UTF-16LE text, not UTF-8; convert it: iconv -f UTF-16LE -t UTF-8"),
+        ("utf-16-le", "UTF-16LE text without a byte-order mark, not UTF-8; convert it: iconv -f UTF-16LE -t UTF-8"),
+        ("utf-16-be", "UTF-16BE text without a byte-order mark, not UTF-8; convert it: iconv -f UTF-16BE -t UTF-8"),
+        ("utf-32", "UTF-32LE text, not UTF-8; convert it: iconv -f UTF-32LE -t UTF-8"),
+    ],
+)
+def test_a_utf16_corpus_is_named_not_called_binary(tmp_path, uncased_vocab, codec, needle, capsys):
+    """A UTF-16 corpus (Windows' "Unicode") was "a binary file (NUL bytes)"."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes("A first sentence here.\nAnd its second.\n\nAnother document.\n".encode(codec))
+    for command in (["prepare", corpus, "--vocab", uncased_vocab], ["vocab", corpus, "--size", "300"]):
+        err = assert_one_line_error_in_process([*command, "--out", tmp_path / "out"], f"{corpus}: {needle}")
+        assert f"{corpus} > {tmp_path / 'corpus.utf8.txt'}" in err and "binary" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
+
+
+def test_a_gbk_or_latin1_corpus_is_named_as_what_it_is(tmp_path, uncased_vocab, capsys):
+    """Not UTF-8: GBK only where the bytes are Chinese, Latin-1 where they are Western text; said in the warning
+    or --strict error, and in the error when most lines are not UTF-8 (not "the vocab was made for another
+    language")."""
+    gbk = tmp_path / "gbk.txt"
+    gbk.write_bytes("今天天气不错。\n我们去公园吧。\n\n质量很好，下次还买。\n".encode("gbk"))
+    args = ["prepare", gbk, "--vocab", uncased_vocab, "--out", tmp_path / "out"]
+    err = assert_one_line_error_in_process(args, "3 of the 4 lines", f"first at {gbk}:1; it looks like GBK (Chinese)")
+    assert f"iconv -f GBK -t UTF-8 {gbk} > {tmp_path / 'gbk.utf8.txt'}" in err
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("A plain first line.\nCafé au lait à Noël.\n".encode("latin-1"))
+    args = ["prepare", latin1, "--vocab", uncased_vocab, "--out", tmp_path / "out", "--strict"]
+    err = assert_one_line_error_in_process(args, f"{latin1}:2: not valid UTF-8", "it looks like Latin-1 (ISO-8859-1)")
+    assert "iconv -f LATIN1 -t UTF-8" in err and "GBK" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gbk.txt", "latin1.txt"]

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from .encoding import decode_text
 from .sharing import owners, share
 from .tokenizer import Tokenizer
 
@@ -105,15 +106,7 @@ def _read_text(path: Path) -> str:
         raise UserError(f"{path} is a directory, not a data file") from None
     except (OSError, EOFError) as e:  # unreadable, or a damaged .gz
         raise UserError(f"{path} cannot be read: {getattr(e, 'strerror', None) or e}") from None
-    data = data.removeprefix(b"\xef\xbb\xbf")  # the byte-order mark spreadsheet programs write
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise UserError(
-            f"{path}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x}); "
-            f"save the file as UTF-8 (e.g. iconv -f GBK -t UTF-8)"
-        ) from None
+    return decode_text(data, path)
 
 
 def parse_delimiter(value: str) -> str:
