@@ -660,7 +660,7 @@ def test_a_utf16_corpus_is_named_not_called_binary(tmp_path, uncased_vocab, code
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
 
 
-def test_a_gbk_or_latin1_corpus_is_named_as_what_it_is(tmp_path, uncased_vocab, capsys):
+def test_a_gbk_or_latin1_corpus_is_named_as_what_it_is(tmp_path, uncased_vocab, tiny_classifier_setup, capsys):
     """Not UTF-8: GBK only where the bytes are Chinese, Latin-1 where they are Western text; said in the warning
     or --strict error, and in the error when most lines are not UTF-8 (not "the vocab was made for another
     language")."""
@@ -674,4 +674,6 @@ def test_a_gbk_or_latin1_corpus_is_named_as_what_it_is(tmp_path, uncased_vocab, 
     args = ["prepare", latin1, "--vocab", uncased_vocab, "--out", tmp_path / "out", "--strict"]
     err = assert_one_line_error_in_process(args, f"{latin1}:2: not valid UTF-8", "it looks like Latin-1 (ISO-8859-1)")
     assert "iconv -f LATIN1 -t UTF-8" in err and "GBK" not in err
+    args = ["fill-mask", tiny_classifier_setup[0], "--input", latin1]
+    assert_one_line_error_in_process(args, f"--input {latin1}:2: not valid UTF-8", "it looks like Latin-1")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gbk.txt", "latin1.txt"]
