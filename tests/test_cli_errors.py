@@ -660,6 +660,17 @@ def test_a_utf16_corpus_is_named_not_called_binary(tmp_path, uncased_vocab, code
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
 
 
+def test_a_vocab_with_a_byte_order_mark_is_refused(tmp_path, english_corpus, uncased_vocab, capsys):
+    """A vocab.txt is copied into every checkpoint, which transformers reads as UTF-8 without a mark."""
+    tokens = uncased_vocab.read_text(encoding="utf-8")
+    for codec, needle in (("utf-16", "is UTF-16LE text, not UTF-8"), ("utf-8-sig", "starts with a UTF-8 byte-order")):
+        vocab = tmp_path / "vocab.txt"
+        vocab.write_bytes(tokens.encode(codec))
+        args = ["prepare", english_corpus, "--vocab", vocab, "--out", tmp_path / "data"]
+        assert_one_line_error_in_process(args, f"vocab file {vocab} {needle}")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["vocab.txt"]
+
+
 def test_a_gbk_or_latin1_corpus_is_named_as_what_it_is(tmp_path, uncased_vocab, tiny_classifier_setup, capsys):
     """Not UTF-8: GBK only where the bytes are Chinese, Latin-1 where they are Western text; said in the warning
     or --strict error, and in the error when most lines are not UTF-8 (not "the vocab was made for another

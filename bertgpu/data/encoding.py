@@ -113,14 +113,22 @@ def not_utf8(data: bytes, start: int, path: Path | str) -> str:
     return f"it looks like {description}: {convert_hint(path, name or 'ENCODING')}"
 
 
-def decode_text(data: bytes, path: Path | str, what: str = "") -> str:
+def decode_text(data: bytes, path: Path | str, what: str = "", marks: bool = True) -> str:
     """A whole file's text: UTF-8 (its byte-order mark dropped), or UTF-16/UTF-32 with a byte-order mark;
     anything else is a UserError naming the encoding it looks like and how to convert it (``what``: the
-    file's role, said before its name)."""
+    file's role, said before its name). ``marks=False``: a byte-order mark is an error too (a vocab.txt is
+    copied into checkpoints, whose readers take UTF-8 without one)."""
     from ..errors import UserError
 
     where = f"{what} {path}".strip()
     bom = wide_bom(data)
+    if not marks and (bom is not None or data.startswith(UTF8_BOM)):
+        if bom is None:
+            raise UserError(
+                f"{where} starts with a UTF-8 byte-order mark, which transformers reads as part of its first "
+                "token: remove it"
+            )
+        raise UserError(f"{where} is {bom[1]} text, not UTF-8 (which transformers reads); {convert_hint(path, bom[1])}")
     if bom is not None:
         codec, name, length = bom
         try:

@@ -43,7 +43,7 @@ def load_vocab(path: str | os.PathLike) -> list[str]:
         raise UserError(f"vocab file {path} does not exist") from None
     except OSError as e:
         raise UserError(f"vocab file {path} cannot be read: {e.strerror}") from None
-    text = decode_text(data, path, "vocab file")
+    text = decode_text(data, path, "vocab file", marks=False)
     tokens = [t.removesuffix("\r") for t in text.split("\n")]
     if tokens and tokens[-1] == "":
         tokens.pop()  # the final newline
