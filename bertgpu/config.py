@@ -1115,6 +1115,10 @@ def from_dict(cls: type, d: dict[str, Any]) -> Any:
 
 _DATA_FILE = "a .csv or .tsv file with a header row, or a .jsonl file (one JSON object per line); .gz allowed"
 _FORMAT_HELP = "file format, when the extension does not tell"
+_DELIMITER_HELP = (
+    "the character between the fields of a CSV file: , ; | or tab (default: a comma, or else the one "
+    "that splits the first lines into as many fields as the header, detected and said)"
+)
 _TEXT_HELP = "column holding the text"
 _PAIR_HELP = "column holding the second text of sentence-pair tasks"
 _LABEL_HELP = "column holding the label (names or integers)"
@@ -1280,6 +1284,7 @@ class FinetuneConfig:
     pair_column: str = opt("", _PAIR_HELP)
     label_column: str = opt("label", _LABEL_HELP)
     format: str | None = opt(None, _FORMAT_HELP, choices=["csv", "tsv", "jsonl"])
+    delimiter: str = opt("", _DELIMITER_HELP)
     out: str = opt(
         "",
         "output directory: checkpoints/, best/ (the final classifier), metrics.json, log.jsonl, tensorboard/",
@@ -1346,6 +1351,7 @@ class EvaluateConfig:
     pair_column: str = opt("", _PAIR_HELP + _SAVED_COLUMN.format("none"))
     label_column: str = opt("", _LABEL_HELP + _SAVED_COLUMN.format("label"))
     format: str | None = opt(None, _FORMAT_HELP, choices=["csv", "tsv", "jsonl"])
+    delimiter: str = opt("", _DELIMITER_HELP)
     output: str = opt("", "where to write the metrics as JSON (default: eval_results.json in --model)")
     batch_size: int = opt(32, "examples per process per forward pass")
     max_seq_length: int = opt(0, "tokens per example at most (0: the length the model was fine-tuned with)")
@@ -1405,6 +1411,7 @@ class PredictConfig:
     text_column: str = opt("", _TEXT_HELP + " (with --input)" + _SAVED_COLUMN.format("text"))
     pair_column: str = opt("", _PAIR_HELP + " (with --input)" + _SAVED_COLUMN.format("none"))
     format: str | None = opt(None, _FORMAT_HELP + " (of --input)", choices=["csv", "tsv", "jsonl"])
+    delimiter: str = opt("", _DELIMITER_HELP + " (of --input)")
     batch_size: int = opt(32, "examples per forward pass")
     max_seq_length: int = opt(0, "tokens per example at most (0: the length the model was fine-tuned with)")
     device: str = opt("auto", "where to run", choices=_DEVICE_CHOICES)

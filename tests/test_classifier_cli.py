@@ -147,3 +147,24 @@ def test_predict_a_batch_from_a_file_or_standard_input(from_preset, reviews, tmp
     run_cli("predict", "--model", out, "--input", reviews["test"], "--output", written, "--device", "cpu")
     header = written.read_text(encoding="utf-8").splitlines()[0].split("\t")
     assert header == ["sentiment", "review", "prediction", "probability"]
+
+
+def test_evaluate_and_predict_read_a_semicolon_csv_and_say_so(from_preset, reviews, tmp_path):
+    """The test reviews saved with ';' between fields (as a spreadsheet in a decimal-comma locale saves
+    them): the same metrics and predictions as the comma file, and one line saying how the file was read."""
+    out = from_preset[0]
+    with open(reviews["test"], encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))
+    semicolons = tmp_path / "test.csv"
+    with open(semicolons, "w", encoding="utf-8", newline="") as f:
+        csv.writer(f, delimiter=";").writerows(rows)
+    note = (
+        f"bertgpu: warning: {semicolons}: its fields are separated by semicolons, not commas: read so (--delimiter ';')"
+    )
+    comma = run_cli("evaluate", "--model", out, "--data", reviews["test"], "--output", tmp_path / "a.json", "--json")
+    proc = run_cli("evaluate", "--model", out, "--data", semicolons, "--output", tmp_path / "b.json", "--json")
+    assert note in proc.stderr.splitlines()
+    assert {**json.loads(proc.stdout), "data": ""} == {**json.loads(comma.stdout), "data": ""}
+    args = ("--model", out, "--device", "cpu", "--input")
+    proc = run_cli("predict", *args, semicolons)
+    assert proc.stdout == run_cli("predict", *args, reviews["test"]).stdout and note in proc.stderr.splitlines()

@@ -281,6 +281,12 @@ def prepare(
             why = "".join(f"; {message}" for message in reader.warnings)
             raise UserError(f"no tokens in {', '.join(map(str, inputs))}: the corpus is empty{why}")
         share = meta["unk_tokens"] / meta["tokens"]
+        if share > max_unk_share and 2 * reader.bad_lines >= reader.lines_read:  # the encoding is what is wrong
+            raise UserError(
+                f"{reader.bad_lines:,} of the {reader.lines_read:,} lines of {', '.join(map(str, inputs))} are not "
+                f"valid UTF-8 (first at {reader.first_bad}; {reader.first_bad_hint}), so {share:.1%} of the tokens "
+                "read are [UNK]"
+            )
         if share > max_unk_share:
             raise UserError(
                 f"{share:.1%} of the {meta['tokens']:,} tokens of {', '.join(map(str, inputs))} are [UNK] with "

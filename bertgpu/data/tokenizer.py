@@ -26,6 +26,7 @@ from .. import atomic
 from ..errors import UserError
 from ..paths import refuse_clobbering
 from .corpus import CorpusReader, resolve_inputs
+from .encoding import decode_text
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _UNUSED = 99  # bert-base-uncased: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103
@@ -42,11 +43,7 @@ def load_vocab(path: str | os.PathLike) -> list[str]:
         raise UserError(f"vocab file {path} does not exist") from None
     except OSError as e:
         raise UserError(f"vocab file {path} cannot be read: {e.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise UserError(f"{path}:{line}: vocab file is not valid UTF-8") from None
+    text = decode_text(data, path, "vocab file", marks=False)
     tokens = [t.removesuffix("\r") for t in text.split("\n")]
     if tokens and tokens[-1] == "":
         tokens.pop()  # the final newline

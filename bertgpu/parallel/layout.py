@@ -94,4 +94,6 @@ def check_pipeline(
     if parallel.balance == "auto":
         raise UserError("--balance auto does not work with --pp (the stages of a step wait on each other): drop it")
     if adapter is not None and adapter.enabled:
-        raise UserError("--lora and --quantize do not work with --pp: shard the frozen encoder with --strategy fsdp")
+        raise UserError(
+            "--lora-rank and --quantize do not work with --pp: shard the frozen encoder with --strategy fsdp"
+        )

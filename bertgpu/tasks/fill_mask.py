@@ -16,6 +16,7 @@ import torch
 from .. import architectures, hf_dir
 from ..classifier import model_lowercase, model_vocab
 from ..config import FillMaskConfig, ModelConfig
+from ..data.encoding import decode_text
 from ..data.tokenizer import Tokenizer
 from ..errors import UserError
 from ..model import BertForPreTraining
@@ -83,9 +84,10 @@ def texts_of(cfg: FillMaskConfig) -> list[str]:
         lines = sys.stdin.read().splitlines()
     else:
         try:
-            lines = Path(cfg.input).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"--input {cfg.input}: {getattr(e, 'strerror', None) or e}") from None
+            data = Path(cfg.input).read_bytes()
+        except OSError as e:
+            raise UserError(f"--input {cfg.input}: {e.strerror or e}") from None
+        lines = decode_text(data, cfg.input, "--input").splitlines()
     texts = [line.strip() for line in lines if line.strip()]
     if not texts:
         raise UserError(f"--input {cfg.input} holds no text")

@@ -37,7 +37,7 @@ from ..data.classification import (
 )
 from ..data.sharing import shares_of
 from ..data.tokenizer import Tokenizer, load_vocab, vocab_is_cased
-from ..errors import UserError
+from ..errors import UserError, did_you_mean
 from ..model import BertForSequenceClassification
 from ..parallel import launch
 from ..parallel.dims import ParallelDims
@@ -94,6 +94,11 @@ def check(cfg: FinetuneConfig) -> Plan:
         model_dir, base, vocab = None, *_preset(cfg)
         lowercase = not vocab_is_cased(vocab)
     else:
+        if not Path(cfg.model).exists():
+            raise UserError(
+                f"--model {cfg.model}: no such preset or directory (presets: {', '.join(PRESETS)})"
+                + did_you_mean(cfg.model, PRESETS)
+            )
         if cfg.vocab:
             raise UserError(
                 f"--vocab goes with a preset --model ({', '.join(PRESETS)}); {cfg.model} brings its own vocab.txt"
@@ -113,16 +118,20 @@ def check(cfg: FinetuneConfig) -> Plan:
             )
         lora.check(cfg.adapter, base)
     columns = dict(
-        text_column=cfg.text_column, pair_column=cfg.pair_column or None, label_column=cfg.label_column, fmt=cfg.format
+        text_column=cfg.text_column,
+        pair_column=cfg.pair_column or None,
+        label_column=cfg.label_column,
+        fmt=cfg.format,
+        delimiter=cfg.delimiter,
     )
     train = load_examples(cfg.train, **columns)
     names = label_names(train)
     labels_line, label_warnings = describe_labels(train, names)
-    warnings = [train.skipped_warning(), *label_warnings]
+    warnings = [train.note, train.skipped_warning(), *label_warnings]
     if cfg.eval:
         evaluation = load_examples(cfg.eval, **columns)
         check_labels(evaluation, names, f"the training data {cfg.train}")
-        warnings.append(evaluation.skipped_warning())
+        warnings += [evaluation.note, evaluation.skipped_warning()]
     else:
         train, evaluation = split_examples(train, cfg.eval_split or DEFAULT_EVAL_SPLIT, cfg.run.seed)
     id2label = dict(enumerate(names))

@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from .. import atomic
-from ..classifier import COLUMNS, Classifier, classifier_dir, finetuned_columns
+from ..classifier import COLUMNS, Classifier, classifier_dir, finetuned_columns, not_a_classifier
 from ..config import EvaluateConfig, PredictConfig
 from ..data.classification import (
     ClassificationDataset,
@@ -45,12 +45,11 @@ def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
     and where the metrics go; UserError on any mistake."""
     model_dir, config = check_model_dir(cfg.model)
     if not config.id2label:
-        raise UserError(
-            f"{model_dir} is not a classifier: its config.json has no id2label "
-            f"(fine-tune it first: bertgpu finetune --model {model_dir} ...)"
-        )
+        raise not_a_classifier(model_dir)
     resolve_precision(cfg.precision, torch.device(launch.resolve_device(cfg.device)))
-    examples = load_examples(cfg.data, cfg.text_column, cfg.pair_column or None, cfg.label_column, cfg.format)
+    examples = load_examples(
+        cfg.data, cfg.text_column, cfg.pair_column or None, cfg.label_column, cfg.format, cfg.delimiter
+    )
     names = as_data_labels([config.id2label[i] for i in sorted(config.id2label)], examples)
     check_labels(examples, names, f"the model's labels ({model_dir / 'config.json'})")
     output = Path(cfg.output) if cfg.output else model_dir / "eval_results.json"
@@ -92,6 +91,8 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
         **metrics,
     }
     if env.is_main:
+        if examples.note:
+            print(f"bertgpu: warning: {examples.note}", file=sys.stderr, flush=True)
         if examples.skipped_warning():
             print(f"bertgpu: warning: {examples.skipped_warning()}", file=sys.stderr, flush=True)
         if cfg.json:
@@ -225,10 +226,14 @@ def _read_input(cfg: PredictConfig) -> Table:
     input, ``-``, unless --format names a table format)."""
     if cfg.input == "-":
         text = sys.stdin.read()
-        return read_table("-", cfg.format, text) if cfg.format else read_lines("(standard input)", text)
-    if not cfg.format and Path(cfg.input).name.lower().removesuffix(".gz").endswith(".txt"):
-        return read_lines(cfg.input)
-    return read_table(cfg.input, cfg.format)
+        table = read_table("-", cfg.format, text, cfg.delimiter) if cfg.format else read_lines("(standard input)", text)
+    elif not cfg.format and Path(cfg.input).name.lower().removesuffix(".gz").endswith(".txt"):
+        table = read_lines(cfg.input)
+    else:
+        table = read_table(cfg.input, cfg.format, delimiter=cfg.delimiter)
+    if table.note:
+        print(f"bertgpu: warning: {table.note}", file=sys.stderr, flush=True)
+    return table
 
 
 def _render(table: Table, predictions: dict[int, tuple[str, float]], fmt: str, compress: bool) -> bytes:

@@ -41,7 +41,7 @@ from ..data.pretraining import (
 )
 from ..data.shards import ShardedCorpus, warn_if_unknown
 from ..data.tokenizer import load_vocab, vocab_sha256
-from ..errors import UserError
+from ..errors import UserError, did_you_mean
 from ..model import BertForPreTraining, use_fused_qkv, use_varlen_attention
 from ..parallel import launch
 from ..parallel.compression import describe as describe_compression
@@ -97,9 +97,10 @@ def check(cfg: PretrainConfig) -> Plan:
     else:
         path = Path(model)
         if not path.exists():
+            presets = architectures.presets(cfg.arch)
             raise UserError(
-                f"--model {model}: not a preset ({', '.join(architectures.presets(cfg.arch))}) and no such file "
-                "or directory"
+                f"--model {model}: no such preset, file or directory (presets: {', '.join(presets)})"
+                + did_you_mean(model, presets)
             )
         mcfg = ModelConfig.load(path)
         if cfg.arch == "modernbert":
