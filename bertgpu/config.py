@@ -537,9 +537,17 @@ class DataConfig:
     loader_workers: int = opt(2, "DataLoader worker processes per training process (0: in-process)")
     pack: bool = opt(
         False,
-        "with --no-nsp: fill every sequence with consecutive sentences across document "
-        "boundaries ([SEP] between documents), as RoBERTa and run_mlm do, instead of one "
-        "document chunk per sequence (most of it padding on corpora of short documents)",
+        "with --no-nsp: fill every sequence with the corpus's documents in order, a document that does not "
+        "fit continuing in the next sequence (no row more than a few tokens short), instead of one document chunk "
+        "per sequence (most of it padding on corpora of short documents)",
+    )
+    pack_attention: str = opt(
+        "document",
+        "with --pack: document: each document of a row is [CLS] text [SEP] with positions from 0, and attends "
+        "to itself only (a block-diagonal mask; flash attention's variable-length kernel on a GPU), as MLPerf's "
+        "packed BERT; row: the documents are joined by one [SEP] and every token attends to the whole row, "
+        "as RoBERTa's FULL-SENTENCES",
+        choices=["document", "row"],
     )
 
     def __post_init__(self) -> None:

@@ -47,7 +47,7 @@ from ..parallel import launch
 from ..parallel.compression import describe as describe_compression
 from ..parallel.layout import check_layout
 from ..paths import refuse_clobbering
-from ..step import LOG_SUMS, MODEL_INPUTS, drop_full_mask, pretraining_loss, pretraining_objective
+from ..step import LOG_SUMS, MODEL_INPUTS, drop_full_mask, pretraining_loss, pretraining_objective, real_tokens
 from ..training import (
     Sums,
     Throughput,
@@ -475,7 +475,7 @@ def train_step(
         micro,
         MODEL_INPUTS,
         lambda outputs, mb: loss_and_sums(outputs, mb)[0],
-        lambda outputs, mb: loss_and_sums(outputs, mb, mb["attention_mask"].sum())[1],
+        lambda outputs, mb: loss_and_sums(outputs, mb, real_tokens(mb["attention_mask"]))[1],
         zeros,
         context=run.forward_context,
         scale=run.scaler.scale,
