@@ -880,7 +880,8 @@ class PretrainConfig:
         "for long sequences). Its attention: on CUDA FlexAttention block masks (blocks outside the window skipped); "
         "elsewhere SDPA, the local layers with one L x L band mask per forward pass below 1024 tokens and block by "
         "block (2 x 128 queries against 256 keys each) from 1024 on, so no L x L mask is held there; global layers "
-        "only ever get a key-padding mask. A directory's own architecture is kept",
+        "get a key-padding mask (with --pack's per-document attention, the documents' block-diagonal mask). A "
+        "directory's own architecture is kept",
         choices=["bert", "modernbert"],
     )
     out: str = opt("", "run directory (checkpoints, logs, TensorBoard events)", required=True)

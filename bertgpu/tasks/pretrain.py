@@ -355,6 +355,8 @@ def build_model(cfg: PretrainConfig, plan: Plan, resume_from: Path | None) -> Be
     model = architectures.pretraining_model(plan.model_config, pad_vocab_multiple=cfg.pad_vocab_multiple)
     if resume_from is not None or plan.init_from is not None:
         hf_dir.load_weights(model, resume_from or plan.init_from)
+    if cfg.data.pack and cfg.data.pack_attention == "document":  # the rows' masks number their documents
+        architectures.use_document_attention(model)
     if not isinstance(model, BertForPreTraining):  # ModernBERT: no pooler, no NSP head
         return architectures.prefer_flex_attention(model, cfg.run.device)
     if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
