@@ -19,6 +19,11 @@ Per epoch, from prepared shards:
    takes every dp-th instance of each (as DistributedSampler does) and splits its share into
    micro-batches, so step k trains on the same instances whatever the number of processes or
    accumulation steps.
+
+With ``--pack`` (MLM only), step 1 is ``build_packed_spans`` instead: rows that hold the corpus's tokens
+in order, a document cut at a row's end continuing in the next, the same rows every epoch; step 2
+encodes each document piece of a row as ``[CLS] text [SEP]`` and numbers the pieces in
+``attention_mask`` (1, 2, ...; 0 on padding), from which the model keeps attention within each document.
 """
 
 from __future__ import annotations
