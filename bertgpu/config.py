@@ -544,7 +544,8 @@ class DataConfig:
     pack_attention: str = opt(
         "document",
         "with --pack: document: each document of a row is [CLS] text [SEP] with positions from 0, and attends "
-        "to itself only (a block-diagonal mask; flash attention's variable-length kernel on a GPU), as MLPerf's "
+        "to itself only (a block-diagonal mask; on a GPU one sequence per document in flash attention's "
+        "variable-length kernel for BERT, FlexAttention's block mask for ModernBERT), as MLPerf's "
         "packed BERT; row: the documents are joined by one [SEP] and every token attends to the whole row, "
         "as RoBERTa's FULL-SENTENCES",
         choices=["document", "row"],
