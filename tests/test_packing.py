@@ -278,6 +278,8 @@ def test_bert_two_phases_128_then_512_from_the_first_checkpoint(tmp_path, review
     assert record["tokens_per_s"] / record["seq_per_s"] >= 0.95 * 512  # 512-token rows, nearly full
     config = json.loads((phase2 / "checkpoints" / "step-0000001" / "config.json").read_text())
     assert config["max_position_embeddings"] == 512
+    card = (phase2 / "checkpoints" / "step-0000001" / "README.md").read_text()
+    assert "| recipe | bert: packed sequences, attention within each document, dropout as the model config |" in card
     first, second = last_checkpoint(phase1), last_checkpoint(phase2)
     assert worst_difference(first, second) <= 1e-6
     fresh = bert(ShardedCorpus(reviews_data).vocab_size, 512).state_dict()
