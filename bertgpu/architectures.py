@@ -61,6 +61,19 @@ def pretraining_model(config: Any, pad_vocab_multiple: int = 1) -> nn.Module:
     return BertForPreTraining(config, pad_vocab_multiple=pad_vocab_multiple)
 
 
+def use_document_attention(model: nn.Module, on: bool = True) -> nn.Module:
+    """Let ``model`` read ``attention_mask`` as document numbers (a --pack row's: 1, 2, ... per document, 0 on
+    padding) and keep each token's attention within its document (``BertModel.documents``,
+    ``ModernBertModel.documents``), or (``on`` False) as the 0/1 key padding again."""
+    from .model import BertModel
+    from .modernbert import ModernBertModel
+
+    for module in model.modules():
+        if isinstance(module, (BertModel, ModernBertModel)):
+            module.documents = on
+    return model
+
+
 def prefer_flex_attention(model: nn.Module, device: str) -> nn.Module:
     """A ModernBERT on CUDA attends through FlexAttention (block masks: the blocks outside a local layer's
     window are skipped, no L x L mask is held), where this torch has it; elsewhere through SDPA."""

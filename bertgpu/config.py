@@ -537,9 +537,18 @@ class DataConfig:
     loader_workers: int = opt(2, "DataLoader worker processes per training process (0: in-process)")
     pack: bool = opt(
         False,
-        "with --no-nsp: fill every sequence with consecutive sentences across document "
-        "boundaries ([SEP] between documents), as RoBERTa and run_mlm do, instead of one "
-        "document chunk per sequence (most of it padding on corpora of short documents)",
+        "with --no-nsp: fill every sequence with the corpus's documents in order, a document that does not "
+        "fit continuing in the next sequence (no row more than a few tokens short), instead of one document chunk "
+        "per sequence (most of it padding on corpora of short documents)",
+    )
+    pack_attention: str = opt(
+        "document",
+        "with --pack: document: each document of a row is [CLS] text [SEP] with positions from 0, and attends "
+        "to itself only (a block-diagonal mask; on a GPU one sequence per document in flash attention's "
+        "variable-length kernel for BERT, FlexAttention's block mask for ModernBERT), as MLPerf's "
+        "packed BERT; row: the documents are joined by one [SEP] and every token attends to the whole row, "
+        "as RoBERTa's FULL-SENTENCES",
+        choices=["document", "row"],
     )
 
     def __post_init__(self) -> None:
@@ -872,7 +881,8 @@ class PretrainConfig:
         "for long sequences). Its attention: on CUDA FlexAttention block masks (blocks outside the window skipped); "
         "elsewhere SDPA, the local layers with one L x L band mask per forward pass below 1024 tokens and block by "
         "block (2 x 128 queries against 256 keys each) from 1024 on, so no L x L mask is held there; global layers "
-        "only ever get a key-padding mask. A directory's own architecture is kept",
+        "get a key-padding mask (with --pack's per-document attention, the documents' block-diagonal mask). A "
+        "directory's own architecture is kept",
         choices=["bert", "modernbert"],
     )
     out: str = opt("", "run directory (checkpoints, logs, TensorBoard events)", required=True)

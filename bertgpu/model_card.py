@@ -180,7 +180,10 @@ def _lr(lr: Any) -> str:
 
 def _recipe(cfg: dict[str, Any]) -> str:
     """``fast: packed sequences, dropout 0`` (docs/pretrain.md: The fast recipe)."""
-    layout = "packed sequences" if cfg["data"].get("pack") else "one document per sequence"
+    layout = "one document per sequence"
+    if cfg["data"].get("pack"):  # a run saved before --pack-attention attended across its row
+        within = cfg["data"].get("pack_attention", "row") == "document"
+        layout = "packed sequences" + (", attention within each document" if within else "")
     dropout = "as the model config" if cfg.get("dropout") is None else f"{cfg['dropout']:g}"
     return f"{cfg.get('recipe', 'bert')}: {layout}, dropout {dropout}"
 

@@ -47,7 +47,7 @@ from ..parallel import launch
 from ..parallel.compression import describe as describe_compression
 from ..parallel.layout import check_layout
 from ..paths import refuse_clobbering
-from ..step import LOG_SUMS, MODEL_INPUTS, drop_full_mask, pretraining_loss, pretraining_objective
+from ..step import LOG_SUMS, MODEL_INPUTS, drop_full_mask, pretraining_loss, pretraining_objective, real_tokens
 from ..training import (
     Sums,
     Throughput,
@@ -59,6 +59,7 @@ from ..training import (
     peak_flops,
 )
 from .common import LoopState, Records, TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
+from .model_dirs import model_directory
 
 
 @dataclass
@@ -102,6 +103,8 @@ def check(cfg: PretrainConfig) -> Plan:
                 f"--model {model}: no such preset, file or directory (presets: {', '.join(presets)})"
                 + did_you_mean(model, presets)
             )
+        if path.is_dir():  # a pretraining run: its newest checkpoint (BERT's second phase starts from the first's)
+            path = model_directory(model)
         mcfg = ModelConfig.load(path)
         if cfg.arch == "modernbert":
             architectures.check_arch(cfg.arch, mcfg, f"--model {model}")
@@ -369,6 +372,8 @@ def build_model(cfg: PretrainConfig, plan: Plan, resume_from: Path | None) -> Be
     model = architectures.pretraining_model(plan.model_config, pad_vocab_multiple=cfg.pad_vocab_multiple)
     if resume_from is not None or plan.init_from is not None:
         hf_dir.load_weights(model, resume_from or plan.init_from)
+    if cfg.data.pack and cfg.data.pack_attention == "document":  # the rows' masks number their documents
+        architectures.use_document_attention(model)
     if not isinstance(model, BertForPreTraining):  # ModernBERT: no pooler, no NSP head
         return architectures.prefer_flex_attention(model, cfg.run.device)
     if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
@@ -400,7 +405,7 @@ def start_line(
             f"; the global batch changed from {run.state['global_batch']} to {global_batch}: continuing at "
             f"instance {loop.instance:,} of epoch {loop.epoch}"
         )
-    how = "starting"
+    how = "starting" if plan.init_from is None else f"starting from the weights of {plan.init_from}"
     if run.resume_from:
         how = f"resuming from {run.resume_from} at step {loop.step}{run.layout_change()}{moved}"
     held = f", evaluated on {len(eval_set):,} instances of {eval_set.where}" if eval_set is not None else ""
@@ -489,7 +494,7 @@ def train_step(
         micro,
         MODEL_INPUTS,
         lambda outputs, mb: loss_and_sums(outputs, mb)[0],
-        lambda outputs, mb: loss_and_sums(outputs, mb, mb["attention_mask"].sum())[1],
+        lambda outputs, mb: loss_and_sums(outputs, mb, real_tokens(mb["attention_mask"]))[1],
         zeros,
         context=run.forward_context,
         scale=run.scaler.scale,
