@@ -287,3 +287,17 @@ def test_bert_two_phases_128_then_512_from_the_first_checkpoint(tmp_path, review
         fresh["bert.encoder.layer.0.attention.output.dense.weight"]
         - second["bert.encoder.layer.0.attention.output.dense.weight"]
     ).abs().max() > 1e-2
+
+
+def test_resuming_a_run_packed_by_an_older_bertgpu_says_its_rows_differ(tmp_path, reviews_data):
+    """A --pack checkpoint whose bertgpu.json predates --pack-attention (rows cut at sentence ends then) cannot go
+    on over the same rows: the resume says so in one line instead of pretending to be exact."""
+    run = tmp_path / "run"
+    run_cli("pretrain", "--data", reviews_data, "--out", run, *PACKED_RUN, "--batch-size", "8")
+    saved = run / "checkpoints" / "step-0000003" / "bertgpu.json"
+    config = json.loads(saved.read_text())
+    del config["config"]["data"]["pack_attention"]
+    saved.write_text(json.dumps(config))
+    flags = [*PACKED_RUN[: PACKED_RUN.index("--steps")], "--steps", "4", *PACKED_RUN[PACKED_RUN.index("--steps") + 2 :]]
+    proc = run_cli("pretrain", "--data", reviews_data, "--out", run, *flags, "--batch-size", "8", "--resume")
+    assert "was packed by an older bertgpu" in proc.stderr, proc.stderr

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,7 +139,25 @@ def check(cfg: PretrainConfig) -> Plan:
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.run.resume else None
     if resume_from is not None:
         _check_same_vocab(resume_from, corpus, cfg.data.data)
+        _warn_if_packed_by_an_older_bertgpu(resume_from, cfg)
     return Plan(mcfg, init_from, corpus)
+
+
+def _warn_if_packed_by_an_older_bertgpu(checkpoint_dir: Path, cfg: PretrainConfig) -> None:
+    """A --pack run saved before rows were filled to the brim (no data.pack_attention in its bertgpu.json) goes
+    on over rows cut another way: it cannot resume exactly, so say so rather than pretend."""
+    try:
+        saved = json.loads((checkpoint_dir / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))["config"]["data"]
+    except (OSError, KeyError, ValueError, TypeError):
+        return
+    if cfg.data.pack and saved.get("pack") and "pack_attention" not in saved:
+        print(
+            f"bertgpu: warning: {checkpoint_dir} was packed by an older bertgpu (rows cut at sentence ends, attention "
+            "across documents); the run goes on over today's packed rows, so its data order from here differs "
+            "from what the old version would have trained",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def heldout_split(
