@@ -59,6 +59,12 @@ def test_a_preset_fine_tunes_from_random_weights_with_the_widths_lr(from_preset,
     assert finetune_lr(256) == 1.8e-4 and finetune_lr(512) == 4.5e-5
     assert "lr 7.2e-4: the default for hidden size 128 (2e-5 x (768 / 128)^2" in stdout
     assert "peak lr 0.00072" in stdout
+    # The run ends with the best epoch's evaluation by label, the per-epoch lines staying short.
+    metrics = json.loads((out / "metrics.json").read_text())["best"]
+    table = stdout[stdout.index("on the evaluation data by label (f1: binary (positive)):") :].splitlines()[1:4]
+    assert [line.split()[0] for line in table] == ["label", "negative", "positive"]
+    assert table[2].split()[-1] == str(metrics["eval_per_class"]["positive"]["support"])
+    assert all(" eval | " not in line or "precision" not in line for line in stdout.splitlines())
     config = json.loads((out / "best" / "config.json").read_text())
     assert config["vocab_size"] == len(load_vocab(small_uncased_vocab)) and config["hidden_size"] == 128
     assert (out / "best" / "vocab.txt").read_bytes() == small_uncased_vocab.read_bytes()

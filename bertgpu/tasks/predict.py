@@ -37,7 +37,7 @@ from ..paths import refuse_clobbering
 from ..training import console_is_tty, resolve_precision
 from .common import run_local_workers
 from .model_dirs import check_model_dir
-from .sharded_eval import compute_metrics, predict_logits
+from .sharded_eval import compute_metrics, describe_f1, missing_labels_warning, per_class_table, predict_logits
 
 
 def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
@@ -80,26 +80,29 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     )
     precision = resolve_precision(cfg.precision, env.device)
     metrics = compute_metrics(
-        predict_logits(clf.model, dataset, cfg.batch_size, dims, env.device, precision), dataset.labels
+        predict_logits(clf.model, dataset, cfg.batch_size, dims, env.device, precision), dataset.labels, clf.labels
     )
     result = {
         "model": str(cfg.model),
         "data": str(cfg.data),
         "labels": clf.labels,
-        "f1_average": f"binary ({clf.labels[1]})" if len(clf.labels) == 2 else "macro",
+        "f1_average": describe_f1(metrics, clf.labels),
         "max_seq_length": clf.max_seq_length,
         "skipped_rows": len(examples.skipped),
         **metrics,
     }
     if env.is_main:
-        if examples.skipped_warning():
-            print(f"bertgpu: warning: {examples.skipped_warning()}", file=sys.stderr, flush=True)
+        for warning in (examples.skipped_warning(), missing_labels_warning(metrics, str(cfg.data))):
+            if warning:
+                print(f"bertgpu: warning: {warning}", file=sys.stderr, flush=True)
         if cfg.json:
             print(json.dumps(result, ensure_ascii=False), flush=True)
         else:
             print(
                 f"{cfg.data}: {metrics['examples']} examples | loss {metrics['loss']:.4f} | "
                 f"accuracy {metrics['accuracy']:.4f} | f1 {metrics['f1']:.4f} ({result['f1_average']})",
+                *per_class_table(metrics),
+                sep="\n",
                 flush=True,
             )
         atomic.write_json(output, result)
