@@ -102,3 +102,28 @@ def test_evaluate_prints_and_writes_each_labels_metrics_and_warns_of_absent_labe
         run_cli("evaluate", "--model", four_label_classifier, "--data", test, "--device", "cpu", "--json").stdout
     )
     assert as_json["per_class"] == per_class and as_json["f1_average"] == written["f1_average"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Warnings before the work starts, one line each.
+
+
+def warning_lines(stderr: str, part: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("bertgpu: warning:") and part in line]
+
+
+TINY_PRETRAIN = ["--model", "tiny", "--device", "cpu", "--loader-workers", "0", "--steps", "1"]
+
+
+def test_more_processes_than_cores_is_warned_of_once(tmp_path, monkeypatch, small_english_data):
+    """--nproc 2 where this process may run on one core (as `taskset -c 0` leaves it)."""
+    import os
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    run = run_cli("pretrain", "--data", small_english_data, "--out", tmp_path / "run", *TINY_PRETRAIN, "--nproc", 2)
+    (line,) = warning_lines(run.stderr, "core")
+    assert line == (
+        "bertgpu: warning: --nproc 2 starts 2 processes on 1 CPU core(s): each gets less than a core and they "
+        "wait on each other at every step; use --nproc 1 at most (--grad-accum keeps the global batch)"
+    )
+    assert "2 processes = dp 2" in run.stdout

@@ -42,7 +42,7 @@ from ..parallel import ParallelModel, launch, parallelize
 from ..parallel.balance import Balancer
 from ..parallel.balance import describe as describe_balance
 from ..parallel.compression import Compression
-from ..parallel.layout import check_layout
+from ..parallel.layout import check_layout, cpu_oversubscription
 from ..parallel.rng import gather_rng_states, restore_rng_state
 from ..training import (
     LaggedFlags,
@@ -114,6 +114,16 @@ def announce_resume(
             flush=True,
         )
     return False
+
+
+def warn_before_start(cfg: TrainingConfig) -> None:
+    """The warnings of a training run's set-up that hold for each machine, printed once on it before any
+    process starts (not again on a restart): more processes than cores."""
+    if launch.restart_count() > 0 or int(os.environ.get("LOCAL_RANK", 0)) != 0:
+        return
+    for message in (cpu_oversubscription(cfg),):
+        if message:
+            print(f"bertgpu: warning: {message}", file=sys.stderr, flush=True)
 
 
 def resolve_device(cfg: Any) -> Any:

@@ -51,7 +51,16 @@ from ..training import (
     format_duration,
     format_rate,
 )
-from .common import LoopState, Records, TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
+from .common import (
+    LoopState,
+    Records,
+    TrainingRun,
+    announce_resume,
+    check_out_dir,
+    resolve_device,
+    run_workers,
+    warn_before_start,
+)
 from .model_dirs import check_model_dir
 from .sharded_eval import compute_metrics, describe_f1, per_class_table, predict_logits
 
@@ -219,6 +228,7 @@ def run_finetune(cfg: FinetuneConfig) -> None:
             cfg.group_by_length,
             _adapter_record(cfg, plan),
         )
+    warn_before_start(cfg)
     run_workers(train, cfg)
 
 

@@ -58,7 +58,16 @@ from ..training import (
     format_rate,
     peak_flops,
 )
-from .common import LoopState, Records, TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
+from .common import (
+    LoopState,
+    Records,
+    TrainingRun,
+    announce_resume,
+    check_out_dir,
+    resolve_device,
+    run_workers,
+    warn_before_start,
+)
 
 
 @dataclass
@@ -188,6 +197,7 @@ def run(cfg: PretrainConfig) -> None:
         finished = lambda state: state["step"] >= cfg.optim.steps  # noqa: E731
     if announce_resume(cfg, *length, finished):
         return
+    warn_before_start(cfg)
     run_workers(train, cfg)
 
 
