@@ -295,6 +295,7 @@ def train(cfg: FinetuneConfig) -> Path:
 
     model = build_model(cfg, plan, run)
     trainable, n_params = lora.parameter_counts(model)
+    run.warn_if_batch_too_big(model, plan.model_config, cfg.max_seq_length)
     net = run.parallelize(model, optim.steps, seq_length=cfg.max_seq_length)
     run.build_optimizer(optim, sample_forward=lambda: net(**_sample_batch(train_set, device)))
     window = run.track(LOG_SUMS, "window", "epoch_sums")[0]  # since the last log line, and in the epoch

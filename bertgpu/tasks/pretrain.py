@@ -261,6 +261,7 @@ def train(cfg: PretrainConfig) -> Path:
                 f"--fp8: {len(float8_layers)} linear layers in float8 (torchao), the rest in {run.precision}",
                 flush=True,
             )
+    run.warn_if_batch_too_big(model, plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions)
     net = run.parallelize(model, cfg.optim.steps, compile=cfg.run.compile)
     chosen, why = recipe.choose(cfg, plan.model_config)  # --recipe fast: the lr and warmup for this size
     optim = dataclasses.replace(chosen, lr=chosen.peak_lr(global_batch))
