@@ -180,3 +180,34 @@ def test_more_processes_than_cores_is_warned_of_once(tmp_path, monkeypatch, smal
         "wait on each other at every step; use --nproc 1 at most (--grad-accum keeps the global batch)"
     )
     assert "2 processes = dp 2" in run.stdout
+
+
+def test_prepare_warns_when_the_vocab_splits_the_words_far_more_than_a_fitting_one(
+    tmp_path, english_corpus, uncased_vocab, chinese_corpus
+):
+    """The Python reference through bert-base-uncased's vocab: about 1.1 tokens per English word, no
+    warning. Through a 400-token vocab trained on it (its letters and a few hundred merges), the [UNK]
+    share is 0% yet words break into pieces: one warning line, before the shards are written, which are
+    written all the same. Chinese text is not judged (its characters are tokens of their own)."""
+    from itertools import islice
+
+    from bertgpu.data.corpus import CorpusReader
+    from bertgpu.data.tokenizer import MAX_PIECES_PER_WORD, Tokenizer, pieces_per_word, train_vocab
+
+    proc = run_cli("prepare", english_corpus, "--vocab", uncased_vocab, "--out", tmp_path / "fits", "--workers", 1)
+    assert not warning_lines(proc.stderr, "tokens each"), proc.stderr
+    small = train_vocab([str(english_corpus)], 400, str(tmp_path / "small-vocab.txt"), progress=False)
+    proc = run_cli("prepare", english_corpus, "--vocab", small, "--out", tmp_path / "split", "--workers", 1)
+    (line,) = warning_lines(proc.stderr, "tokens each")
+    ratio = float(line.split("English words into ")[1].split()[0])
+    assert ratio > MAX_PIECES_PER_WORD and "bertgpu vocab" in line
+    meta = json.loads((tmp_path / "split" / "meta.json").read_text())
+    assert (
+        meta["unk_tokens"] == 0
+        and meta["tokens"] > 1.5 * json.loads((tmp_path / "fits" / "meta.json").read_text())["tokens"]
+    )
+
+    fitting = pieces_per_word(Tokenizer(uncased_vocab), list(islice(CorpusReader([english_corpus]).lines(), 2000)))
+    assert 1.0 <= fitting[0] < 1.3 and fitting[1] > 10_000
+    chinese = list(islice(CorpusReader([chinese_corpus]).lines(), 2000))
+    assert pieces_per_word(Tokenizer(uncased_vocab), chinese) == (0.0, 0)

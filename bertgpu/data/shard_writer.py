@@ -17,7 +17,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
-from itertools import chain
+from itertools import chain, islice
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -30,8 +30,9 @@ from ..paths import refuse_clobbering
 from . import sentences, words
 from .corpus import CorpusReader, Document, resolve_inputs
 from .shards import FORMAT, MAX_UNK_SHARE, VERSION, token_dtype
-from .tokenizer import Tokenizer
+from .tokenizer import Tokenizer, fragmentation_warning
 
+FRAGMENTATION_SAMPLE_LINES = 2000  # the lines of the corpus's start that tokenizer.fragmentation_warning judges
 CHUNK_CHARS = 2 * 2**20  # text per work item: large enough to amortize pickling, small enough to stream
 MIN_CHUNK_CHARS = 64 * 2**10  # the smallest work item, at the end of the input (see _tokenized_chunks)
 ENCODE_LINES = 1000  # sentences per encode_batch call inside a work item (see _tokenize_chunk)
@@ -270,6 +271,11 @@ def prepare(
     if zh_wwm:
         words.check_available()
     tokenizer = Tokenizer(vocab, lowercase=lowercase)
+    # Before the work: whether the vocab splits the text's words far more than one made for it (its first lines).
+    sample = list(islice(CorpusReader(paths, text_field=text_field).lines(), FRAGMENTATION_SAMPLE_LINES))
+    message = fragmentation_warning(tokenizer, sample, vocab)
+    if message:
+        warnings.warn(message, stacklevel=2)
     out = Path(os.path.abspath(out_dir))  # absolute, so that even "." has a sibling to build in
     _check_replaceable(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
