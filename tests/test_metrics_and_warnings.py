@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import run_cli, sentiment_reviews
+from conftest import run_cli, sentiment_reviews, write_tiny_bert
 
 from bertgpu.tasks.sharded_eval import compute_metrics, missing_labels_warning, per_class_table
 
@@ -211,3 +211,46 @@ def test_prepare_warns_when_the_vocab_splits_the_words_far_more_than_a_fitting_o
     assert 1.0 <= fitting[0] < 1.3 and fitting[1] > 10_000
     chinese = list(islice(CorpusReader([chinese_corpus]).lines(), 2000))
     assert pieces_per_word(Tokenizer(uncased_vocab), chinese) == (0.0, 0)
+
+
+def test_evaluate_on_prepared_data_says_what_the_data_is_to_the_run(tmp_path, small_english_data, english_corpus):
+    """`evaluate --data` on the run's own training shards is a training loss, and says so in a warning
+    before it starts and in its line (it used to call them "held-out instances"); on the run's --eval-data
+    it says held-out; on other shards, other data; on a model that is no bertgpu run, only instances."""
+    from bertgpu.data.shard_writer import prepare
+
+    lines = english_corpus.read_text(encoding="utf-8").splitlines()
+    half = tmp_path / "half.txt"
+    half.write_text("\n".join(lines[: len(lines) // 2]) + "\n", encoding="utf-8")
+    other = tmp_path / "other-data"
+    prepare([str(half)], str(small_english_data / "vocab.txt"), str(other), workers=1, progress=False)
+    fraction, eval_data = tmp_path / "fraction", tmp_path / "eval-data"
+    FEW = ["--eval-instances", "40"]
+    run_cli("pretrain", "--data", small_english_data, "--out", fraction, *TINY_PRETRAIN, "--eval-fraction", "0.1", *FEW)
+    run_cli("pretrain", "--data", small_english_data, "--out", eval_data, *TINY_PRETRAIN, "--eval-data", other, *FEW)
+
+    def evaluate(model: Path, data: Path) -> tuple[dict, str, str]:
+        output = tmp_path / "metrics.json"
+        proc = run_cli("evaluate", "--model", model, "--data", data, "--eval-instances", "40", "--output", output)
+        return json.loads(output.read_text()), proc.stdout, proc.stderr
+
+    result, stdout, stderr = evaluate(fraction, small_english_data)
+    assert result["data_is"] == "training" and "held-out instances" not in stdout
+    (line,) = warning_lines(stderr, "training loss")
+    assert f"{small_english_data} is the run's training data (it held out " in line
+    assert "documents, --eval-fraction 0.1; these instances come from all): this is a training loss" in line
+    assert "this is a training loss, not a held-out one" in stdout
+    result, stdout, stderr = evaluate(eval_data, other)
+    assert (
+        result["data_is"] == "held-out" and "40 instances of the run's held-out data (its --eval-data, never" in stdout
+    )
+    assert not warning_lines(stderr, "")
+    result, stdout, _ = evaluate(fraction, other)
+    assert (
+        result["data_is"] == "other" and f"other prepared data than the run's --data ({small_english_data})" in stdout
+    )
+    result, stdout, stderr = evaluate(eval_data, small_english_data)
+    assert result["data_is"] == "training" and warning_lines(stderr, "training loss")
+    result, stdout, stderr = evaluate(write_tiny_bert(tmp_path / "hf", small_english_data / "vocab.txt"), other)
+    assert result["data_is"] == "unknown" and stdout.splitlines()[0].endswith("| 40 instances")
+    assert not warning_lines(stderr, "")

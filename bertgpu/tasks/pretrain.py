@@ -284,6 +284,11 @@ def train(cfg: PretrainConfig) -> Path:
         fixed={
             "global_batch": global_batch,
             "heldout_documents": None if heldout is None else torch.from_numpy(heldout),
+            # Which prepared data the run trained and evaluated on: `bertgpu evaluate` says whether its --data is.
+            "data_identity": corpus.identity,
+            "eval_data_identity": (
+                ShardedCorpus(cfg.heldout.eval_data).identity if eval_set is not None and heldout is None else None
+            ),
         },
     )
     run.start(
