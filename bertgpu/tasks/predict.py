@@ -208,12 +208,12 @@ def run_predict(cfg: PredictConfig) -> None:
     skipped = [table.rows[i][0] for i in range(len(inputs)) if i not in predictions]
     if skipped:
         shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
-        print(
-            f"bertgpu: warning: {table.path}: {len(skipped)} row(s) with an empty text left without prediction "
-            f"(lines {shown})",
-            file=sys.stderr,
-            flush=True,
+        what = (
+            "blank line(s) given an empty prediction, to keep the output line by line with the input"
+            if table.format == "lines"
+            else "row(s) with an empty text left without prediction"
         )
+        print(f"bertgpu: warning: {table.path}: {len(skipped)} {what} (lines {shown})", file=sys.stderr, flush=True)
     if not cfg.output:  # a line per row: label, probability and text, tab-separated (empty for a skipped row)
         for i, (text, _) in enumerate(inputs):
             label, score = predictions.get(i, ("", None))
