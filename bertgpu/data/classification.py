@@ -87,12 +87,13 @@ def read_table(path: str | Path, fmt: str | None = None, text: str | None = None
 
 
 def read_lines(path: str | Path, text: str | None = None) -> Table:
-    """Plain text, one text per line (blank lines skipped), as a table of one column, ``text``
-    (``text``: the content, already read, e.g. from standard input)."""
+    """Plain text, one text per line, as a table of one column, ``text`` (``text``: the content, already
+    read, e.g. from standard input). A blank line is a row with an empty text, so that what is written
+    row by row stays line by line with the input."""
     path = Path(path)
     text = _read_text(path) if text is None else text
-    rows = [(number, {"text": line}) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
-    if not rows:
+    rows = [(number, {"text": line}) for number, line in enumerate(text.splitlines(), start=1)]
+    if not any(record["text"].strip() for _, record in rows):
         raise UserError(f"{path} holds no text")
     return Table(path, "lines", ["text"], rows)
 

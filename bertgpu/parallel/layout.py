@@ -6,6 +6,8 @@ any process starts (and again in each process), for pretrain and finetune alike.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..config import AdapterConfig, ModelConfig, TrainingConfig, accumulation
@@ -71,6 +73,29 @@ def check_layout(
             f"({', '.join(map(str, sorted(set(sizes))))}): each step's batch is split into that many equal parts"
         )
     return dims
+
+
+def cpu_oversubscription(cfg: TrainingConfig) -> str | None:
+    """A warning (one line, or None) when a CPU run starts more processes on this machine than it has cores:
+    each process then gets a fraction of a core, and all of them wait on the slowest at every step, so
+    the run is slower than with one process per core (each process already uses its share of the cores'
+    threads: launch.cpu_threads). The cores are those this process may run on (a container's or
+    taskset's share)."""
+    if cfg.run.device != "cpu":
+        return None
+    if launch.launched_externally():  # a torchrun worker: its machine's processes are torchrun's
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        how = f"torchrun starts {local} processes on this machine"
+    else:
+        local = launch.resolve_nproc(cfg.run.nproc, cfg.run.device)
+        how = f"--nproc {local} starts {local} processes"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if local <= cores:
+        return None
+    return (
+        f"{how} on {cores} CPU core(s): each gets less than a core and they wait on each other at every step; "
+        f"use --nproc {cores} at most (--grad-accum keeps the global batch)"
+    )
 
 
 def check_pipeline(

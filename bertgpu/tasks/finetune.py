@@ -51,9 +51,18 @@ from ..training import (
     format_duration,
     format_rate,
 )
-from .common import LoopState, Records, TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
+from .common import (
+    LoopState,
+    Records,
+    TrainingRun,
+    announce_resume,
+    check_out_dir,
+    resolve_device,
+    run_workers,
+    warn_before_start,
+)
 from .model_dirs import check_model_dir
-from .sharded_eval import compute_metrics, predict_logits
+from .sharded_eval import compute_metrics, describe_f1, per_class_table, predict_logits
 
 # transformers' Trainer defaults that have no flag here (its Adam epsilon and gradient clipping are
 # config.FinetuneOptimConfig's).
@@ -228,6 +237,7 @@ def run_finetune(cfg: FinetuneConfig) -> None:
             cfg.group_by_length,
             _adapter_record(cfg, plan),
         )
+    warn_before_start(cfg)
     run_workers(train, cfg)
 
 
@@ -294,6 +304,7 @@ def train(cfg: FinetuneConfig) -> Path:
 
     model = build_model(cfg, plan, run)
     trainable, n_params = lora.parameter_counts(model)
+    run.warn_if_batch_too_big(model, plan.model_config, cfg.max_seq_length)
     net = run.parallelize(model, optim.steps, seq_length=cfg.max_seq_length)
     run.build_optimizer(optim, sample_forward=lambda: net(**_sample_batch(train_set, device)))
     window = run.track(LOG_SUMS, "window", "epoch_sums")[0]  # since the last log line, and in the epoch
@@ -336,12 +347,20 @@ def train(cfg: FinetuneConfig) -> Path:
     if run.stopped:
         raise run.interrupted(loop.step)  # the process exits with the signal's status, the checkpoint written
     best = loop.best
+    where = (
+        f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  "
+        f"(transformers.{architectures.class_names(plan.model_config)[1]}.from_pretrained('{out / 'best'}'), "
+        f"or bertgpu predict --model {out / 'best'} TEXT)"
+    )
+    if best.get("eval_per_class"):  # the best epoch's evaluation by label (a checkpoint of an older bertgpu has none)
+        names = list(plan.model_config.id2label.values())
+        f1 = describe_f1({"f1_labels": best["eval_f1_labels"]}, names)
+        table = per_class_table({"per_class": best["eval_per_class"]})
+        where += f"\n  epoch {best['epoch']} on the evaluation data by label (f1: {f1}):\n    " + "\n    ".join(table)
     run.summary(
         loop.step,
         {"loss": "min", "accuracy": "max", "eval_loss": "min", "eval_accuracy": "max", "eval_f1": "max"},
-        f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  "
-        f"(transformers.{architectures.class_names(plan.model_config)[1]}.from_pretrained('{out / 'best'}'), "
-        f"or bertgpu predict --model {out / 'best'} TEXT)",
+        where,
     )
     return out / "best"
 
@@ -457,7 +476,9 @@ def end_epoch(
     run.meter.pause()
     s = run.sums["epoch_sums"].read(dims)
     metrics = compute_metrics(
-        predict_logits(run.net, eval_set, max(sizes), dims, run.device, run.precision, sizes), eval_set.labels
+        predict_logits(run.net, eval_set, max(sizes), dims, run.device, run.precision, sizes),
+        eval_set.labels,
+        list(plan.model_config.id2label.values()),
     )
     record = {
         "epoch": epoch,

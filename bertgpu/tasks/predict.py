@@ -37,7 +37,7 @@ from ..paths import refuse_clobbering
 from ..training import console_is_tty, resolve_precision
 from .common import run_local_workers
 from .model_dirs import check_model_dir
-from .sharded_eval import compute_metrics, predict_logits
+from .sharded_eval import compute_metrics, describe_f1, missing_labels_warning, per_class_table, predict_logits
 
 
 def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
@@ -79,28 +79,29 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     )
     precision = resolve_precision(cfg.precision, env.device)
     metrics = compute_metrics(
-        predict_logits(clf.model, dataset, cfg.batch_size, dims, env.device, precision), dataset.labels
+        predict_logits(clf.model, dataset, cfg.batch_size, dims, env.device, precision), dataset.labels, clf.labels
     )
     result = {
         "model": str(cfg.model),
         "data": str(cfg.data),
         "labels": clf.labels,
-        "f1_average": f"binary ({clf.labels[1]})" if len(clf.labels) == 2 else "macro",
+        "f1_average": describe_f1(metrics, clf.labels),
         "max_seq_length": clf.max_seq_length,
         "skipped_rows": len(examples.skipped),
         **metrics,
     }
     if env.is_main:
-        if examples.note:
-            print(f"bertgpu: warning: {examples.note}", file=sys.stderr, flush=True)
-        if examples.skipped_warning():
-            print(f"bertgpu: warning: {examples.skipped_warning()}", file=sys.stderr, flush=True)
+        for warning in (examples.note, examples.skipped_warning(), missing_labels_warning(metrics, str(cfg.data))):
+            if warning:
+                print(f"bertgpu: warning: {warning}", file=sys.stderr, flush=True)
         if cfg.json:
             print(json.dumps(result, ensure_ascii=False), flush=True)
         else:
             print(
                 f"{cfg.data}: {metrics['examples']} examples | loss {metrics['loss']:.4f} | "
                 f"accuracy {metrics['accuracy']:.4f} | f1 {metrics['f1']:.4f} ({result['f1_average']})",
+                *per_class_table(metrics),
+                sep="\n",
                 flush=True,
             )
         atomic.write_json(output, result)
@@ -206,12 +207,12 @@ def run_predict(cfg: PredictConfig) -> None:
     skipped = [table.rows[i][0] for i in range(len(inputs)) if i not in predictions]
     if skipped:
         shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
-        print(
-            f"bertgpu: warning: {table.path}: {len(skipped)} row(s) with an empty text left without prediction "
-            f"(lines {shown})",
-            file=sys.stderr,
-            flush=True,
+        what = (
+            "blank line(s) given an empty prediction, to keep the output line by line with the input"
+            if table.format == "lines"
+            else "row(s) with an empty text left without prediction"
         )
+        print(f"bertgpu: warning: {table.path}: {len(skipped)} {what} (lines {shown})", file=sys.stderr, flush=True)
     if not cfg.output:  # a line per row: label, probability and text, tab-separated (empty for a skipped row)
         for i, (text, _) in enumerate(inputs):
             label, score = predictions.get(i, ("", None))

@@ -60,7 +60,16 @@ from ..training import (
     format_rate,
     peak_flops,
 )
-from .common import LoopState, Records, TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
+from .common import (
+    LoopState,
+    Records,
+    TrainingRun,
+    announce_resume,
+    check_out_dir,
+    resolve_device,
+    run_workers,
+    warn_before_start,
+)
 from .model_dirs import model_directory
 
 
@@ -212,6 +221,7 @@ def run(cfg: PretrainConfig) -> None:
         finished = lambda state: state["step"] >= cfg.optim.steps  # noqa: E731
     if announce_resume(cfg, *length, finished):
         return
+    warn_before_start(cfg)
     run_workers(train, cfg)
 
 
@@ -290,6 +300,7 @@ def train(cfg: PretrainConfig) -> Path:
                 f"--fp8: {len(float8_layers)} linear layers in float8 (torchao), the rest in {run.precision}",
                 flush=True,
             )
+    run.warn_if_batch_too_big(model, plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions)
     net = run.parallelize(model, cfg.optim.steps, compile=cfg.run.compile)
     chosen, why = recipe.choose(cfg, plan.model_config)  # --recipe fast: the lr and warmup for this size
     optim = dataclasses.replace(chosen, lr=chosen.peak_lr(global_batch))
@@ -312,6 +323,11 @@ def train(cfg: PretrainConfig) -> Path:
         fixed={
             "global_batch": global_batch,
             "heldout_documents": None if heldout is None else torch.from_numpy(heldout),
+            # Which prepared data the run trained and evaluated on: `bertgpu evaluate` says whether its --data is.
+            "data_identity": corpus.identity,
+            "eval_data_identity": (
+                ShardedCorpus(cfg.heldout.eval_data).identity if eval_set is not None and heldout is None else None
+            ),
         },
         settle=functools.partial(settle, chosen=chosen, run=run),
     )
