@@ -21,7 +21,8 @@ The acceptance rows of issue 38 come first, the rest where time is left:
    against transformers' fastest, MFU on real tokens;
 4. ``bertgpu pretrain --model base --batch-size 256 --compile --no-nsp --pack`` (bench's base 256 x 128 shape)
    on the repeated text: seq/s, MFU and the waits on data and device of its log windows after the first
-   (compile), and the loop's seq/s over bench's at that shape;
+   (compile), and the loop's seq/s over bench's at that shape; then ``--model large --batch-size 32
+   --max-seq-length 512`` on packed rows with attention within each document (issue 38's 512 row: MFU);
 5. where time is left: time to quality (the same model, data (the packed instances of the un-repeated
    text, 10% of the documents held out), batch, schedule and steps, bf16, through bertgpu ``pretrain
    --compile`` and through transformers' BertForMaskedLM + torch.compile (``peers/hf_compiled_mlm.py``, fed
@@ -58,6 +59,8 @@ FULL = {
     "bench_steps": ["--steps", "10", "--warmup", "3"],
     # bench's base 256 x 128 shape, so that the loop's seq/s compares with bench's
     "pretrain": dict(model="base", batch=256, seq=128, steps=200, log_every=25, repeat=80),
+    # issue 38's 512 row: large on 512-token packed rows, attention within each document (the default)
+    "pretrain_512": dict(model="large", batch=32, seq=512, steps=60, log_every=10),
     "ttq": dict(model="base", batch=64, seq=128, steps=150, lr="2e-4", eval_instances=500),
     "vocab": common.BERT_VOCAB,
     # seconds: the CUDA tests in all and each test, a warm-up, a bench row, a pretraining run, each side of the race
@@ -71,6 +74,7 @@ SMOKE = {
     "bench_extra": [],
     "bench_steps": ["--steps", "1", "--warmup", "0"],
     "pretrain": dict(model="tiny", batch=8, seq=64, steps=8, log_every=4, repeat=1),
+    "pretrain_512": dict(model="tiny", batch=2, seq=128, steps=4, log_every=2),
     "ttq": dict(model="tiny", batch=8, seq=64, steps=4, lr="5e-4", eval_instances=32),
     "vocab": 2000,  # a tiny model's runs, saves and evaluations stay quick
     "limits": dict(tests=120, test=60, warm=120, bench=60, pretrain=60, ttq=60),
@@ -213,6 +217,8 @@ def main() -> int:
         warm = warm if "bench" not in skip else []
         if "pretrain" not in skip:
             warm.insert(1, pretrain_args(p, data, work / "warm-pretrain-bert", device, 3, ["--log-every", "1"]))
+            warm.insert(2, pretrain_args(plan["pretrain_512"], data, work / "warm-pretrain-512", device, 3,
+                                         ["--log-every", "1"]))  # fmt: skip
         if "ttq" not in skip:
             warm.append(ttq_bertgpu_args(t, race_data, work / "warm-ttq", device, 3))
             warm.append(ttq_child_args(t, race_data, device, 3))
@@ -278,8 +284,8 @@ def main() -> int:
                      f"{float(speedup[1]):.2f}x (vs {theirs_best[1] if theirs_best else '?'})",
                      f"MFU on real tokens {got[best][1]} ({best}); {seconds:.0f} s"))  # fmt: skip
 
-    def pretrain_row(arch: str, until: float) -> None:
-        log, run_dir = work / f"pretrain-{arch}.log", work / f"pretrain-{arch}"
+    def pretrain_row(arch: str, until: float, p: dict = p) -> None:
+        log, run_dir = work / f"pretrain-{arch}-{p['seq']}.log", work / f"pretrain-{arch}-{p['seq']}"
         cmd = pretrain_args(p, data, run_dir, device, p["steps"], ["--log-every", str(p["log_every"]), "--arch", arch])
         name = f"pretrain {arch} {p['model']} {p['batch']} x {p['seq']}, {p['steps']} steps"
         left = allowed("pretrain", until)
@@ -334,6 +340,7 @@ def main() -> int:
         bench_row(shape, deadline - reserve)
     if "pretrain" not in skip:
         pretrain_row(plan["archs"][0], deadline)
+        pretrain_row(plan["archs"][0], deadline, plan["pretrain_512"])
     # 5: the rest, while time is left.
     if "ttq" not in skip:
         ttq_row()

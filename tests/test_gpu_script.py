@@ -27,6 +27,7 @@ def test_gpu_script_smoke_on_cpu_writes_one_table_of_every_phase(tmp_path):
     assert lines[0].startswith("GPU check: CPU | torch ") and lines[0].endswith("| smoke")
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines if line.startswith("| ")}
     pretrain = [f"pretrain {arch} tiny 8 x 64, 8 steps" for arch in ("bert", "modernbert")]
+    pretrain.append("pretrain bert tiny 2 x 128, 4 steps")  # the 512 row's smoke shape: packed, per document
     assert set(rows) == {"check", "---", "bench tiny 4 x 32", *pretrain, "time to quality tiny 8 x 64, 4 steps"}
     bench = rows["bench tiny 4 x 32"]
     assert bench[2].startswith("eager ") and bench[3].startswith("eager ")
