@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .. import architectures, atomic, evaluation, hf_dir
+from .. import atomic, evaluation
 from ..config import DataConfig, EvaluateConfig, ModelConfig
 from ..data.heldout import EvalSet
 from ..data.pretraining import check_nsp_possible
@@ -27,7 +27,7 @@ from ..parallel import ParallelDims, launch
 from ..paths import refuse_clobbering
 from ..training import resolve_precision
 from .common import run_local_workers
-from .model_dirs import model_directory
+from .model_dirs import load_masked_lm, model_directory
 
 DEFAULT_LENGTH = 128  # --max-seq-length 0 on prepared data: BERT's pretraining length
 
@@ -70,13 +70,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, float]:
     dims = ParallelDims(env.world_size)  # every process a data-parallel rank holding the whole model
     dims.build_mesh(env.device.type)
     model_dir, config, corpus, data = _plan(cfg)
-    model = architectures.pretraining_model(config)
-    missing, _ = hf_dir.load_weights(model, model_dir)
-    if architectures.mlm_head_missing(model, missing):
-        raise UserError(
-            f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: masked-LM "
-            "evaluation needs a pretraining checkpoint, BertForMaskedLM or BertForPreTraining"
-        )
+    model, missing = load_masked_lm(model_dir, config, "masked-LM evaluation")
     has_nsp = isinstance(model, BertForPreTraining) and not any(n.startswith("cls.seq_relationship") for n in missing)
     eval_set = EvalSet(corpus, data, cfg.seed, cfg.eval_instances, str(cfg.data))
     eval_set.check_enough(dims.dp)
