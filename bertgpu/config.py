@@ -956,7 +956,7 @@ class PretrainConfig:
 
 def fast_recipe(cfg: PretrainConfig) -> bool:
     """Whether ``cfg`` is a pretraining run under --recipe fast (which also takes bf16 autocast on CPUs that
-    multiply bf16 in hardware, where --precision is left at auto: training.resolve_precision)."""
+    multiply bf16 in hardware, where --precision is left at auto: precision.resolve_precision)."""
     return cfg.recipe == "fast"
 
 

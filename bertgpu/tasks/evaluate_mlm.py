@@ -25,7 +25,7 @@ from ..errors import UserError
 from ..model import BertForPreTraining
 from ..parallel import ParallelDims, launch
 from ..paths import refuse_clobbering
-from ..training import resolve_precision
+from ..precision import resolve_precision
 from .common import run_local_workers
 from .model_dirs import load_masked_lm, model_directory
 

@@ -44,22 +44,16 @@ from ..data.pretraining import (
 from ..data.shards import ShardedCorpus, warn_if_unknown
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError, did_you_mean
+from ..metrics import Sums, Throughput, describe_waits
 from ..model import BertForPreTraining, use_fused_qkv, use_varlen_attention
+from ..optim import describe_lr
 from ..parallel import launch
 from ..parallel.compression import describe as describe_compression
 from ..parallel.layout import check_layout
 from ..paths import refuse_clobbering
+from ..precision import peak_flops
+from ..runlog import describe_batch, format_duration, format_rate
 from ..step import LOG_SUMS, MODEL_INPUTS, drop_full_mask, pretraining_loss, pretraining_objective, real_tokens
-from ..training import (
-    Sums,
-    Throughput,
-    describe_batch,
-    describe_lr,
-    describe_waits,
-    format_duration,
-    format_rate,
-    peak_flops,
-)
 from .common import LoopState, Records, TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
 from .model_dirs import model_directory
 
