@@ -13,8 +13,8 @@ from .errors import UserError
 
 
 def resolve_precision(precision: str, device: torch.device, cpu_bf16: bool = False) -> str:
-    """``auto``: bf16 on GPUs that support it, and with ``cpu_bf16`` (--recipe fast) on CPUs that multiply
-    bf16 in hardware; else fp32."""
+    """``auto``: bf16 on GPUs that support it, and with ``cpu_bf16`` (--recipe fast: ``recipe.cpu_bf16``) on CPUs
+    that multiply bf16 in hardware; else fp32."""
     if precision == "auto":
         if device.type == "cuda" and torch.cuda.is_bf16_supported():
             return "bf16"

@@ -51,7 +51,7 @@ def test_fast_recipe_takes_bf16_on_cpus_that_compute_it_natively(monkeypatch, na
     import torch
 
     from bertgpu import precision
-    from bertgpu.config import fast_recipe
+    from bertgpu.recipe import fast_recipe
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
     cpu = torch.device("cpu")

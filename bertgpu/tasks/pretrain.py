@@ -31,7 +31,7 @@ import torch
 
 from .. import architectures, checkpoint, evaluation, hf_dir, recipe
 from ..budget import TimeBudget
-from ..config import ModelConfig, OptimConfig, PretrainConfig, accumulation, fast_recipe, parse_duration, parse_nnodes
+from ..config import ModelConfig, OptimConfig, PretrainConfig, accumulation, parse_duration, parse_nnodes
 from ..data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
 from ..data.loader import run_loader
 from ..data.pretraining import (
@@ -128,7 +128,7 @@ def check(cfg: PretrainConfig) -> Plan:
         check_fp8(cfg.run.device)
     if cfg.dropout is not None:
         mcfg = architectures.with_dropout(mcfg, cfg.dropout)
-    dims = check_layout(cfg, mcfg, cpu_bf16=fast_recipe(cfg))
+    dims = check_layout(cfg, mcfg, cpu_bf16=recipe.cpu_bf16(cfg))
     heldout_split(cfg, corpus, None, dims.dp)
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.run.resume else None
     if resume_from is not None:
@@ -252,7 +252,7 @@ class Loop(LoopState):
 
 def train(cfg: PretrainConfig) -> Path:
     plan = check(cfg)
-    run = TrainingRun(cfg, plan.model_config, "pretrain", cpu_bf16=fast_recipe(cfg))
+    run = TrainingRun(cfg, plan.model_config, "pretrain", cpu_bf16=recipe.cpu_bf16(cfg))
     corpus, dims, device, seed = plan.corpus, run.dims, run.device, cfg.run.seed
     if run.resume_from is not None:
         _check_same_vocab(run.resume_from, corpus, cfg.data.data)
