@@ -15,14 +15,13 @@ from pathlib import Path
 
 import torch
 
-from .. import atomic, evaluation
+from .. import architectures, atomic, evaluation
 from ..config import DataConfig, EvaluateConfig, ModelConfig
 from ..data.heldout import EvalSet
 from ..data.pretraining import check_nsp_possible
 from ..data.shards import ShardedCorpus
 from ..data.tokenizer import vocab_sha256
 from ..errors import UserError
-from ..model import BertForPreTraining
 from ..parallel import ParallelDims, launch
 from ..paths import refuse_clobbering
 from ..precision import resolve_precision
@@ -71,7 +70,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, float]:
     dims.build_mesh(env.device.type)
     model_dir, config, corpus, data = _plan(cfg)
     model, missing = load_masked_lm(model_dir, config, "masked-LM evaluation")
-    has_nsp = isinstance(model, BertForPreTraining) and not any(n.startswith("cls.seq_relationship") for n in missing)
+    has_nsp = architectures.of(config).nsp and not any(n.startswith("cls.seq_relationship") for n in missing)
     eval_set = EvalSet(corpus, data, cfg.seed, cfg.eval_instances, str(cfg.data))
     eval_set.check_enough(dims.dp)
     metrics = evaluation.evaluate_mlm(

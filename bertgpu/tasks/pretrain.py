@@ -104,8 +104,10 @@ def check(cfg: PretrainConfig) -> Plan:
         mcfg = ModelConfig.load(path)
         if cfg.arch == "modernbert":
             architectures.check_arch(cfg.arch, mcfg, f"--model {model}")
-        if architectures.arch_of(mcfg) == "modernbert" and cfg.data.nsp:
-            raise UserError(f"--model {model} is a ModernBERT, trained on masked LM only: add --no-nsp")
+        if not architectures.of(mcfg).nsp and cfg.data.nsp:
+            raise UserError(
+                f"--model {model} is a {architectures.of(mcfg).title}, trained on masked LM only: add --no-nsp"
+            )
         if path.is_dir():
             if (path / "model.safetensors").exists() or (path / "pytorch_model.bin").exists():
                 init_from = path
@@ -388,7 +390,7 @@ def build_model(cfg: PretrainConfig, plan: Plan, resume_from: Path | None) -> Be
         hf_dir.load_weights(model, resume_from or plan.init_from)
     if cfg.data.pack and cfg.data.pack_attention == "document":  # the rows' masks number their documents
         architectures.use_document_attention(model)
-    if not isinstance(model, BertForPreTraining):  # ModernBERT: no pooler, no NSP head
+    if not architectures.of(plan.model_config).nsp:  # ModernBERT: no pooler, no NSP head
         return architectures.prefer_flex_attention(model, cfg.run.device)
     if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
         for unused in (model.bert.pooler, model.cls.seq_relationship):
