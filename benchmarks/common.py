@@ -177,6 +177,19 @@ def add_repeat_options(ap) -> None:
     ap.add_argument("--json", type=Path, help="also write the results here")
 
 
+def add_size_options(ap, sizes: list[float], what: str = "corpus sizes") -> None:
+    """``--size-mb`` and ``--workers``, as the prepare benchmarks take them: the corpus sizes to measure (the
+    largest is the headline, the smaller shows whether memory stays flat) and the worker counts."""
+    ap.add_argument(
+        "--size-mb",
+        type=float,
+        nargs="+",
+        default=sizes,
+        help=f"{what} (MB = 10^6 bytes); the largest is the headline (default {' '.join(f'{s:g}' for s in sizes)})",
+    )
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+
+
 def best_of(config_runs: list[dict]) -> dict:
     """One configuration's repeated runs: the fastest, with every run's rate beside it, and the worst
     run's memory."""

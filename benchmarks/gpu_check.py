@@ -172,7 +172,7 @@ def main() -> int:
     import torch
 
     from bertgpu import samples
-    from bertgpu.training import card_peak
+    from bertgpu.precision import card_peak
 
     if device == "cuda" and not torch.cuda.is_available():
         print(

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -16,11 +17,54 @@ from torch import nn
 from .config import OWN_SHAPES, PRESETS, ModelConfig, ModernBertConfig
 from .errors import UserError
 
-ARCHS = ("bert", "modernbert")
+
+@dataclass(frozen=True)
+class Architecture:
+    """What the rest of bertgpu asks of an architecture, one entry each (``ARCHITECTURES``), so that no
+    other module branches on which one a model is (torchtitan's TrainSpec; issue 39 moves the rest here)."""
+
+    name: str  # --arch, and the config's model_type
+    title: str  # as a model card names it
+    config_class: type
+    masked_lm_class: str  # transformers' class of a pretraining checkpoint
+    classification_class: str  # transformers' class of a fine-tuned classifier
+    nsp: bool  # a next-sentence head (and a pooler) beside the masked-LM head
+    tokenizer_json: bool  # transformers reads its tokenizer from tokenizer.json only (no slow one to convert)
+    lora: bool  # --lora-rank can fine-tune it (PEFT's targets are BERT's linear layers)
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "bert": Architecture(
+        "bert",
+        "BERT",
+        ModelConfig,
+        "BertForPreTraining",
+        "BertForSequenceClassification",
+        nsp=True,
+        tokenizer_json=False,
+        lora=True,
+    ),
+    "modernbert": Architecture(
+        "modernbert",
+        "ModernBERT",
+        ModernBertConfig,
+        "ModernBertForMaskedLM",
+        "ModernBertForSequenceClassification",
+        nsp=False,
+        tokenizer_json=True,
+        lora=False,
+    ),
+}
+ARCHS = tuple(ARCHITECTURES)
 
 
 def arch_of(config: Any) -> str:
     return "modernbert" if config.model_type == "modernbert" else "bert"
+
+
+def of(config: Any) -> Architecture:
+    """The registry entry of the architecture ``config`` (a model's config) is."""
+    return ARCHITECTURES[arch_of(config)]
 
 
 def presets(arch: str) -> list[str]:
@@ -112,9 +156,8 @@ def mlm_head_missing(model: nn.Module, missing: list[str]) -> bool:
 
 def class_names(config: Any) -> tuple[str, str]:
     """transformers' (masked-LM, sequence-classification) class names of this architecture."""
-    if arch_of(config) == "modernbert":
-        return "ModernBertForMaskedLM", "ModernBertForSequenceClassification"
-    return "BertForPreTraining", "BertForSequenceClassification"
+    entry = of(config)
+    return entry.masked_lm_class, entry.classification_class
 
 
 def training_flops_per_sequence(config: Any, seq_len: int, num_predictions: int) -> float:

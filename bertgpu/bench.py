@@ -18,7 +18,7 @@ the eager pair alone. The last lines compare bertgpu's fastest configuration wit
 
 MFU is counted on the real (non-padding) tokens and the scored masked slots
 (``architectures.training_flops``, the same count as ``pretrain``'s), over the card's dense peak from
-NVIDIA's data sheets (``training.card_peak``) or ``--peak-tflops``; both sides are charged the same FLOPs,
+NVIDIA's data sheets (``precision.card_peak``) or ``--peak-tflops``; both sides are charged the same FLOPs,
 the model work on the true vocab. The header prints the padding share of the batch.
 """
 
@@ -43,8 +43,8 @@ from .data.tokenizer import load_vocab
 from .errors import UserError, require
 from .hf_dir import export_state_dict
 from .model import BertForPreTraining, use_varlen_attention
+from .precision import allow_tf32, autocast, peak_flops, resolve_precision
 from .step import pretraining_objective
-from .training import allow_tf32, autocast, peak_flops, resolve_precision
 
 PAD_VOCAB_MULTIPLE = 64  # vocab rows a multiple of 64: tensor-core-friendly decoder matmul
 

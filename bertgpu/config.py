@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from .errors import UserError
+from .recipe import apply_fast_recipe
 
 # (layers, hidden, heads); intermediate = 4 * hidden. The BERT size family (Turc et al. 2019, Devlin et al. 2019).
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -932,8 +933,7 @@ class PretrainConfig:
         return value != default or name in self.given
 
     def __post_init__(self) -> None:
-        if self.recipe == "fast":
-            apply_fast_recipe(self)
+        apply_fast_recipe(self)  # --recipe fast's values where the user gave none (recipe.py decides)
         if self.time_budget:
             parse_duration(self.time_budget)
             if self.gave("steps", self.optim.steps, OptimConfig.steps):
@@ -954,12 +954,6 @@ class PretrainConfig:
             )
 
 
-def fast_recipe(cfg: PretrainConfig) -> bool:
-    """Whether ``cfg`` is a pretraining run under --recipe fast (which also takes bf16 autocast on CPUs that
-    multiply bf16 in hardware, where --precision is left at auto: training.resolve_precision)."""
-    return cfg.recipe == "fast"
-
-
 class TrainingConfig(Protocol):
     """The sections every training command's config has (``PretrainConfig``, ``FinetuneConfig``): the typed
     root that the code shared by the training loops reads (tasks.common, parallel.layout). What is a task's
@@ -973,20 +967,6 @@ class TrainingConfig(Protocol):
 
     @property
     def parallel(self) -> ParallelConfig: ...
-
-
-def apply_fast_recipe(cfg: PretrainConfig) -> None:
-    """--recipe fast: change each field the user did not give (``PretrainConfig.gave``; a flag given wins, even
-    at BERT's default value; docs/pretrain.md: The fast recipe)."""
-    data = cfg.data
-    if not data.nsp and not cfg.gave("pack", data.pack, False):
-        data.pack = True  # no sequence mostly padding: 117 real tokens of 128 instead of 39 on short documents
-    if not cfg.gave("masked_lm_prob", data.masked_lm_prob, 0.15):
-        data.masked_lm_prob = 0.3  # MosaicBERT: 30% masking beats 15%
-        if not cfg.gave("max_predictions", data.max_predictions, 20):  # BERT's 20 slots for 15% of 128
-            data.max_predictions = max(20, -(-round(0.3 * data.max_seq_length) // 8) * 8)
-    if cfg.dropout is None:
-        cfg.dropout = 0.0  # Cramming: no dropout when every token is seen about once
 
 
 @dataclass

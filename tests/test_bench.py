@@ -10,8 +10,9 @@ import pytest
 import torch
 from conftest import run_cli
 
-from bertgpu import architectures, bench, training
+from bertgpu import architectures, bench, metrics
 from bertgpu.config import BenchConfig, ModelConfig
+from bertgpu.precision import card_peak, peak_flops
 
 
 def test_bench_cli_on_cpu_prints_both_sides_and_ends_with_the_speedup(uncased_vocab):
@@ -117,9 +118,9 @@ def test_training_flops_count_the_real_tokens_and_scored_slots_only():
 
     clock = Clock()
     monkeypatch = pytest.MonkeyPatch()
-    monkeypatch.setattr(training, "time", clock)
+    monkeypatch.setattr(metrics, "time", clock)
     try:
-        meter = training.Throughput(functools.partial(architectures.training_flops, config), 1000.0, 1)
+        meter = metrics.Throughput(functools.partial(architectures.training_flops, config), 1000.0, 1)
         clock.now = 102.0  # a 2-second window of one step
         rates = meter.rates(1, 2, 6, 2)
     finally:
@@ -150,16 +151,16 @@ def test_training_flops_count_the_real_tokens_and_scored_slots_only():
     ],
 )
 def test_peak_comes_from_the_cards_exact_model(name, precision, tflops, card):
-    peak, note = training.card_peak(name, precision)
+    peak, note = card_peak(name, precision)
     assert peak == pytest.approx(tflops * 1e12) and card in note and "dense" in note
 
 
 @pytest.mark.parametrize("name", ["NVIDIA H100", "NVIDIA A10G", "NVIDIA GeForce RTX 4090 D", "NVIDIA B200", "AMD"])
 def test_an_unknown_card_gets_no_peak_and_says_so(name):
-    peak, note = training.card_peak(name, "bf16")
+    peak, note = card_peak(name, "bf16")
     assert peak is None and "MFU not shown" in note and "--peak-tflops" in note
 
 
 def test_peak_tflops_given_wins_everywhere():
-    assert training.peak_flops(torch.device("cpu"), "bf16", 400.0) == (400e12, "peak 400.0 TFLOP/s (--peak-tflops)")
-    assert training.peak_flops(torch.device("cpu"), "bf16")[0] is None
+    assert peak_flops(torch.device("cpu"), "bf16", 400.0) == (400e12, "peak 400.0 TFLOP/s (--peak-tflops)")
+    assert peak_flops(torch.device("cpu"), "bf16")[0] is None

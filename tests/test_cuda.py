@@ -18,7 +18,9 @@ from conftest import at_real_tokens, run_cli
 
 from bertgpu.config import BenchConfig, ModelConfig, OptimConfig
 from bertgpu.model import BertForPreTraining
-from bertgpu.training import LaggedFlags, autocast, build_optimizer, skip_if
+from bertgpu.optim import build_optimizer, skip_if
+from bertgpu.precision import autocast
+from bertgpu.signals import LaggedFlags
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = torch.device("cuda")

@@ -50,13 +50,13 @@ def test_fast_recipe_takes_bf16_on_cpus_that_compute_it_natively(monkeypatch, na
     is slower than fp32), fp32 elsewhere; --recipe bert and an explicit --precision are left alone."""
     import torch
 
-    from bertgpu import training
-    from bertgpu.config import fast_recipe
+    from bertgpu import precision
+    from bertgpu.recipe import fast_recipe
 
-    monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
     cpu = torch.device("cpu")
     fast, bert = _parse("--no-nsp", "--recipe", "fast"), _parse("--no-nsp")
     assert (fast_recipe(fast), fast_recipe(bert)) == (True, False)
-    assert training.resolve_precision("auto", cpu, cpu_bf16=fast_recipe(fast)) == ("bf16" if native else "fp32")
-    assert training.resolve_precision("auto", cpu, cpu_bf16=fast_recipe(bert)) == "fp32"
-    assert training.resolve_precision("fp32", cpu, cpu_bf16=True) == "fp32"
+    assert precision.resolve_precision("auto", cpu, cpu_bf16=fast_recipe(fast)) == ("bf16" if native else "fp32")
+    assert precision.resolve_precision("auto", cpu, cpu_bf16=fast_recipe(bert)) == "fp32"
+    assert precision.resolve_precision("fp32", cpu, cpu_bf16=True) == "fp32"

@@ -12,7 +12,7 @@ import torch
 
 from ..config import AdapterConfig, ModelConfig, TrainingConfig, accumulation
 from ..errors import UserError
-from ..training import resolve_precision
+from ..precision import resolve_precision
 from . import launch, modernbert_tp
 from .dims import ParallelDims
 from .pipeline import check_stages

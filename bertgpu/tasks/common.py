@@ -38,28 +38,17 @@ from tqdm import tqdm
 from .. import checkpoint, memory, model_card
 from ..config import AdapterConfig, ModelConfig, OptimConfig, TrainingConfig, accumulation, parse_nnodes
 from ..errors import UserError
+from ..metrics import Sums, Throughput, peak_memory_mb
+from ..optim import build_optimizer, build_schedule, optimizer_step
 from ..parallel import ParallelModel, launch, parallelize
 from ..parallel.balance import Balancer
 from ..parallel.balance import describe as describe_balance
 from ..parallel.compression import Compression
 from ..parallel.layout import check_layout, cpu_oversubscription
 from ..parallel.rng import gather_rng_states, restore_rng_state
-from ..training import (
-    LaggedFlags,
-    RunLog,
-    StopSignal,
-    Sums,
-    Throughput,
-    allow_tf32,
-    autocast,
-    build_optimizer,
-    build_schedule,
-    console_is_tty,
-    format_duration,
-    optimizer_step,
-    peak_memory_mb,
-    resolve_precision,
-)
+from ..precision import allow_tf32, autocast, resolve_precision
+from ..runlog import RunLog, console_is_tty, format_duration
+from ..signals import LaggedFlags, StopSignal
 
 
 def check_out_dir(out: str, overwrite: bool, resume: bool) -> None:
@@ -662,7 +651,7 @@ class TrainingRun:
         if not self.is_main:
             return
         took = format_duration(time.perf_counter() - self.started)
-        # A resumed run's log holds the steps before (training.RunLog): the lines cover the whole run.
+        # A resumed run's log holds the steps before (runlog.RunLog): the lines cover the whole run.
         when = f"(this start: {self.start_step:,} -> {step:,} in {took})" if self.start_step else f"in {took}"
         lines = [f"bertgpu {self.task}: done, steps 0 -> {step:,} {when}"]
         lines += [f"  {line}" for line in (self.log.summary(keys) if self.log else [])]

@@ -15,19 +15,18 @@ from pathlib import Path
 
 import torch
 
-from .. import architectures, atomic, checkpoint, evaluation, hf_dir
+from .. import architectures, atomic, checkpoint, evaluation
 from ..config import DataConfig, EvaluateConfig, ModelConfig
 from ..data.heldout import EvalSet
 from ..data.pretraining import check_nsp_possible
 from ..data.shards import ShardedCorpus
 from ..data.tokenizer import vocab_sha256
 from ..errors import UserError
-from ..model import BertForPreTraining
 from ..parallel import ParallelDims, launch
 from ..paths import refuse_clobbering
-from ..training import resolve_precision
+from ..precision import resolve_precision
 from .common import run_local_workers
-from .model_dirs import model_directory
+from .model_dirs import load_masked_lm, model_directory
 
 DEFAULT_LENGTH = 128  # --max-seq-length 0 on prepared data: BERT's pretraining length
 
@@ -113,14 +112,8 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, float]:
     dims = ParallelDims(env.world_size)  # every process a data-parallel rank holding the whole model
     dims.build_mesh(env.device.type)
     model_dir, config, corpus, data = _plan(cfg)
-    model = architectures.pretraining_model(config)
-    missing, _ = hf_dir.load_weights(model, model_dir)
-    if architectures.mlm_head_missing(model, missing):
-        raise UserError(
-            f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: masked-LM "
-            "evaluation needs a pretraining checkpoint, BertForMaskedLM or BertForPreTraining"
-        )
-    has_nsp = isinstance(model, BertForPreTraining) and not any(n.startswith("cls.seq_relationship") for n in missing)
+    model, missing = load_masked_lm(model_dir, config, "masked-LM evaluation")
+    has_nsp = architectures.of(config).nsp and not any(n.startswith("cls.seq_relationship") for n in missing)
     eval_set = EvalSet(corpus, data, cfg.seed, cfg.eval_instances, str(cfg.data))
     eval_set.check_enough(dims.dp)
     metrics = evaluation.evaluate_mlm(

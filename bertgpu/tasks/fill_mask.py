@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 
-from .. import architectures, hf_dir
 from ..classifier import model_lowercase, model_vocab
 from ..config import FillMaskConfig, ModelConfig
 from ..data.encoding import decode_text
@@ -21,22 +20,16 @@ from ..data.tokenizer import Tokenizer
 from ..errors import UserError
 from ..model import BertForPreTraining
 from ..parallel import launch
-from .model_dirs import model_directory
+from . import model_dirs
 
 MASK = "[MASK]"
 
 
 def load_masked_lm(path: str, device: torch.device) -> tuple[BertForPreTraining, Tokenizer, Path]:
     """The model with its masked-LM head, its tokenizer and its directory; one line when it has no such head."""
-    model_dir = model_directory(path)
+    model_dir = model_dirs.model_directory(path)
     config = ModelConfig.load(model_dir)
-    model = architectures.pretraining_model(config)
-    missing, _ = hf_dir.load_weights(model, model_dir)
-    if architectures.mlm_head_missing(model, missing):
-        raise UserError(
-            f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: fill-mask needs a "
-            "pretraining checkpoint, BertForMaskedLM or BertForPreTraining"
-        )
+    model, _ = model_dirs.load_masked_lm(model_dir, config, "fill-mask")
     tokenizer = Tokenizer(model_vocab(model_dir), model_lowercase(model_dir))
     return model.to(device).eval(), tokenizer, model_dir
 

@@ -38,19 +38,14 @@ from ..data.classification import (
 from ..data.sharing import shares_of
 from ..data.tokenizer import Tokenizer, load_vocab, vocab_is_cased
 from ..errors import UserError, did_you_mean
+from ..metrics import Sums, Throughput
 from ..model import BertForSequenceClassification
+from ..optim import describe_lr
 from ..parallel import launch
 from ..parallel.dims import ParallelDims
 from ..parallel.layout import check_layout
 from ..paths import refuse_clobbering
-from ..training import (
-    Sums,
-    Throughput,
-    describe_batch,
-    describe_lr,
-    format_duration,
-    format_rate,
-)
+from ..runlog import describe_batch, format_duration, format_rate
 from .common import (
     LoopState,
     Records,

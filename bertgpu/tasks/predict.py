@@ -34,7 +34,8 @@ from ..data.classification import (
 from ..errors import UserError
 from ..parallel import ParallelDims, launch
 from ..paths import refuse_clobbering
-from ..training import console_is_tty, resolve_precision
+from ..precision import resolve_precision
+from ..runlog import console_is_tty
 from .common import run_local_workers
 from .model_dirs import check_model_dir
 from .sharded_eval import compute_metrics, describe_f1, missing_labels_warning, per_class_table, predict_logits

@@ -31,7 +31,7 @@ import torch
 
 from .. import architectures, checkpoint, evaluation, hf_dir, recipe
 from ..budget import TimeBudget
-from ..config import ModelConfig, OptimConfig, PretrainConfig, accumulation, fast_recipe, parse_duration, parse_nnodes
+from ..config import ModelConfig, OptimConfig, PretrainConfig, accumulation, parse_duration, parse_nnodes
 from ..data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
 from ..data.loader import run_loader
 from ..data.pretraining import (
@@ -44,22 +44,16 @@ from ..data.pretraining import (
 from ..data.shards import ShardedCorpus, warn_if_unknown
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError, did_you_mean
+from ..metrics import Sums, Throughput, describe_waits
 from ..model import BertForPreTraining, use_fused_qkv, use_varlen_attention
+from ..optim import describe_lr
 from ..parallel import launch
 from ..parallel.compression import describe as describe_compression
 from ..parallel.layout import check_layout
 from ..paths import refuse_clobbering
+from ..precision import peak_flops
+from ..runlog import describe_batch, format_duration, format_rate
 from ..step import LOG_SUMS, MODEL_INPUTS, drop_full_mask, pretraining_loss, pretraining_objective, real_tokens
-from ..training import (
-    Sums,
-    Throughput,
-    describe_batch,
-    describe_lr,
-    describe_waits,
-    format_duration,
-    format_rate,
-    peak_flops,
-)
 from .common import (
     LoopState,
     Records,
@@ -119,8 +113,10 @@ def check(cfg: PretrainConfig) -> Plan:
         mcfg = ModelConfig.load(path)
         if cfg.arch == "modernbert":
             architectures.check_arch(cfg.arch, mcfg, f"--model {model}")
-        if architectures.arch_of(mcfg) == "modernbert" and cfg.data.nsp:
-            raise UserError(f"--model {model} is a ModernBERT, trained on masked LM only: add --no-nsp")
+        if not architectures.of(mcfg).nsp and cfg.data.nsp:
+            raise UserError(
+                f"--model {model} is a {architectures.of(mcfg).title}, trained on masked LM only: add --no-nsp"
+            )
         if path.is_dir():
             if (path / "model.safetensors").exists() or (path / "pytorch_model.bin").exists():
                 init_from = path
@@ -143,7 +139,7 @@ def check(cfg: PretrainConfig) -> Plan:
         check_fp8(cfg.run.device)
     if cfg.dropout is not None:
         mcfg = architectures.with_dropout(mcfg, cfg.dropout)
-    dims = check_layout(cfg, mcfg, cpu_bf16=fast_recipe(cfg))
+    dims = check_layout(cfg, mcfg, cpu_bf16=recipe.cpu_bf16(cfg))
     heldout_split(cfg, corpus, None, dims.dp)
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.run.resume else None
     if resume_from is not None:
@@ -268,7 +264,7 @@ class Loop(LoopState):
 
 def train(cfg: PretrainConfig) -> Path:
     plan = check(cfg)
-    run = TrainingRun(cfg, plan.model_config, "pretrain", cpu_bf16=fast_recipe(cfg))
+    run = TrainingRun(cfg, plan.model_config, "pretrain", cpu_bf16=recipe.cpu_bf16(cfg))
     corpus, dims, device, seed = plan.corpus, run.dims, run.device, cfg.run.seed
     if run.resume_from is not None:
         _check_same_vocab(run.resume_from, corpus, cfg.data.data)
@@ -410,7 +406,7 @@ def build_model(cfg: PretrainConfig, plan: Plan, resume_from: Path | None) -> Be
         hf_dir.load_weights(model, resume_from or plan.init_from)
     if cfg.data.pack and cfg.data.pack_attention == "document":  # the rows' masks number their documents
         architectures.use_document_attention(model)
-    if not isinstance(model, BertForPreTraining):  # ModernBERT: no pooler, no NSP head
+    if not architectures.of(plan.model_config).nsp:  # ModernBERT: no pooler, no NSP head
         return architectures.prefer_flex_attention(model, cfg.run.device)
     if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
         for unused in (model.bert.pooler, model.cls.seq_relationship):

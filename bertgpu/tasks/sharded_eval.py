@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..data.classification import ClassificationDataset, eval_batches
 from ..parallel import ParallelDims
-from ..training import autocast
+from ..precision import autocast
 
 
 @torch.no_grad()
