@@ -56,16 +56,16 @@ def run(mode: str, data: Path, work: Path, args) -> dict:
     argv += ["--batch-size", str(args.batch_size), "--save-every", "2", "--log-every", "1", "--keep", "1"]
     argv += ["--device", "cpu", "--precision", "fp32", "--loader-workers", "0", "--nproc", "1", *flags]
     step_ends = []
-    from bertgpu import training
+    from bertgpu import runlog
 
-    original_log = training.RunLog.log
+    original_log = runlog.RunLog.log
 
     def timed_log(self, step, values, *a, **k):
         if "steps_per_s" in values:
             step_ends.append((step, time.perf_counter()))
         return original_log(self, step, values, *a, **k)
 
-    training.RunLog.log = timed_log
+    runlog.RunLog.log = timed_log
     try:
         sys.argv = ["bertgpu", *argv]
         try:
@@ -74,7 +74,7 @@ def run(mode: str, data: Path, work: Path, args) -> dict:
             if e.code:
                 raise
     finally:
-        checkpoint.Checkpointer.write, checkpoint._finish, training.RunLog.log = save, finish, original_log
+        checkpoint.Checkpointer.write, checkpoint._finish, runlog.RunLog.log = save, finish, original_log
     # A step's time: from the previous log line (one per step, written before that step's save) to its
     # own. A save at step 2k lands in step 2k+1's time, with whatever the background write takes from it.
     times = {s: t1 - t0 for (_, t0), (s, t1) in zip(step_ends, step_ends[1:])}

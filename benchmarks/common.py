@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,14 +66,21 @@ def evaluate(model_dir: Path, data: Path, output: Path, *more: object, **kwargs:
 
 def run_limited(cmd: list[str], log: Path, limit: float, env: dict | None = None) -> tuple[int | None, float, str]:
     """Run ``cmd`` from the checkout (its output to ``log``) for at most ``limit`` seconds: (exit code or None
-    if it ran out, seconds, output)."""
+    if it ran out, seconds, output). It runs in a session of its own, so that running out ends its workers
+    too (pytest-xdist's, bertgpu's), which would otherwise hold the GPU for the phases after it."""
     t0 = time.perf_counter()
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})})
+        proc = subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )  # fmt: skip
         try:
             code = proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             proc.wait()
             code = None
     return code, time.perf_counter() - t0, log.read_text(errors="replace")
@@ -167,6 +175,19 @@ def add_repeat_options(ap) -> None:
                     help="measure every configuration this many times (round robin) and report the fastest run")  # fmt: skip
     ap.add_argument("--workdir", type=Path, help="where corpora and shards go (default: a temporary directory)")
     ap.add_argument("--json", type=Path, help="also write the results here")
+
+
+def add_size_options(ap, sizes: list[float], what: str = "corpus sizes") -> None:
+    """``--size-mb`` and ``--workers``, as the prepare benchmarks take them: the corpus sizes to measure (the
+    largest is the headline, the smaller shows whether memory stays flat) and the worker counts."""
+    ap.add_argument(
+        "--size-mb",
+        type=float,
+        nargs="+",
+        default=sizes,
+        help=f"{what} (MB = 10^6 bytes); the largest is the headline (default {' '.join(f'{s:g}' for s in sizes)})",
+    )
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
 
 
 def best_of(config_runs: list[dict]) -> dict:

@@ -113,14 +113,7 @@ def measure_split(repeat: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument(
-        "--size-mb",
-        type=float,
-        nargs="+",
-        default=[50, 200],
-        help="JSON Lines corpus sizes (MB = 10^6 bytes); the largest is the headline (default 50 200)",
-    )
-    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    common.add_size_options(ap, [50, 200], "JSON Lines corpus sizes")
     common.add_repeat_options(ap)
     ap.add_argument("--child-split", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()

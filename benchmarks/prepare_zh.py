@@ -106,14 +106,7 @@ def measure(corpus: Path, vocab: Path, workers: int, zh_wwm: bool, workdir: Path
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument(
-        "--size-mb",
-        type=float,
-        nargs="+",
-        default=[20, 80],
-        help="corpus sizes (MB = 10^6 bytes); the largest is the headline (default 20 80)",
-    )
-    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    common.add_size_options(ap, [20, 80])
     ap.add_argument("--vocab", type=Path, help="the vocab.txt (default: 21,128 tokens trained on the corpus)")
     common.add_repeat_options(ap)
     ap.add_argument("--child", choices=["prepare", "cold"], help=argparse.SUPPRESS)

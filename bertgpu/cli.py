@@ -14,7 +14,7 @@ import types
 import typing
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
 from .config import (
@@ -28,7 +28,7 @@ from .config import (
     PretrainConfig,
     VocabConfig,
 )
-from .errors import UserError
+from .errors import UserError, did_you_mean
 from .paths import refuse_clobbering
 
 
@@ -94,12 +94,69 @@ def _sections(cls: type) -> dict[str, type]:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if dataclasses.is_dataclass(hints[f.name])}
 
 
-def _flag_fields(cls: type) -> set[str]:
-    """Every field a command's flags set, nested sections flattened (flags are flat)."""
-    names = {f.name for f in dataclasses.fields(cls)}
+def _flag_fields(cls: type) -> dict[str, tuple[Any, dataclasses.Field]]:
+    """Every field a command's flags set, nested sections flattened (flags are flat): name -> (type, field)."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name: (hints[f.name], f) for f in dataclasses.fields(cls) if not dataclasses.is_dataclass(hints[f.name])}
     for section in _sections(cls).values():
         names |= _flag_fields(section)
     return names
+
+
+_EXPECTED = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _config_value(where: str, value: Any, t: Any, f: dataclasses.Field) -> Any:
+    """A --config file's value for a field of type ``t``, as a flag would give it (a string is converted as the
+    flag converts what is typed: "1e-4" is a number), or a UserError naming the key, the value and the type
+    it needs (argparse would blame the flag, which the user never typed, under a page of usage)."""
+    from .config import parse_batch_sizes
+
+    base, optional = _unwrap_optional(t)
+    shown = json.dumps(value, ensure_ascii=False)
+    if value is None:
+        if optional or base is str:  # a str field's None is its own default (a checkpoint's bertgpu.json)
+            return value
+        raise UserError(f"{where}: null is not {_EXPECTED.get(base, 'a value')}")
+    if f.metadata.get("cli_type") is str and typing.get_origin(base) in (typing.Union, types.UnionType):
+        # --batch-size: one number, or one per data-parallel rank ("48,16" or a list)
+        try:
+            if isinstance(value, bool) or not isinstance(value, (int, str, list)):
+                raise UserError(value)
+            parse_batch_sizes(value)
+        except UserError:
+            raise UserError(
+                f"{where}: {shown} is not a batch size (a number, or one per data-parallel rank: 48,16)"
+            ) from None
+        return value
+    if typing.get_origin(base) is list:
+        if isinstance(value, str):  # one item
+            value = [value]
+        if not isinstance(value, list) or any(isinstance(v, (bool, list, dict)) or v is None for v in value):
+            raise UserError(f"{where}: {shown} is not a list of strings")
+        return [str(v) for v in value]
+    if base is bool:
+        if not isinstance(value, bool):
+            raise UserError(f"{where}: {shown} is not true or false")
+        return value
+    if base in (int, float):
+        if isinstance(value, str):
+            try:
+                return base(value.strip())
+            except ValueError:
+                pass
+        elif not isinstance(value, bool) and isinstance(value, (int, float) if base is float else int):
+            return value
+        raise UserError(f"{where}: {shown} is not {_EXPECTED[base]}")
+    if base is str:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise UserError(f"{where}: {shown} is not a string")
+        value = str(value)  # as typed: --time-budget 300
+        choices = [str(c) for c in f.metadata.get("choices") or ()]
+        if choices and value not in choices:
+            raise UserError(f"{where}: {shown} is not one of {', '.join(choices)}{did_you_mean(value, choices)}")
+        return value
+    return value
 
 
 def read_config_file(path: str, command: str, cls: type) -> dict[str, Any]:
@@ -132,19 +189,19 @@ def read_config_file(path: str, command: str, cls: type) -> dict[str, Any]:
     names = _flag_fields(cls)
     flat: dict[str, Any] = {}
 
-    def add(mapping: dict[str, Any], section: type) -> None:
+    def add(mapping: dict[str, Any], section: type, prefix: str) -> None:
         for key, value in mapping.items():
             name = str(key).replace("-", "_").lstrip("_")
             if name in _sections(section) and isinstance(value, dict):
-                add(value, _sections(section)[name])
+                add(value, _sections(section)[name], f"{prefix}{key}.")
             elif name in names:
-                flat[name] = value
+                flat[name] = _config_value(f"--config {path}: {prefix}{key}", value, *names[name])
             else:
-                raise UserError(
-                    f"--config {path}: {key!r} is not a field of `bertgpu {command}` (see bertgpu {command} --help)"
-                )
+                spelled = {n.replace("_", "-") if "-" in str(key) else n: n for n in names}  # as the file spells keys
+                hint = did_you_mean(str(key), spelled) or f" (see bertgpu {command} --help)"
+                raise UserError(f"--config {path}: {key!r} is not a field of `bertgpu {command}`{hint}")
 
-    add(data, cls)
+    add(data, cls, "")
     return flat
 
 
@@ -298,8 +355,50 @@ COMMANDS: dict[str, tuple[type, Callable[[Any], None], str]] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser with every mistake in one line (naming the flag, and the nearest one for a typo)
+    instead of the command's whole usage, which --help prints; flags are typed whole (no abbreviations:
+    --epoch is not taken for --epochs)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        # A typo's suggestion is enough; else where the command's flags are listed.
+        hint = "" if "did you mean" in message else f" (see `{self.prog} --help`)"
+        self.exit(2, f"bertgpu: error: {message}{hint}\n")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:
+        if action.choices is not None and value not in action.choices:
+            choices = [str(c) for c in action.choices]
+            raise argparse.ArgumentError(
+                action,
+                f"invalid choice: {value!r}{did_you_mean(str(value), choices)}; choose from {', '.join(choices)}",
+            )
+        super()._check_value(action, value)
+
+
+def _flag_like(arg: str, parser: argparse.ArgumentParser) -> bool:
+    """Whether argparse takes ``arg`` for a flag: it starts with '-', is not a negative number, '-' (standard
+    input) or a text with a space."""
+    return arg.startswith("-") and arg != "-" and " " not in arg and not parser._negative_number_matcher.match(arg)
+
+
+def check_flags(parser: argparse.ArgumentParser, args: list[str]) -> None:
+    """A flag the command does not have is an error naming the nearest ones, before argparse's own parse
+    (which would first complain of a required flag missing, the one the typo meant)."""
+    options = [option for action in parser._actions for option in action.option_strings]
+    for arg in args:
+        if arg == "--":  # what follows is positional
+            return
+        name = arg.split("=", 1)[0]
+        if _flag_like(arg, parser) and name not in options:
+            parser.error(f"`{parser.prog}` has no flag {name}{did_you_mean(name, options)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="bertgpu",
         description="BERT from raw text to a classifier, on one CPU, one GPU, all GPUs of a machine, or many machines.",
     )
@@ -318,7 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-_config_only = argparse.ArgumentParser(add_help=False)
+_config_only = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
 _config_only.add_argument("--config")
 
 
@@ -327,6 +426,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in commands:
+        check_flags(commands[argv[0]], argv[1:])
     from_file: dict[str, Any] = {}
     try:
         if argv and argv[0] in commands and "--config" in " ".join(argv):
@@ -340,8 +441,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"bertgpu: error: {e}", file=sys.stderr)
         sys.exit(2)
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # argparse would blame the top-level parser and print its usage, not the command's
-        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # argparse would blame the top-level parser, not the command
+        commands[args.command].error(f"unexpected argument(s): {' '.join(unknown)}")
     cls, fn, _ = COMMANDS[args.command]
     try:
         # A checkpoint's bertgpu.json holds every field: what its run was given is its own list of them.

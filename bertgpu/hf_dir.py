@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from . import atomic, lora
+from . import architectures, atomic, lora
 from .config import ModelConfig
 from .errors import UserError
 
@@ -180,8 +180,7 @@ def write_pretrained(
     save_file(tensors, directory / WEIGHTS_NAME, metadata={"format": "pt"})
     atomic.write_json(directory / "config.json", config.to_hf_dict(architecture), sort_keys=True)
     shutil.copyfile(vocab_path, directory / "vocab.txt")
-    if config.model_type == "modernbert":
-        # transformers reads a ModernBERT's tokenizer from tokenizer.json only (it has no slow one to convert)
+    if architectures.of(config).tokenizer_json:  # transformers reads no other tokenizer file of it
         write_fast_tokenizer(directory / "vocab.txt", do_lower_case, directory / "tokenizer.json")
     atomic.write_json(directory / "tokenizer_config.json", tokenizer_config, sort_keys=True)
     atomic.write_json(directory / "special_tokens_map.json", SPECIAL_TOKENS, sort_keys=True)

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from . import architectures
 from .config import AdapterConfig, ModelConfig
 from .errors import UserError
 
@@ -78,7 +79,7 @@ def check(cfg: AdapterConfig, model_config: ModelConfig) -> list[str]:
     """The adapter settings against the model (no side effects): every target must name linear
     layers of the encoder, as PEFT matches ``target_modules``. Return the targets."""
     require(cfg)
-    if model_config.model_type != "bert":
+    if not architectures.of(model_config).lora:
         raise UserError("--lora-rank fine-tunes BERT models only; a ModernBERT is fine-tuned whole (leave it out)")
     with torch.device("meta"):
         from .model import BertForSequenceClassification

@@ -60,14 +60,33 @@ class BertEmbeddings(nn.Module):
         self.LayerNorm = nn.LayerNorm(h, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None) -> torch.Tensor:
-        positions = torch.arange(input_ids.size(1), device=input_ids.device)
-        x = self.word_embeddings(input_ids) + self.position_embeddings(positions)
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        if position_ids is None:  # 0, 1, ... in every row
+            position_ids = torch.arange(input_ids.size(1), device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids)
         if token_type_ids is None:  # segment A everywhere: add row 0 without building a zeros tensor
             x = x + self.token_type_embeddings.weight[0]
         else:
             x = x + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(x))
+
+
+def document_mask(documents: torch.Tensor) -> torch.Tensor:
+    """The block-diagonal attention mask [B, 1, L, L] (True: attend) of rows whose ``documents`` [B, L] number
+    each token's document (a --pack row's attention_mask: 1, 2, ... and 0 on padding): a token attends to the
+    tokens of its own document only, padding to padding (so no row of the mask is empty: SDPA would make NaN)."""
+    return documents[:, None, :, None] == documents[:, None, None, :]
+
+
+def document_positions(documents: torch.Tensor) -> torch.Tensor:
+    """Each token's position in its document [B, L]: 0 at the first token of each run of equal numbers in
+    ``documents`` [B, L] (padding restarts too, unread)."""
+    B, L = documents.shape
+    index = torch.arange(L, device=documents.device).expand(B, L)
+    starts = torch.cat([torch.ones_like(documents[:, :1], dtype=torch.bool), documents[:, 1:] != documents[:, :-1]], 1)
+    return index - torch.where(starts, index, 0).cummax(dim=1).values
 
 
 def _varlen_attn():
@@ -90,8 +109,9 @@ class BertSelfAttention(nn.Module):
     are) a padded batch on a GPU in bf16/fp16 without attention dropout goes through flash attention's
     variable-length kernel instead of SDPA with a mask (which rules flash out): each row's real tokens
     are one sequence, its padding another, in the batch's own [B·L] layout, so shapes stay static (for
-    torch.compile and CUDA graphs) and no real token attends to padding. Elsewhere (CPU, fp32, dropout)
-    the masked SDPA runs.
+    torch.compile and CUDA graphs) and no real token attends to padding; with a block-diagonal mask
+    (``document_mask``: --pack rows of several documents) each document is a sequence. Elsewhere (CPU,
+    fp32, dropout) the masked SDPA runs.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -103,11 +123,27 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(h, h)
         self.dropout_p = config.attention_probs_dropout_prob
         self.varlen = False
+        self.fused_qkv = True  # see ``project``; ``use_fused_qkv`` turns it off
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K and V, each [B, L, heads, head_dim]. With ``fused_qkv`` one matmul of x by the three weights
+        concatenated ([3h, h], made anew at each forward: a copy of 3h² values, small beside the activations,
+        and fused into the cast under torch.compile), so that the parameters stay transformers' three (their
+        names, checkpoints, optimizer state and the tensor-parallel plan unchanged). Three matmuls where a
+        projection is not a plain nn.Linear of plain tensors: LoRA's, 8/4-bit or FP8 layers, or weights split
+        over processes (tensor parallelism's DTensors, whose plan computes each projection itself)."""
+        B, L, _ = x.shape
+        projections = (self.query, self.key, self.value)
+        if self.fused_qkv and all(_plain_linear(p) for p in projections):
+            weight = torch.cat([p.weight for p in projections])
+            bias = torch.cat([p.bias for p in projections])
+            return F.linear(x, weight, bias).view(B, L, 3, -1, self.head_dim).unbind(2)
+        return tuple(p(x).view(B, L, -1, self.head_dim) for p in projections)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
         B, L, _ = x.shape
         dropout_p = self.dropout_p if self.training else 0.0
-        q, k, v = (p(x).view(B, L, -1, self.head_dim) for p in (self.query, self.key, self.value))
+        q, k, v = self.project(x)
         if mask is not None and self.varlen and dropout_p == 0.0 and x.is_cuda and q.dtype in _HALF:
             return _padded_varlen(q, k, v, mask).reshape(B, L, -1)
         # [B, L, heads, head_dim] -> [B, heads, L, head_dim]
@@ -119,14 +155,45 @@ class BertSelfAttention(nn.Module):
 _HALF = (torch.bfloat16, torch.float16)
 
 
+def _plain_linear(module: nn.Module) -> bool:
+    """An nn.Linear itself (no subclass: FP8's Float8Linear, LoRA's and bitsandbytes' layers compute otherwise)
+    with plain weights (not a tensor subclass: tensor parallelism's DTensor shards); FSDP's gathered weights
+    are plain during the forward pass."""
+    return (
+        type(module) is nn.Linear
+        and module.bias is not None
+        and type(module.weight) in (torch.Tensor, nn.Parameter)
+        and type(module.bias) in (torch.Tensor, nn.Parameter)
+    )
+
+
+def use_fused_qkv(model: nn.Module, on: bool = True) -> None:
+    """Compute Q, K and V of ``model``'s BERT attention as one matmul (``on``, the default of a new model) or
+    as three (``BertSelfAttention.project``); the parameters are the same either way."""
+    for module in model.modules():
+        if isinstance(module, BertSelfAttention):
+            module.fused_qkv = on
+
+
 def _padded_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Attention of [B, L, heads, D] tensors whose rows are real tokens then padding (``mask`` [B, 1, 1, L],
     True at real tokens): 2B variable-length sequences over the flattened [B·L] tokens, row b's real tokens
-    [bL, bL + n_b) and its padding [bL + n_b, (b+1)L). A full row's padding is a sequence of length 0."""
+    [bL, bL + n_b) and its padding [bL + n_b, (b+1)L). A full row's padding is a sequence of length 0.
+
+    With a block-diagonal ``mask`` [B, 1, L, L] (``document_mask``: rows of several documents, then
+    padding), each document is a sequence of its own: B·L + 1 bounds, the starts of the documents and of
+    the padding in order, then B·L repeated (sequences of length 0), so that the shape is the batch's
+    whatever the number of documents (torch.compile, CUDA graphs)."""
     B, L, H, D = q.shape
-    lengths = mask.reshape(B, L).sum(-1, dtype=torch.int32)
-    starts = torch.arange(B, device=q.device, dtype=torch.int32) * L
-    bounds = torch.stack([starts, starts + lengths], dim=1).flatten()
+    if mask.size(2) == 1:
+        lengths = mask.reshape(B, L).sum(-1, dtype=torch.int32)
+        starts = torch.arange(B, device=q.device, dtype=torch.int32) * L
+        bounds = torch.stack([starts, starts + lengths], dim=1).flatten()
+    else:  # a token starts a sequence where it is not in the document of the token before it
+        same = mask[:, 0].diagonal(offset=-1, dim1=1, dim2=2)  # [B, L - 1]: token i + 1 in token i's document
+        new = torch.cat([torch.ones_like(same[:, :1]), ~same], dim=1).flatten()
+        index = torch.arange(B * L, device=q.device, dtype=torch.int32)
+        bounds = torch.where(new, index, B * L).sort().values
     cu = torch.cat([bounds, torch.full((1,), B * L, device=q.device, dtype=torch.int32)])
     y = _VARLEN[0](q.reshape(B * L, H, D), k.reshape(B * L, H, D), v.reshape(B * L, H, D), cu, cu, L, L)
     return y.view(B, L, H, D)
@@ -262,6 +329,23 @@ class BertModel(nn.Module):
         self.apply(partial(init_weights, std=config.initializer_range))
         with torch.no_grad():  # padded vocab rows start (and, never receiving a gradient, stay) zero
             self.embeddings.word_embeddings.weight[config.vocab_size :].zero_()
+        # True (``use_document_attention``; pretraining on --pack rows): attention_mask numbers each token's
+        # document (1, 2, ...; 0 on padding), and each document is computed as if alone in its row.
+        self.documents = False
+
+    def attention_inputs(self, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(the mask the layers take, the position ids or None for 0, 1, ...) of a batch's ``attention_mask``.
+
+        The key-padding mask [B, 1, 1, L], True = attend, broadcast over heads and query positions; None lets
+        SDPA pick its fastest kernel when there is no padding at all. With ``documents``, the block-diagonal
+        ``document_mask`` [B, 1, L, L] and positions that restart at 0 in each document, as MLPerf's packed
+        BERT: each document then gets the very inputs it would get alone in a row ([CLS] at position 0),
+        which the learned position embeddings, fine-tuning and the 512-token second phase all assume."""
+        if attention_mask is None:
+            return None, None
+        if self.documents:
+            return document_mask(attention_mask), document_positions(attention_mask)
+        return attention_mask.bool()[:, None, None, :], None
 
     def forward(
         self,
@@ -271,10 +355,8 @@ class BertModel(nn.Module):
         pool: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Return (sequence_output [B, L, H], pooled_output [B, H] or None without a pooler or ``pool``)."""
-        # Key-padding mask, True = attend, broadcast over heads and query positions. None lets
-        # SDPA pick its fastest kernel when there is no padding at all.
-        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-        x = self.encoder(self.embeddings(input_ids, token_type_ids), mask)
+        mask, positions = self.attention_inputs(attention_mask)
+        x = self.encoder(self.embeddings(input_ids, token_type_ids, positions), mask)
         return x, (self.pooler(x) if self.pooler is not None and pool else None)
 
 

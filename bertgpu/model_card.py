@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from . import architectures
 from .config import ModelConfig, scaled_lr
 
 
@@ -42,6 +43,7 @@ def render(
     used, asked = precision or run["precision"], asked_precision or run["precision"]
     run = {**run, "precision": used if used == asked else f"{used} (--precision {asked})"}
     m = model_config
+    arch = architectures.of(m)
     shape = (
         f"{m.num_hidden_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
         f"intermediate {m.intermediate_size}, vocab {m.vocab_size:,}, {m.max_position_embeddings} positions"
@@ -54,9 +56,9 @@ def render(
             f"{data['masked_lm_prob']:.0%} of the tokens ({'whole words' if data['wwm'] else 'word pieces'}), "
             "80% [MASK] / 10% random / 10% kept, drawn afresh every epoch"
         )
-        title = "A BERT pretrained with bertgpu"
+        title = f"A {arch.title} pretrained with bertgpu"
         steps = f"{step:,} of {optim['steps']:,}" + (f" planned by --time-budget {time_budget}" if time_budget else "")
-        what = f"A BERT encoder with its pretraining heads ({objective}), at step {steps}."
+        what = f"A {arch.title} encoder with its pretraining heads ({objective}), at step {steps}."
         recipe = [
             ("data", data["data"]),
             ("model", cfg["model"]),
@@ -76,23 +78,17 @@ def render(
             ("layout", layout),
             ("seed", run["seed"]),
         ]
+        model_class, tokenizer = arch.masked_lm_class, "AutoTokenizer" if arch.tokenizer_json else "BertTokenizer"
         load = (
-            "from transformers import BertForPreTraining, BertTokenizer\n"
-            "model = BertForPreTraining.from_pretrained(PATH)\ntokenizer = BertTokenizer.from_pretrained(PATH)\n"
+            f"from transformers import {', '.join(sorted((model_class, tokenizer)))}\n"
+            f"model = {model_class}.from_pretrained(PATH)\ntokenizer = {tokenizer}.from_pretrained(PATH)\n"
         )
-        if m.model_type == "modernbert":  # ModernBERT: masked LM only, a tokenizer.json
-            title, what = title.replace("A BERT", "A ModernBERT"), what.replace("A BERT", "A ModernBERT")
-            load = (
-                "from transformers import AutoTokenizer, ModernBertForMaskedLM\n"
-                "model = ModernBertForMaskedLM.from_pretrained(PATH)\ntokenizer = AutoTokenizer.from_pretrained(PATH)\n"
-            )
         check = 'bertgpu fill-mask PATH "a sentence with [MASK] in it"'
         front.append("pipeline_tag: fill-mask")
     else:
         labels = ", ".join((m.id2label or {}).values())
         title = "A text classifier fine-tuned with bertgpu"
-        name = "ModernBERT" if m.model_type == "modernbert" else "BERT"
-        what = f"{name} with a sequence-classification head for the labels {labels}, after step {step:,}."
+        what = f"{arch.title} with a sequence-classification head for the labels {labels}, after step {step:,}."
         recipe = [
             ("base model", cfg["model"]),
             ("training data", cfg["train"]),
@@ -194,7 +190,10 @@ def _lr(lr: Any) -> str:
 
 def _recipe(cfg: dict[str, Any]) -> str:
     """``fast: packed sequences, dropout 0`` (docs/pretrain.md: The fast recipe)."""
-    layout = "packed sequences" if cfg["data"].get("pack") else "one document per sequence"
+    layout = "one document per sequence"
+    if cfg["data"].get("pack"):  # a run saved before --pack-attention attended across its row
+        within = cfg["data"].get("pack_attention", "row") == "document"
+        layout = "packed sequences" + (", attention within each document" if within else "")
     dropout = "as the model config" if cfg.get("dropout") is None else f"{cfg['dropout']:g}"
     return f"{cfg.get('recipe', 'bert')}: {layout}, dropout {dropout}"
 

@@ -19,6 +19,11 @@ Attention runs through PyTorch's scaled_dot_product_attention with one boolean m
 built once per forward pass and shared by its layers (global: the key padding, [B, 1, 1, L], never
 L x L; local: the band and the padding, [B, 1, L, L]); or, with ``attention="flex"`` (CUDA), through
 FlexAttention with block masks, which skip the blocks outside the window and never hold an L x L mask.
+
+With ``ModernBertModel.documents`` (--pack rows, ``attention_mask`` numbering each token's document), every
+mask also keeps each token within its document (global layers then get [B, 1, L, L]; FlexAttention skips the
+blocks between documents). Positions are not restarted per document: rotary attention depends on the
+distance between two tokens only, so a document's attention is the same wherever it sits in its row.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModernBertConfig
-from .model import ACT_FNS, padded_vocab_size
+from .model import ACT_FNS, document_mask, padded_vocab_size
 
 ATTENTION_KINDS = ("sdpa", "flex")
 
@@ -138,15 +143,23 @@ class FlexMask:
 
     _kernel = None
 
-    def __init__(self, attention_mask: torch.Tensor | None, batch: int, length: int, window: int | None, device):
+    def __init__(
+        self,
+        attention_mask: torch.Tensor | None,
+        batch: int,
+        length: int,
+        window: int | None,
+        device,
+        documents: bool = False,
+    ):
         from torch.nn.attention.flex_attention import create_block_mask
 
-        keep = None if attention_mask is None else attention_mask.bool()
+        keep = None if attention_mask is None else attention_mask if documents else attention_mask.bool()
 
         def mask_mod(b, h, q, kv):
             ok = (q - kv).abs() <= window if window is not None else q >= 0
-            if keep is not None:
-                ok = ok & keep[b, kv]
+            if keep is not None:  # documents: the same document (padding: padding), else a real key
+                ok = ok & (keep[b, q] == keep[b, kv] if documents else keep[b, kv])
             return ok
 
         self.block_mask = create_block_mask(
@@ -173,18 +186,34 @@ class LocalBlocks:
     Each block's mask is the band |q - k| <= window (the same for every block), the key padding and the
     ends of the sequence; each query also sees itself (as ``sdpa_masks``)."""
 
-    def __init__(self, attention_mask: torch.Tensor | None, batch: int, length: int, window: int, device) -> None:
+    def __init__(
+        self,
+        attention_mask: torch.Tensor | None,
+        batch: int,
+        length: int,
+        window: int,
+        device,
+        documents: bool = False,
+    ) -> None:
         self.w, self.b = window, 2 * window
         self.n = -(-length // self.b)
         self.length = length
         padded = self.n * self.b
-        keep = torch.zeros(batch, padded + 2 * window, dtype=torch.bool, device=device)
-        keep[:, window : window + length] = True if attention_mask is None else attention_mask.bool()
-        keys = keep.unfold(1, self.b + 2 * window, self.b)  # [B, n, b + 2w]: each block's keys
         j = torch.arange(self.b, device=device)[:, None]
         m = torch.arange(self.b + 2 * window, device=device)[None, :]
         band = (m - j >= 0) & (m - j <= 2 * window)  # |q - k| <= w, with k = block start + m - w
-        self.mask = (band & keys[:, :, None, :]) | (m - j == window)  # [B, n, b, b + 2w]; the diagonal
+        if documents:  # a key of the query's document; -1 past the ends, where no document is
+            doc = torch.full((batch, padded + 2 * window), -1, dtype=attention_mask.dtype, device=device)
+            doc[:, window : window + length] = attention_mask
+            keys = doc.unfold(1, self.b + 2 * window, self.b)  # [B, n, b + 2w]: each block's keys' documents
+            queries = doc[:, window : window + padded].view(batch, self.n, self.b)
+            allowed = band & (queries[..., :, None] == keys[..., None, :])
+        else:
+            keep = torch.zeros(batch, padded + 2 * window, dtype=torch.bool, device=device)
+            keep[:, window : window + length] = True if attention_mask is None else attention_mask.bool()
+            keys = keep.unfold(1, self.b + 2 * window, self.b)  # [B, n, b + 2w]: each block's keys
+            allowed = band & keys[:, :, None, :]
+        self.mask = allowed | (m - j == window)  # [B, n, b, b + 2w]; the diagonal
         self.mask = self.mask[:, None]  # [B, 1 (heads), n, b, b + 2w]
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0) -> torch.Tensor:
@@ -205,7 +234,7 @@ BLOCKED_FROM = 1024
 
 
 def sdpa_masks(
-    attention_mask: torch.Tensor | None, length: int, window: int, device: torch.device
+    attention_mask: torch.Tensor | None, length: int, window: int, device: torch.device, documents: bool = False
 ) -> dict[bool, torch.Tensor | None]:
     """The boolean masks (True: attend) of global (False) and local (True) layers for SDPA.
 
@@ -213,8 +242,15 @@ def sdpa_masks(
     |q - k| <= window and the key padding, [B, 1, L, L] (None when the window covers the sequence and
     there is no padding). Each query also sees itself, so that a padding position far from every real
     token is never a row without keys (SDPA would give it NaN, which would then reach real tokens
-    through the values); real tokens' rows are unchanged by that.
+    through the values); real tokens' rows are unchanged by that. With ``documents``, the block-diagonal
+    mask of the documents ``attention_mask`` numbers (padding one more block) instead of the key padding.
     """
+    if documents and attention_mask is not None:
+        same = document_mask(attention_mask)  # [B, 1, L, L], its diagonal true
+        if length - 1 <= window:
+            return {False: same, True: same}
+        pos = torch.arange(length, device=device)
+        return {False: same, True: same & ((pos[:, None] - pos[None, :]).abs() <= window)}
     keys = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
     if length - 1 <= window:
         return {False: keys, True: keys}
@@ -234,6 +270,9 @@ class ModernBertModel(nn.Module):
         self.config = config
         self.attention = attention
         self.blocked_from = BLOCKED_FROM  # SDPA: local layers block by block from this length on
+        # True (``use_document_attention``; pretraining on --pack rows): attention_mask numbers each token's
+        # document (1, 2, ...; 0 on padding) and attention stays within each.
+        self.documents = False
         self.embeddings = ModernBertEmbeddings(config, pad_vocab_multiple)
         self.layers = nn.ModuleList(ModernBertEncoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.norm_eps, bias=config.norm_bias)
@@ -256,17 +295,23 @@ class ModernBertModel(nn.Module):
     def masks(self, attention_mask: torch.Tensor | None, batch: int, length: int, device: torch.device) -> dict:
         # No padding: SDPA may take its fastest kernel. Not asked inside torch.compile, where reading the
         # device's answer would break the graph (the compiled step drops such a mask on the host already).
-        if attention_mask is not None and not torch.compiler.is_compiling() and bool(attention_mask.all()):
+        # One document (or 0/1 numbers) without padding is no mask at all either.
+        if attention_mask is not None and not torch.compiler.is_compiling() and bool((attention_mask == 1).all()):
             attention_mask = None
+        docs = self.documents and attention_mask is not None
         if self.attention == "flex":
             return {
-                False: FlexMask(attention_mask, batch, length, None, device),
-                True: FlexMask(attention_mask, batch, length, self.config.window, device),
+                False: FlexMask(attention_mask, batch, length, None, device, docs),
+                True: FlexMask(attention_mask, batch, length, self.config.window, device, docs),
             }
         if length >= self.blocked_from and length - 1 > self.config.window:
-            keys = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-            return {False: keys, True: LocalBlocks(attention_mask, batch, length, self.config.window, device)}
-        return sdpa_masks(attention_mask, length, self.config.window, device)
+            if docs:
+                keys = document_mask(attention_mask)
+            else:
+                keys = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+            blocks = LocalBlocks(attention_mask, batch, length, self.config.window, device, docs)
+            return {False: keys, True: blocks}
+        return sdpa_masks(attention_mask, length, self.config.window, device, docs)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Return the sequence output [B, L, H] (after the final norm)."""

@@ -1,4 +1,4 @@
-"""`--recipe fast`'s learning rate and warmup: chosen for the model's size and the global batch.
+"""`--recipe fast`: the values it sets, bf16 on CPUs, and its learning rate and warmup for the model's size and batch.
 
 BERT's default peak rate, 1e-4, is right for `base` at BERT's batch of 256 and far too low for the small
 models and batches a short run uses. The fast recipe takes the rate that reached the lowest held-out loss in
@@ -6,6 +6,10 @@ models and batches a short run uses. The fast recipe takes the rate that reached
 for the model's size, interpolated between the sizes swept by the parameters of the encoder's layers, and
 scales it to the run's global batch with ``--lr-scaling`` (sqrt unless linear is asked for). A ``--lr`` or
 ``--warmup`` the user gives wins (as for every value of the recipe: one that differs from the BERT default).
+
+Every decision the recipe makes is here: the data and model values it sets when the config is built
+(``apply_fast_recipe``, which config.py calls), bf16 on CPUs that compute it (``cpu_bf16``), and the learning
+rate and warmup (``choose``). This module reads configs without importing config.py, which imports it.
 """
 
 from __future__ import annotations
@@ -13,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from typing import Any
-
-from .config import ModelConfig, OptimConfig, PretrainConfig, fast_recipe
 
 # The global batch of the sweep: the table's rates are for this batch.
 SWEEP_BATCH = 32
@@ -33,12 +35,41 @@ SWEPT_LR: dict[str, tuple[tuple[int, int], float]] = {
 WARMUP = 0.06
 
 
+def fast_recipe(cfg: Any) -> bool:
+    """Whether ``cfg`` (a PretrainConfig) is a pretraining run under --recipe fast."""
+    return cfg.recipe == "fast"
+
+
+def cpu_bf16(cfg: Any) -> bool:
+    """Whether --precision auto takes bf16 autocast on a CPU that multiplies bf16 in hardware
+    (``precision.resolve_precision``): under --recipe fast, the one decision every part that resolves the
+    precision asks for."""
+    return fast_recipe(cfg)
+
+
+def apply_fast_recipe(cfg: Any) -> None:
+    """--recipe fast: change each field of ``cfg`` (a PretrainConfig, as it is built) that the user did not give
+    (``PretrainConfig.gave``; a flag given wins, even at BERT's default value; docs/pretrain.md: The fast
+    recipe)."""
+    if not fast_recipe(cfg):
+        return
+    data = cfg.data
+    if not data.nsp and not cfg.gave("pack", data.pack, False):
+        data.pack = True  # no sequence mostly padding: 117 real tokens of 128 instead of 39 on short documents
+    if not cfg.gave("masked_lm_prob", data.masked_lm_prob, 0.15):
+        data.masked_lm_prob = 0.3  # MosaicBERT: 30% masking beats 15%
+        if not cfg.gave("max_predictions", data.max_predictions, 20):  # BERT's 20 slots for 15% of 128
+            data.max_predictions = max(20, -(-round(0.3 * data.max_seq_length) // 8) * 8)
+    if cfg.dropout is None:
+        cfg.dropout = 0.0  # Cramming: no dropout when every token is seen about once
+
+
 def _layer_params(layers: int, hidden: int) -> float:
     """The weights of the encoder's layers (4 h^2 of attention, 8 h^2 of feed-forward each): what sets the size."""
     return 12 * layers * hidden**2
 
 
-def swept_lr(model: ModelConfig) -> tuple[float, str]:
+def swept_lr(model: Any) -> tuple[float, str]:
     """The sweep's peak learning rate at SWEEP_BATCH for ``model``, and where it comes from."""
     layers, hidden = model.num_hidden_layers, model.hidden_size
     points = sorted((_layer_params(*shape), lr, name) for name, (shape, lr) in SWEPT_LR.items())
@@ -56,23 +87,25 @@ def swept_lr(model: ModelConfig) -> tuple[float, str]:
     return float(f"{lr:.2g}"), f"between {a}'s and {b}'s by size"
 
 
-def _default(name: str) -> Any:
-    return next(f.default for f in dataclasses.fields(OptimConfig) if f.name == name)
+def _default(optim: Any, name: str) -> Any:
+    """The default of OptimConfig's field ``name`` (``optim``: an OptimConfig)."""
+    return next(f.default for f in dataclasses.fields(optim) if f.name == name)
 
 
-def choose(cfg: PretrainConfig, model: ModelConfig) -> tuple[OptimConfig, str]:
-    """The optimizer settings of a pretraining run (its --lr before --lr-scaling), and, where --recipe fast chose
-    the learning rate or warmup, why (for the start line; empty otherwise)."""
+def choose(cfg: Any, model: Any) -> tuple[Any, str]:
+    """The optimizer settings (an OptimConfig) of the pretraining run ``cfg`` (a PretrainConfig) of ``model`` (a
+    ModelConfig): its --lr before --lr-scaling, and, where --recipe fast chose the learning rate or warmup, why
+    (for the start line; empty otherwise)."""
     optim = cfg.optim
     if not fast_recipe(cfg):
         return optim, ""
     chose = []
-    if not cfg.gave("lr", optim.lr, _default("lr")):
+    if not cfg.gave("lr", optim.lr, _default(optim, "lr")):
         lr, where = swept_lr(model)
         scaling = optim.lr_scaling if optim.lr_scaling != "none" else "sqrt"
         optim = dataclasses.replace(optim, lr=lr, lr_scaling=scaling, reference_batch=SWEEP_BATCH)
         chose.append(f"lr {lr:g}, {where} best at batch {SWEEP_BATCH} in the lr sweep of BENCHMARKS.md")
-    if not cfg.gave("warmup", optim.warmup, _default("warmup")):
+    if not cfg.gave("warmup", optim.warmup, _default(optim, "warmup")):
         optim = dataclasses.replace(optim, warmup=WARMUP)
         chose.append("the warmup")
     if not chose:

@@ -90,8 +90,13 @@ def pretraining_objective(
     outputs = module(
         input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, mlm_positions=mlm_positions
     )
-    tokens = input_ids.numel() if attention_mask is None else attention_mask.sum()
+    tokens = input_ids.numel() if attention_mask is None else real_tokens(attention_mask)
     return pretraining_loss(outputs, mlm_labels, nsp_label, n_masked, global_batch, nsp, tokens)
+
+
+def real_tokens(attention_mask: torch.Tensor) -> torch.Tensor:
+    """The batch's real (non-padding) tokens: its mask is 0/1, or numbers each token's document (--pack)."""
+    return (attention_mask != 0).sum()
 
 
 def compile_objective(fn, mode: str | None):
@@ -100,10 +105,10 @@ def compile_objective(fn, mode: str | None):
 
 
 def drop_full_mask(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
-    """The batch (still on the host) with ``attention_mask`` None when it has no padding at all, as
-    packed batches mostly have: looked at on the CPU, before the copy to the device, so that no step
-    waits for the device to know it."""
+    """The batch (still on the host) with ``attention_mask`` None when it has no padding at all and one
+    document per row (a --pack row of several documents keeps the mask that numbers them): looked at on
+    the CPU, before the copy to the device, so that no step waits for the device to know it."""
     mask = batch.get("attention_mask")
-    if mask is not None and bool(mask.all()):
+    if mask is not None and bool((mask == 1).all()):
         return {**batch, "attention_mask": None}
     return batch

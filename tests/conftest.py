@@ -57,6 +57,7 @@ HEAVY_FIRST = [
     "test_lora.py",
     "test_end_to_end.py",
     "test_zh_wwm.py",
+    "test_packing.py",
     "test_new_user.py",
     "test_heldout.py",
     "test_finetune_workflow.py",

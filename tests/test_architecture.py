@@ -115,8 +115,8 @@ def test_no_module_imports_one_that_imports_it():
 
 
 def test_no_package_imports_one_that_imports_it():
-    """bertgpu.parallel, bertgpu.data and bertgpu.tasks each as one node: training.py may use parallel/ or
-    parallel/ training.py, not both."""
+    """bertgpu.parallel, bertgpu.data and bertgpu.tasks each as one node: checkpoint.py may use parallel/ or
+    parallel/ checkpoint.py, not both."""
     _assert_no_cycle(lambda module: ".".join(module.split(".")[:2]))
 
 

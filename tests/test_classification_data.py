@@ -338,7 +338,7 @@ def test_finetune_bad_input(tmp_path, minilm_dir, case, capsys):
     elif case == "non-utf8":
         (tmp_path / "gbk.csv").write_bytes("text,label\n好,positive\n差,negative\n".encode("gbk"))
         args["--train"] = tmp_path / "gbk.csv"
-        needles = ["gbk.csv:2: not valid UTF-8"]
+        needles = ["gbk.csv:2: not valid UTF-8", "it looks like GBK (Chinese)", "iconv -f GBK -t UTF-8"]
     elif case == "unseen-eval-label":
         args["--eval"] = write_csv(tmp_path / "eval.csv", [("ok", "positive"), ("so so", "neutral")])
         needles = ["eval.csv:3: label 'neutral' never appears in the training data"]
@@ -356,3 +356,66 @@ def test_finetune_bad_input(tmp_path, minilm_dir, case, capsys):
     for needle in needles:
         assert needle in line, line
     assert not out.exists()
+
+
+@pytest.mark.parametrize("delimiter", [";", "\t", "|"])
+def test_a_csv_separated_by_another_character_is_detected_and_said(tmp_path, delimiter):
+    """Spreadsheets save ';' where the comma is the decimal point: such a .csv was "2 fields, but the header
+    has 1" or "no column 'text'; columns found: 'text;label'". Commas inside the texts stay text."""
+    path = tmp_path / "data.csv"
+    rows = [("text", "label"), ("A fine, sturdy book", "positive"), ("meh, 2,5 out of 10", "negative")]
+    path.write_text("".join(delimiter.join(row) + "\n" for row in rows), encoding="utf-8")
+    examples = load_examples(path, "text", label_column="label")
+    assert examples.texts == ["A fine, sturdy book", "meh, 2,5 out of 10"] and examples.labels == [
+        "positive",
+        "negative",
+    ]
+    name = {";": "semicolons", "\t": "tabs", "|": "vertical bars"}[delimiter]
+    flag = "tab" if delimiter == "\t" else repr(delimiter)
+    assert examples.note == f"{path}: its fields are separated by {name}, not commas: read so (--delimiter {flag})"
+    assert load_examples(path, "text", label_column="label", delimiter=flag.strip("'")).texts == examples.texts
+    # the comma wins where it splits the lines evenly: a comma CSV whose texts hold semicolons is a comma CSV
+    comma = tmp_path / "comma.csv"
+    comma.write_text('text,label\n"one; two",a\nthree;four,b\n', encoding="utf-8")
+    plain = load_examples(comma, "text", label_column="label")
+    assert plain.texts == ["one; two", "three;four"] and plain.note is None
+
+
+def test_a_csv_that_two_delimiters_split_evenly_asks_for_one(tmp_path):
+    path = tmp_path / "data.csv"
+    path.write_text("text;label|id\nx;1|2\ny;3|4\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"data.csv: not separated by commas; semicolons \(';'\) and vertical bars"):
+        load_examples(path, "text", label_column="label")
+    assert load_examples(path, "text", label_column="label|id", delimiter=";").labels == ["1|2", "3|4"]
+    with pytest.raises(UserError, match=r"columns found: 'text;label\|id' \(fields separated by semicolons\? give"):
+        load_examples(path, "text", label_column="label", delimiter=",")
+    with pytest.raises(UserError, match="--delimiter ';;': give one character"):
+        load_examples(path, "text", label_column="label", delimiter=";;")
+
+
+def test_encodings_are_read_or_named(tmp_path):
+    """A Latin-1 CSV was told to convert "from GBK": each encoding is named as what it is, with the command
+    that converts it; UTF-16 and UTF-32 with a byte-order mark (Excel's "Unicode text") are read as they are."""
+    text = "text,label\nCafé au lait,positive\nNoël à Paris,negative\n"
+    utf8 = tmp_path / "utf8.csv"
+    utf8.write_text(text, encoding="utf-8")
+    expected = load_examples(utf8, "text", label_column="label").texts
+    for codec in ("utf-16", "utf-16-be", "utf-32", "utf-8-sig"):
+        path = tmp_path / f"{codec}.csv"
+        path.write_bytes(text.encode(codec) if codec != "utf-16-be" else b"\xfe\xff" + text.encode(codec))
+        assert load_examples(path, "text", label_column="label").texts == expected, codec
+    cases = {
+        "latin1": (text.encode("latin-1"), ":2: not valid UTF-8 (byte 0xe9 at byte offset 14); it looks like Latin-1"),
+        "cp1252": (text.replace("au", "\u201cau\u201d").encode("cp1252"), "it looks like Windows-1252"),
+        "utf-16-le": (text.encode("utf-16-le"), "UTF-16LE text without a byte-order mark, not UTF-8"),
+        "utf-16-be": (text.encode("utf-16-be"), "UTF-16BE text without a byte-order mark, not UTF-8"),
+    }
+    for name, (data, needle) in cases.items():
+        path = tmp_path / f"{name}.csv"
+        path.write_bytes(data)
+        with pytest.raises(UserError) as caught:
+            load_examples(path, "text", label_column="label")
+        message = str(caught.value)
+        assert needle in message and "GBK" not in message, message
+        iconv = {"latin1": "LATIN1", "cp1252": "CP1252"}.get(name, name.upper().replace("16-", "16"))
+        assert f"iconv -f {iconv} -t UTF-8 {path} > {tmp_path / name}.utf8.csv" in message, message

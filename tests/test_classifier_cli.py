@@ -59,6 +59,12 @@ def test_a_preset_fine_tunes_from_random_weights_with_the_widths_lr(from_preset,
     assert finetune_lr(256) == 1.8e-4 and finetune_lr(512) == 4.5e-5
     assert "lr 7.2e-4: the default for hidden size 128 (2e-5 x (768 / 128)^2" in stdout
     assert "peak lr 0.00072" in stdout
+    # The run ends with the best epoch's evaluation by label, the per-epoch lines staying short.
+    metrics = json.loads((out / "metrics.json").read_text())["best"]
+    table = stdout[stdout.index("on the evaluation data by label (f1: binary (positive)):") :].splitlines()[1:4]
+    assert [line.split()[0] for line in table] == ["label", "negative", "positive"]
+    assert table[2].split()[-1] == str(metrics["eval_per_class"]["positive"]["support"])
+    assert all(" eval | " not in line or "precision" not in line for line in stdout.splitlines())
     config = json.loads((out / "best" / "config.json").read_text())
     assert config["vocab_size"] == len(load_vocab(small_uncased_vocab)) and config["hidden_size"] == 128
     assert (out / "best" / "vocab.txt").read_bytes() == small_uncased_vocab.read_bytes()
@@ -133,12 +139,23 @@ def test_predict_a_batch_from_a_file_or_standard_input(from_preset, reviews, tmp
     monkeypatch.setattr(sys, "stdin", io.StringIO(texts[0] + "\n\n" + texts[1] + "\n"))
     proc = run_in_process("predict", "--model", str(out), "--input", "-", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr
+    # A blank line gets an empty row, so that the output stays line by line with the input, and one warning.
     rows = [line.split("\t") for line in proc.stdout.splitlines()]
-    assert [r[2] for r in rows] == texts and [r[0] for r in rows] == [x["label"] for x in clf(texts)]
+    assert [r[2] for r in rows] == [texts[0], "", texts[1]] and rows[1] == ["", "", ""]
+    assert [rows[0][0], rows[2][0]] == [x["label"] for x in clf(texts)]
+    assert proc.stderr.strip() == (
+        "bertgpu: warning: (standard input): 1 blank line(s) given an empty prediction, to keep the output "
+        "line by line with the input (lines 2)"
+    )
 
     lines = tmp_path / "texts.txt"
-    lines.write_text("\n".join(texts) + "\n", encoding="utf-8")
+    lines.write_text(texts[0] + "\n\n" + texts[1] + "\n", encoding="utf-8")
     assert run_cli("predict", "--model", out, "--input", lines, "--device", "cpu").stdout == proc.stdout
+    written = tmp_path / "predictions-of-lines.tsv"
+    run_cli("predict", "--model", out, "--input", lines, "--output", written, "--device", "cpu")
+    table = [line.split("\t") for line in written.read_text(encoding="utf-8").splitlines()]
+    assert table[0] == ["text", "prediction", "probability"] and [r[0] for r in table[1:]] == [texts[0], "", texts[1]]
+    assert table[2] == ["", "", ""] and table[1][1] == rows[0][0]
 
     # a CSV with the classifier's own column name (review), no --text-column needed, printed or written
     proc = run_cli("predict", "--model", out, "--input", reviews["test"], "--device", "cpu")
@@ -147,3 +164,24 @@ def test_predict_a_batch_from_a_file_or_standard_input(from_preset, reviews, tmp
     run_cli("predict", "--model", out, "--input", reviews["test"], "--output", written, "--device", "cpu")
     header = written.read_text(encoding="utf-8").splitlines()[0].split("\t")
     assert header == ["sentiment", "review", "prediction", "probability"]
+
+
+def test_evaluate_and_predict_read_a_semicolon_csv_and_say_so(from_preset, reviews, tmp_path):
+    """The test reviews saved with ';' between fields (as a spreadsheet in a decimal-comma locale saves
+    them): the same metrics and predictions as the comma file, and one line saying how the file was read."""
+    out = from_preset[0]
+    with open(reviews["test"], encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f))
+    semicolons = tmp_path / "test.csv"
+    with open(semicolons, "w", encoding="utf-8", newline="") as f:
+        csv.writer(f, delimiter=";").writerows(rows)
+    note = (
+        f"bertgpu: warning: {semicolons}: its fields are separated by semicolons, not commas: read so (--delimiter ';')"
+    )
+    comma = run_cli("evaluate", "--model", out, "--data", reviews["test"], "--output", tmp_path / "a.json", "--json")
+    proc = run_cli("evaluate", "--model", out, "--data", semicolons, "--output", tmp_path / "b.json", "--json")
+    assert note in proc.stderr.splitlines()
+    assert {**json.loads(proc.stdout), "data": ""} == {**json.loads(comma.stdout), "data": ""}
+    args = ("--model", out, "--device", "cpu", "--input")
+    proc = run_cli("predict", *args, semicolons)
+    assert proc.stdout == run_cli("predict", *args, reviews["test"]).stdout and note in proc.stderr.splitlines()

@@ -479,3 +479,212 @@ def test_inspect_errors(tmp_path, english_data, capsys):
     proc = run_cli("inspect", tmp_path / "nodata", check=False)
     assert_one_line_error(proc, "nodata", "bertgpu prepare")
     assert_one_line_error_in_process(["inspect", english_data, "--index", "100000"], "--index 100000", "instances")
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors that name the right thing (issue 40): flags, presets, --config values, run directories, CSV
+# delimiters and encodings. Each is one line, and nothing is written.
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["pretrain", "--eval-fracton", "0.1"], ["`bertgpu pretrain` has no flag --eval-fracton", "--eval-fraction?"]),
+        (["pretrain", "--eval-fracton=0.1"], ["has no flag --eval-fracton ", "--eval-fraction?"]),
+        (["finetune", "--epoch", "3"], ["`bertgpu finetune` has no flag --epoch (did you mean --epochs?)"]),
+        (["pretrain"], ["required: --model, --data", "bertgpu pretrain --help"]),
+        (["pretrain", "--steps", "two"], ["--steps: invalid int value: 'two'"]),
+        (["finetune", "--metric", "f2"], ["--metric: invalid choice: 'f2'", "accuracy, f1"]),
+        (["bench", "--model", "minii"], ["invalid choice: 'minii' (did you mean mini?)", "tiny, mini, small"]),
+        (["pretrian"], ["invalid choice: 'pretrian' (did you mean pretrain?)"]),
+    ],
+    ids=["typo", "typo-with-value", "abbreviation", "required", "bad-int", "bad-choice", "preset", "command"],
+)
+def test_argparse_mistakes_are_one_line_naming_the_flag(tmp_path, args, needles, capsys):
+    """A mistyped flag gets the nearest one instead of the 45-line usage; an abbreviation is refused, not taken
+    for the flag it begins (a flag is typed whole); argparse's other errors are one line too."""
+    out = tmp_path / "run"
+    err = in_process_error(*args, *(["--out", out] if args[0] in ("pretrain", "finetune") else []))
+    assert "usage:" not in err
+    for needle in needles:
+        assert needle in err, err
+    assert not out.exists()
+
+
+def test_an_abbreviated_flag_is_refused_before_anything_runs(tmp_path, tiny_classifier_setup, capsys):
+    """`--epoch 1` was taken for --epochs: a run the user did not ask for. Now nothing is written."""
+    from bertgpu.cli import build_parser
+
+    model, train = tiny_classifier_setup
+    out = tmp_path / "clf"
+    args = ["finetune", "--model", model, "--train", train, "--text-column", "review", "--out", out, "--epoch", "1"]
+    assert_one_line_error_in_process(args, "has no flag --epoch (did you mean --epochs?)")
+    assert not out.exists()
+    config = tmp_path / "c.json"
+    config.write_text('{"epochs": 1}')
+    args = ["finetune", "--model", model, "--train", train, "--out", out, "--conf", config]
+    assert_one_line_error_in_process(args, "has no flag --conf (did you mean --config?)")
+    assert not out.exists()
+    parsers = [build_parser()]
+    parsers += [
+        p
+        for a in parsers[0]._actions
+        if hasattr(a, "choices") and isinstance(a.choices, dict)
+        for p in a.choices.values()
+    ]
+    assert len(parsers) == 10 and not any(p.allow_abbrev for p in parsers)
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ('steps: "two hundred"\n', 'run.yaml: steps: "two hundred" is not an integer'),
+        ("steps: 2.5\n", "run.yaml: steps: 2.5 is not an integer"),
+        ("optim:\n  lr: fast\n", 'run.yaml: optim.lr: "fast" is not a number'),
+        ('compile: "yes"\n', 'run.yaml: compile: "yes" is not true or false'),
+        ("eval-fraction: [0.1]\n", "run.yaml: eval-fraction: [0.1] is not a number"),
+        ("device: gpu\n", 'run.yaml: device: "gpu" is not one of auto, cpu, cuda'),
+        ("batch_size: 4,x\n", 'run.yaml: batch_size: "4,x" is not a batch size'),
+        (
+            "eval-fracton: 0.1\n",
+            "run.yaml: 'eval-fracton' is not a field of `bertgpu pretrain` (did you mean eval-fraction?)",
+        ),
+    ],
+    ids=["int-words", "int-float", "float", "bool", "list", "choice", "batch-size", "unknown-key"],
+)
+def test_config_file_value_of_the_wrong_type(tmp_path, english_data, text, needle, capsys):
+    """One line naming the file, the key, the value and the type it needs; not argparse's usage page blaming
+    a flag (--steps) that the user never typed."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"data: {english_data}\nmodel: tiny\n" + text)
+    out = tmp_path / "run"
+    err = in_process_error("pretrain", "--config", config, "--out", out)
+    assert needle in err and str(config) in err, err
+    assert not out.exists()
+
+
+def test_config_file_values_as_a_command_line_gives_them(tmp_path):
+    """What a flag takes from the command line a file may give as a string ("1e-4": YAML reads it as one); and
+    every command accepts the config it saves (a checkpoint's bertgpu.json re-runs its run)."""
+    import dataclasses
+
+    from bertgpu.cli import COMMANDS, read_config_file
+    from bertgpu.config import FillMaskConfig, PredictConfig
+
+    config = tmp_path / "run.yaml"
+    config.write_text("optim:\n  lr: 1e-4\n  steps: '200'\nbatch-size: 48,16\nrun:\n  seed: 3\n")
+    flat = read_config_file(str(config), "pretrain", COMMANDS["pretrain"][0])
+    assert flat == {"lr": 1e-4, "steps": 200, "batch_size": "48,16", "seed": 3}
+    config.write_text("corpus: a.txt\nsize: '300'\n")
+    assert read_config_file(str(config), "vocab", COMMANDS["vocab"][0]) == {"corpus": ["a.txt"], "size": 300}
+    for command, (cls, _, _) in COMMANDS.items():
+        made = {PredictConfig: {"texts": ["a text"]}, FillMaskConfig: {"text": ["a [MASK]"]}}.get(cls, {})
+        saved = tmp_path / f"{command}.json"
+        saved.write_text(json.dumps({"step": 1, "config": dataclasses.asdict(cls(**made))}))
+        assert read_config_file(str(saved), command, cls), command
+
+
+def test_an_unknown_preset_is_named_with_the_presets(
+    tmp_path, english_data, tiny_classifier_setup, uncased_vocab, capsys
+):
+    """`--model minii --vocab V` was told "minii brings its own vocab.txt", as if it were a directory."""
+    _, train = tiny_classifier_setup
+    out = tmp_path / "out"
+    presets = "(presets: tiny, mini, small, medium, base, large)"
+    for vocab in (["--vocab", uncased_vocab], []):
+        args = ["finetune", "--model", "minii", *vocab, "--train", train, "--text-column", "review", "--out", out]
+        err = assert_one_line_error_in_process(args, "--model minii: no such preset or directory", presets)
+        assert "did you mean mini?" in err and "vocab.txt" not in err
+    args = ["pretrain", "--data", english_data, "--model", "bsae", "--out", out]
+    assert_one_line_error_in_process(args, "--model bsae: no such preset, file or directory", presets, "mean base?")
+    args = ["bench", "--model", "minii"]
+    assert_one_line_error_in_process(args, "--model: invalid choice: 'minii' (did you mean mini?)", "tiny, mini,")
+    assert not out.exists()
+
+
+def test_a_model_without_a_classifier_says_what_kind_of_directory_it_is(
+    tmp_path, two_step_run, minilm_dir, tiny_classifier_setup, capsys
+):
+    """predict/evaluate --model on a pretraining run was "a `bertgpu finetune` run without a classifier yet"."""
+    tiny, _ = tiny_classifier_setup
+    data = tmp_path / "test.csv"
+    data.write_text("text,label\ngood,pos\nbad,neg\n")
+    newest = two_step_run / "checkpoints" / "step-0000002"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    finetune_run = tmp_path / "clf"
+    (finetune_run / "checkpoints").mkdir(parents=True)
+    fine_tune = "fine-tune it first: bertgpu finetune --model {}"
+    kinds = {
+        two_step_run: [
+            "is a `bertgpu pretrain` run",
+            "masked-LM models with no classifier",
+            fine_tune.format(two_step_run),
+        ],
+        newest: ["is a `bertgpu pretrain` checkpoint: a masked-LM model with no classifier", fine_tune.format(newest)],
+        empty: ["is an empty directory, not a classifier"],
+        finetune_run: ["is a `bertgpu finetune` run without a classifier yet", "best/"],
+        minilm_dir: [
+            "is a BertModel with no classifier (its config.json has no id2label)",
+            fine_tune.format(minilm_dir),
+        ],
+        tiny: ["is a BertForPreTraining with no classifier", fine_tune.format(tiny)],
+    }
+    for model, needles in kinds.items():
+        for args in (["predict", "--model", model, "a text"], ["evaluate", "--model", model, "--data", data]):
+            err = assert_one_line_error_in_process(args, str(model), *needles)
+            assert "a `bertgpu finetune` run without" not in err or model == finetune_run, err
+    assert not (newest / "eval_results.json").exists() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "clf",
+        "empty",
+        "test.csv",
+    ]
+
+
+@pytest.mark.parametrize(
+    "codec, needle",
+    [
+        ("utf-16", "UTF-16LE text, not UTF-8; convert it: iconv -f UTF-16LE -t UTF-8"),
+        ("utf-16-le", "UTF-16LE text without a byte-order mark, not UTF-8; convert it: iconv -f UTF-16LE -t UTF-8"),
+        ("utf-16-be", "UTF-16BE text without a byte-order mark, not UTF-8; convert it: iconv -f UTF-16BE -t UTF-8"),
+        ("utf-32", "UTF-32LE text, not UTF-8; convert it: iconv -f UTF-32LE -t UTF-8"),
+    ],
+)
+def test_a_utf16_corpus_is_named_not_called_binary(tmp_path, uncased_vocab, codec, needle, capsys):
+    """A UTF-16 corpus (Windows' "Unicode") was "a binary file (NUL bytes)"."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes("A first sentence here.\nAnd its second.\n\nAnother document.\n".encode(codec))
+    for command in (["prepare", corpus, "--vocab", uncased_vocab], ["vocab", corpus, "--size", "300"]):
+        err = assert_one_line_error_in_process([*command, "--out", tmp_path / "out"], f"{corpus}: {needle}")
+        assert f"{corpus} > {tmp_path / 'corpus.utf8.txt'}" in err and "binary" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
+
+
+def test_a_vocab_with_a_byte_order_mark_is_refused(tmp_path, english_corpus, uncased_vocab, capsys):
+    """A vocab.txt is copied into every checkpoint, which transformers reads as UTF-8 without a mark."""
+    tokens = uncased_vocab.read_text(encoding="utf-8")
+    for codec, needle in (("utf-16", "is UTF-16LE text, not UTF-8"), ("utf-8-sig", "starts with a UTF-8 byte-order")):
+        vocab = tmp_path / "vocab.txt"
+        vocab.write_bytes(tokens.encode(codec))
+        args = ["prepare", english_corpus, "--vocab", vocab, "--out", tmp_path / "data"]
+        assert_one_line_error_in_process(args, f"vocab file {vocab} {needle}")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["vocab.txt"]
+
+
+def test_a_gbk_or_latin1_corpus_is_named_as_what_it_is(tmp_path, uncased_vocab, tiny_classifier_setup, capsys):
+    """Not UTF-8: GBK only where the bytes are Chinese, Latin-1 where they are Western text; said in the warning
+    or --strict error, and in the error when most lines are not UTF-8 (not "the vocab was made for another
+    language")."""
+    gbk = tmp_path / "gbk.txt"
+    gbk.write_bytes("今天天气不错。\n我们去公园吧。\n\n质量很好，下次还买。\n".encode("gbk"))
+    args = ["prepare", gbk, "--vocab", uncased_vocab, "--out", tmp_path / "out"]
+    err = assert_one_line_error_in_process(args, "3 of the 4 lines", f"first at {gbk}:1; it looks like GBK (Chinese)")
+    assert f"iconv -f GBK -t UTF-8 {gbk} > {tmp_path / 'gbk.utf8.txt'}" in err
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("A plain first line.\nCafé au lait à Noël.\n".encode("latin-1"))
+    args = ["prepare", latin1, "--vocab", uncased_vocab, "--out", tmp_path / "out", "--strict"]
+    err = assert_one_line_error_in_process(args, f"{latin1}:2: not valid UTF-8", "it looks like Latin-1 (ISO-8859-1)")
+    assert "iconv -f LATIN1 -t UTF-8" in err and "GBK" not in err
+    args = ["fill-mask", tiny_classifier_setup[0], "--input", latin1]
+    assert_one_line_error_in_process(args, f"--input {latin1}:2: not valid UTF-8", "it looks like Latin-1")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["gbk.txt", "latin1.txt"]

@@ -131,7 +131,7 @@ def test_finetune_minilm_with_two_processes(finetuned, held_out_metrics):
 def test_two_process_evaluation_equals_one_process(held_out_metrics):
     """Acceptance 4: every example counts exactly once, so the metrics are the same, not just close."""
     one, two = held_out_metrics
-    for key in ("examples", "loss", "accuracy", "f1", "confusion"):
+    for key in ("examples", "loss", "accuracy", "f1", "confusion", "per_class"):
         assert one[key] == two[key], key
     assert sum(map(sum, one["confusion"])) == 2 * TEST_PER_CLASS
 

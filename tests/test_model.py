@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from conftest import at_real_tokens
+from conftest import EXACT, TINY_RUN, at_real_tokens, run_cli
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
@@ -23,6 +23,7 @@ from bertgpu.model import (
     BertForSequenceClassification,
     BertModel,
     training_flops_per_sequence,
+    use_fused_qkv,
 )
 
 ATOL = 1e-5
@@ -166,6 +167,69 @@ def test_pretraining_gradients_match_transformers():
     torch.testing.assert_close(loss, ref.loss, atol=ATOL, rtol=0)
     for name, p in ours.named_parameters():
         torch.testing.assert_close(p.grad, theirs.get_parameter(name).grad, atol=ATOL, rtol=0, msg=name)
+
+
+class CountMatmuls(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the matmuls (aten mm/addmm/bmm) that run under it, by the shape of their right operand."""
+
+    def __init__(self):
+        super().__init__()
+        self.shapes: list[tuple[int, ...]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten.mm.default, torch.ops.aten.addmm.default):
+            self.shapes.append(tuple(args[-1].shape))
+        return func(*args, **(kwargs or {}))
+
+
+def test_fused_qkv_is_one_matmul_per_layer_with_the_same_numbers_and_parameters():
+    """Q, K and V as one [h, 3h] matmul (the default) and as three: the same parameters under transformers'
+    names, outputs and gradients equal to fp32 rounding; the forward pass does 2 matmuls fewer per layer."""
+    config = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = BertForPreTraining(config).train()
+    batch = padded_batch(config.vocab_size, seed=4)
+    h = config.hidden_size
+    runs = {}
+    for fused in (True, False):
+        use_fused_qkv(model, fused)
+        model.zero_grad()
+        with CountMatmuls() as counted:
+            mlm, nsp = model(**batch)
+        (mlm.float().square().mean() + nsp.square().mean()).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        runs[fused] = (mlm.detach(), nsp.detach(), grads, counted.shapes)
+    fused_mm, plain_mm = runs[True][3], runs[False][3]
+    assert fused_mm.count((h, 3 * h)) == config.num_hidden_layers  # x·[Wq; Wk; Wv]ᵀ, once a layer
+    assert (h, 3 * h) not in plain_mm and len(plain_mm) - len(fused_mm) == 2 * config.num_hidden_layers
+    torch.testing.assert_close(runs[True][0], runs[False][0], atol=ATOL, rtol=0)
+    torch.testing.assert_close(runs[True][1], runs[False][1], atol=ATOL, rtol=0)
+    assert runs[True][2].keys() == runs[False][2].keys()
+    for name, grad in runs[True][2].items():
+        torch.testing.assert_close(grad, runs[False][2][name], atol=ATOL, rtol=0, msg=name)
+    names = [n for n in model.state_dict() if ".attention.self." in n]
+    assert names[:6] == [
+        f"bert.encoder.layer.0.attention.self.{p}.{w}" for p in ("query", "key", "value") for w in ("weight", "bias")
+    ]
+
+
+def test_pretrain_no_fused_qkv_trains_the_same_run_to_rounding(tmp_path, small_english_data):
+    """`pretrain --no-fused-qkv` (three matmuls) and the default (one) are the same run: the same losses to
+    fp32 rounding over a few steps, and checkpoints of the same tensors under the same names."""
+    from safetensors.torch import load_file
+
+    runs = {}
+    for name, extra in (("fused", []), ("three", ["--no-fused-qkv"])):
+        out = tmp_path / name
+        run_cli("pretrain", "--data", small_english_data, "--out", out, *TINY_RUN, *EXACT, "--batch-size", "4",
+                "--max-seq-length", "64", "--steps", "3", "--log-every", "1", "--lr", "1e-3", *extra)  # fmt: skip
+        log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+        runs[name] = ([r["loss"] for r in log], load_file(out / "checkpoints" / "step-0000003" / "model.safetensors"))
+    (fused, weights), (three, weights_three) = runs["fused"], runs["three"]
+    assert len(fused) == 3 and fused[0] != fused[-1]
+    assert fused == pytest.approx(three, abs=1e-5)
+    assert weights.keys() == weights_three.keys() and "bert.encoder.layer.0.attention.self.key.weight" in weights
+    assert max((weights[k] - weights_three[k]).abs().max().item() for k in weights) < 1e-4
 
 
 def test_sequence_classification_matches_transformers():

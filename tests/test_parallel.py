@@ -350,8 +350,8 @@ def _tensor_parallel_dropout_worker(out: str) -> None:
 
     from bertgpu.config import ModelConfig, OptimConfig, ParallelConfig, PretrainConfig
     from bertgpu.model import BertForPreTraining
+    from bertgpu.optim import build_optimizer
     from bertgpu.tasks.common import TrainingRun
-    from bertgpu.training import build_optimizer
 
     config = ModelConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3)
     run = TrainingRun(

@@ -256,7 +256,8 @@ def test_bad_records_are_counted_reported_and_fatal_with_strict(english_corpus, 
         meta = prepare([str(path)], str(uncased_vocab), str(tmp_path / "out"), progress=False)
     messages = [str(w.message) for w in caught]
     assert messages == [
-        f"1 line(s) were not valid UTF-8 and had bytes replaced by U+FFFD (first at {path}:30)",
+        f"1 line(s) were not valid UTF-8 and had bytes replaced by U+FFFD (first at {path}:30; it looks like "
+        f"Latin-1 (ISO-8859-1): convert it: iconv -f LATIN1 -t UTF-8 {path} > {tmp_path / 'web.utf8.jsonl'})",
         f"skipped 1 line(s) that are not valid JSON (first: {path}:13: not valid JSON (Unterminated string "
         "starting at: column 10))",
         f"skipped 2 line(s) of JSON that is not an object (first: {path}:12: a JSON array, not an object with a "

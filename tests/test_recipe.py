@@ -1,44 +1,13 @@
-"""--pack and --recipe fast (issue 22): packed sequences hold the corpus's tokens in order with a [SEP]
-between documents and never mask it; the fast recipe sets its values and an explicit flag wins."""
+"""--pack and --recipe fast (issue 22): --pack needs --no-nsp; the fast recipe sets its values and an explicit flag
+wins. What packed rows hold is tests/test_packing.py's."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from bertgpu.cli import COMMANDS, build_config, build_parser, given_fields
 from bertgpu.config import DataConfig
-from bertgpu.data.pretraining import IGNORE_INDEX, PretrainingDataset
-from bertgpu.data.shards import ShardedCorpus
-from bertgpu.data.tokenizer import load_vocab
 from bertgpu.errors import UserError
-
-
-def test_packed_sequences_are_the_corpus_in_order(small_english_data):
-    corpus = ShardedCorpus(small_english_data)
-    vocab = load_vocab(corpus.vocab_path)
-    sep = vocab.index("[SEP]")
-    cfg = DataConfig(data=str(small_english_data), max_seq_length=64, nsp=False, pack=True, max_predictions=10)
-    dataset = PretrainingDataset(corpus, cfg, 0, vocab)
-    read, inner_seps, real = [], 0, []
-    for i in range(len(dataset)):
-        x = dataset[i]
-        ids = x["input_ids"].copy()
-        predicted = x["mlm_labels"] != IGNORE_INDEX
-        assert not (x["mlm_labels"][predicted] == sep).any()  # a document boundary is never a prediction target
-        ids[x["mlm_positions"][predicted]] = x["mlm_labels"][predicted]  # the text before masking
-        n = int(x["attention_mask"].sum())
-        real.append(n)
-        body = ids[1 : n - 1]
-        inner_seps += int((body == sep).sum())
-        read.append(body[body != sep])
-    ours = np.concatenate(read)
-    whole = corpus.tokens(0, corpus.num_sentences)
-    long = corpus.sentence_lengths.max() > cfg.max_seq_length - 2
-    assert long or np.array_equal(ours, whole)  # every token once, in corpus order (no sentence is cut)
-    # whole sentences (as RoBERTa packs): at 64 tokens this corpus of long sentences fills 79%; Python's
-    # documentation sources fill 117 of 128
-    assert inner_seps > 0 and np.mean(real) > 0.75 * cfg.max_seq_length
 
 
 def test_pack_needs_no_nsp():
@@ -81,13 +50,13 @@ def test_fast_recipe_takes_bf16_on_cpus_that_compute_it_natively(monkeypatch, na
     is slower than fp32), fp32 elsewhere; --recipe bert and an explicit --precision are left alone."""
     import torch
 
-    from bertgpu import training
-    from bertgpu.config import fast_recipe
+    from bertgpu import precision
+    from bertgpu.recipe import fast_recipe
 
-    monkeypatch.setattr(training, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
     cpu = torch.device("cpu")
     fast, bert = _parse("--no-nsp", "--recipe", "fast"), _parse("--no-nsp")
     assert (fast_recipe(fast), fast_recipe(bert)) == (True, False)
-    assert training.resolve_precision("auto", cpu, cpu_bf16=fast_recipe(fast)) == ("bf16" if native else "fp32")
-    assert training.resolve_precision("auto", cpu, cpu_bf16=fast_recipe(bert)) == "fp32"
-    assert training.resolve_precision("fp32", cpu, cpu_bf16=True) == "fp32"
+    assert precision.resolve_precision("auto", cpu, cpu_bf16=fast_recipe(fast)) == ("bf16" if native else "fp32")
+    assert precision.resolve_precision("auto", cpu, cpu_bf16=fast_recipe(bert)) == "fp32"
+    assert precision.resolve_precision("fp32", cpu, cpu_bf16=True) == "fp32"

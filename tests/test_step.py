@@ -20,12 +20,12 @@ from bertgpu.data.pretraining import IGNORE_INDEX, GlobalBatchSampler, Pretraini
 from bertgpu.data.shards import ShardedCorpus
 from bertgpu.data.tokenizer import load_vocab
 from bertgpu.hf_dir import export_state_dict
+from bertgpu.metrics import Waits, describe_waits
 from bertgpu.model import BertForPreTraining
 from bertgpu.parallel import parallelize
 from bertgpu.parallel.dims import ParallelDims
 from bertgpu.parallel.parallelize import whole_step_compile
 from bertgpu.step import LOG_SUMS, drop_full_mask, pretraining_objective
-from bertgpu.training import Waits, describe_waits
 
 
 def _masked(batch: dict[str, torch.Tensor], slots: int = 4) -> dict[str, torch.Tensor]:

@@ -161,7 +161,7 @@ def test_optimizer_state_of_another_padding_is_refused(tmp_path, corpus):
     with one line naming the tensor, before the next step could fail in a kernel."""
     from bertgpu.checkpoint import load_optimizer_state, save_checkpoint
     from bertgpu.config import OptimConfig, PretrainConfig
-    from bertgpu.training import build_optimizer
+    from bertgpu.optim import build_optimizer
 
     V = corpus.vocab_size
     padded = BertForPreTraining(tiny(V), pad_vocab_multiple=MULTIPLE)

@@ -24,9 +24,10 @@ def main() -> None:
     from bertgpu.data.shards import ShardedCorpus
     from bertgpu.data.tokenizer import load_vocab
     from bertgpu.model import BertForPreTraining
+    from bertgpu.optim import build_optimizer, build_schedule
     from bertgpu.parallel.dims import ParallelDims
+    from bertgpu.precision import allow_tf32, autocast
     from bertgpu.tasks.pretrain import heldout_split
-    from bertgpu.training import allow_tf32, autocast, build_optimizer, build_schedule
 
     a = json.loads(sys.argv[1])
     device = torch.device(a["device"])

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from .encoding import decode_text
 from .sharing import owners, share
 from .tokenizer import Tokenizer
 
@@ -37,6 +38,9 @@ FORMATS = ("csv", "tsv", "jsonl")
 _EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 _SHOWN_LINES = 5  # line numbers quoted in a warning about skipped rows
 _INTEGER = re.compile(r"[+-]?\d+")
+# What a ".csv" may be separated by (spreadsheets save ';' where ',' is the decimal comma), and their names.
+DELIMITERS = {",": "comma", ";": "semicolon", "\t": "tab", "|": "vertical bar"}
+_SNIFF_LINES = 50  # lines read to tell the delimiter
 
 
 def detect_format(path: str | Path, fmt: str | None = None) -> str:
@@ -65,29 +69,31 @@ class Table:
     format: str
     columns: list[str]
     rows: list[tuple[int, dict[str, Any]]]  # (line number where the record starts, record)
+    note: str | None = None  # how the file was read, when it is not what its name says (a detected delimiter)
 
 
-def read_table(path: str | Path, fmt: str | None = None, text: str | None = None) -> Table:
+def read_table(path: str | Path, fmt: str | None = None, text: str | None = None, delimiter: str = "") -> Table:
     """Read a CSV (with header), TSV (with header) or JSONL (one object per line) file (``text``: its
-    content, already read, e.g. from standard input)."""
+    content, already read, e.g. from standard input; ``delimiter``: --delimiter, else a CSV's is detected)."""
     path = Path(path)
     fmt = detect_format(path, fmt)
     text = _read_text(path) if text is None else text
     if not text.strip():
         raise UserError(f"{path} is empty")
-    table = _read_jsonl(path, text) if fmt == "jsonl" else _read_delimited(path, text, fmt)
+    table = _read_jsonl(path, text) if fmt == "jsonl" else _read_delimited(path, text, fmt, delimiter)
     if not table.rows:
         raise UserError(f"{path} has a header but no rows" if fmt != "jsonl" else f"{path} holds no JSON objects")
     return table
 
 
 def read_lines(path: str | Path, text: str | None = None) -> Table:
-    """Plain text, one text per line (blank lines skipped), as a table of one column, ``text``
-    (``text``: the content, already read, e.g. from standard input)."""
+    """Plain text, one text per line, as a table of one column, ``text`` (``text``: the content, already
+    read, e.g. from standard input). A blank line is a row with an empty text, so that what is written
+    row by row stays line by line with the input."""
     path = Path(path)
     text = _read_text(path) if text is None else text
-    rows = [(number, {"text": line}) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
-    if not rows:
+    rows = [(number, {"text": line}) for number, line in enumerate(text.splitlines(), start=1)]
+    if not any(record["text"].strip() for _, record in rows):
         raise UserError(f"{path} holds no text")
     return Table(path, "lines", ["text"], rows)
 
@@ -101,19 +107,57 @@ def _read_text(path: Path) -> str:
         raise UserError(f"{path} is a directory, not a data file") from None
     except (OSError, EOFError) as e:  # unreadable, or a damaged .gz
         raise UserError(f"{path} cannot be read: {getattr(e, 'strerror', None) or e}") from None
-    data = data.removeprefix(b"\xef\xbb\xbf")  # the byte-order mark spreadsheet programs write
+    return decode_text(data, path)
+
+
+def parse_delimiter(value: str) -> str:
+    """--delimiter as typed: one character, ``tab`` or ``\\t`` for a tab; '' (detect) stays ''."""
+    value = {"tab": "\t", "\\t": "\t"}.get(value.lower(), value)
+    if len(value) > 1 or value in ('"', "\n", "\r"):
+        raise UserError(f"--delimiter {value!r}: give one character (, ; | or tab)")
+    return value
+
+
+def _splits_evenly(sample: str, delimiter: str) -> bool:
+    """Whether ``delimiter`` splits the header into fields and the lines below into as many (a few fewer
+    tolerated, as reading does; never more)."""
     try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise UserError(
-            f"{path}:{line}: not valid UTF-8 (byte 0x{data[e.start]:02x}); "
-            f"save the file as UTF-8 (e.g. iconv -f GBK -t UTF-8)"
-        ) from None
+        records = [
+            r for r in csv.reader(io.StringIO(sample, newline=""), delimiter=delimiter) if any(map(str.strip, r))
+        ]
+    except csv.Error:
+        return False
+    if not records or len(records[0]) < 2:
+        return False
+    body = records[1:-1] or records[1:]  # the sample's last record may be cut short
+    return all(len(r) <= len(records[0]) for r in body) and 2 * sum(len(r) == len(records[0]) for r in body) >= len(
+        body
+    )
 
 
-def _read_delimited(path: Path, text: str, fmt: str) -> Table:
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if fmt == "tsv" else ",")
+def _detect_delimiter(path: Path, text: str) -> tuple[str, str | None]:
+    """A CSV's delimiter: the comma when it splits the first lines evenly, else the one other of ``DELIMITERS``
+    that does (with a note saying so); when none does, the comma (reading then says what is wrong)."""
+    sample = "".join(text.splitlines(keepends=True)[:_SNIFF_LINES])
+    if _splits_evenly(sample, ","):
+        return ",", None
+    found = [d for d in DELIMITERS if d != "," and _splits_evenly(sample, d)]
+    if len(found) > 1:
+        names = " and ".join(f"{DELIMITERS[d]}s ({d!r})" for d in found)
+        raise UserError(f"{path}: not separated by commas; {names} both split its lines evenly: give --delimiter")
+    if found:
+        d = found[0]
+        flag = "tab" if d == "\t" else repr(d)
+        return d, f"{path}: its fields are separated by {DELIMITERS[d]}s, not commas: read so (--delimiter {flag})"
+    return ",", None
+
+
+def _read_delimited(path: Path, text: str, fmt: str, delimiter: str = "") -> Table:
+    note = None
+    delimiter = parse_delimiter(delimiter)
+    if not delimiter:
+        delimiter, note = ("\t", None) if fmt == "tsv" else _detect_delimiter(path, text)
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     try:
         header = next(reader)
         duplicates = sorted({c for c in header if header.count(c) > 1})
@@ -128,12 +172,12 @@ def _read_delimited(path: Path, text: str, fmt: str) -> Table:
             if len(record) > len(header):
                 raise UserError(
                     f"{path}:{start}: {len(record)} fields, but the header has {len(header)} "
-                    f"(an unquoted {'tab' if fmt == 'tsv' else 'comma'} inside a text?)"
+                    f"(an unquoted {DELIMITERS.get(delimiter, repr(delimiter))} inside a text?)"
                 )
             rows.append((start, dict(zip(header, record))))  # missing trailing fields read as empty
     except csv.Error as e:
         raise UserError(f"{path}:{reader.line_num}: not valid {fmt.upper()} ({e})") from None
-    return Table(path, fmt, header, rows)
+    return Table(path, fmt, header, rows, note)
 
 
 def _read_jsonl(path: Path, text: str) -> Table:
@@ -171,8 +215,10 @@ def require_columns(table: Table, **columns: str | None) -> None:
     for flag, column in columns.items():
         if column and column not in table.columns:
             found = ", ".join(map(repr, table.columns)) or "none"
+            inside = [d for d in DELIMITERS if len(table.columns) == 1 and d in table.columns[0]]
+            hint = f" (fields separated by {DELIMITERS[inside[0]]}s? give --delimiter)" if inside else ""
             raise UserError(
-                f"{table.path} has no column {column!r} (--{flag.replace('_', '-')}); columns found: {found}"
+                f"{table.path} has no column {column!r} (--{flag.replace('_', '-')}); columns found: {found}{hint}"
             )
 
 
@@ -186,6 +232,7 @@ class Examples:
     labels: list[str] | None
     lines: list[int]
     skipped: list[int]  # lines of rows dropped for an empty text, pair or label
+    note: str | None = None  # how the file was read (Table.note)
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -210,9 +257,10 @@ def load_examples(
     pair_column: str | None = None,
     label_column: str | None = None,
     fmt: str | None = None,
+    delimiter: str = "",
 ) -> Examples:
     """Read the examples of a data file; rows with an empty text, pair or label are skipped and counted."""
-    table = read_table(path, fmt)
+    table = read_table(path, fmt, delimiter=delimiter)
     require_columns(table, text_column=text_column, pair_column=pair_column, label_column=label_column)
     texts, pairs, labels, lines, skipped = [], [], [], [], []
     for line, record in table.rows:
@@ -231,7 +279,9 @@ def load_examples(
             f"{table.path}: no usable rows: all {len(table.rows)} have an empty text"
             f"{', pair text' if pair_column else ''}{' or label' if label_column else ''}"
         )
-    return Examples(table.path, texts, pairs if pair_column else None, labels if label_column else None, lines, skipped)
+    return Examples(
+        table.path, texts, pairs if pair_column else None, labels if label_column else None, lines, skipped, table.note
+    )
 
 
 def label_names(examples: Examples) -> list[str]:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
 from ..errors import UserError, require
+from . import encoding
 from .sentences import MODES
 
 _SNIFF_BYTES = 8192  # a NUL byte in this many leading bytes marks a file as binary
@@ -167,6 +168,7 @@ class CorpusReader:
         self.records_read = 0
         self.bad_lines = 0
         self.first_bad: str | None = None
+        self.first_bad_hint = ""  # the encoding the first bad line looks like, and how to convert
         self.long_lines = 0
         self.first_long: str | None = None
         self.line_number = 0  # of the line last read, in its file
@@ -201,7 +203,7 @@ class CorpusReader:
         if self.bad_lines:
             out.append(
                 f"{self.bad_lines:,} line(s) were not valid UTF-8 and had bytes replaced by U+FFFD "
-                f"(first at {self.first_bad})"
+                f"(first at {self.first_bad}; {self.first_bad_hint})"
             )
         if self.long_lines:
             out.append(
@@ -319,20 +321,32 @@ class CorpusReader:
             errors += (zstandard.ZstdError,)
         try:
             with self._open(path, compression) as stream:
-                if b"\0" in stream.peek(_SNIFF_BYTES)[:_SNIFF_BYTES]:  # type: ignore[attr-defined]
+                head = stream.peek(_SNIFF_BYTES)[:_SNIFF_BYTES]  # type: ignore[attr-defined]
+                wide = encoding.wide_bom(head)
+                name = wide[1] if wide else encoding.wide_without_bom(head) if b"\0" in head else None
+                if name:  # read line by line as bytes, UTF-16 and UTF-32 would be split inside characters
+                    raise UserError(
+                        f"{path}: {name} text{'' if wide else ' without a byte-order mark'}, not UTF-8; "
+                        f"{encoding.convert_hint(path, name)}"
+                    )
+                if b"\0" in head:
                     raise UserError(f"{path}: is a binary file (NUL bytes), not UTF-8 {what}")
                 for number, data in enumerate(stream, start=1):
+                    if number == 1:
+                        data = data.removeprefix(encoding.UTF8_BOM)
                     try:
                         line = data.decode("utf-8")
                     except UnicodeDecodeError as e:
                         if self.strict:
                             raise UserError(
-                                f"{path}:{number}: not valid UTF-8 (byte 0x{data[e.start]:02x} at column {e.start + 1})"
+                                f"{path}:{number}: not valid UTF-8 (byte 0x{data[e.start]:02x} at column "
+                                f"{e.start + 1}); {encoding.not_utf8(data, e.start, path)}"
                             ) from None
                         line = data.decode("utf-8", errors="replace")
                         self.bad_lines += 1
                         if self.first_bad is None:
                             self.first_bad = f"{path}:{number}"
+                            self.first_bad_hint = encoding.not_utf8(data, e.start, path)
                     self.lines_read += 1
                     self.line_number = number
                     yield number, line

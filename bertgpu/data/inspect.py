@@ -17,6 +17,8 @@ import sys
 from collections.abc import Iterator
 from typing import Any, TextIO
 
+import numpy as np
+
 from ..config import InspectConfig
 from ..errors import UserError
 from .pretraining import IGNORE_INDEX, PretrainingDataset, warn_wwm_fallback
@@ -27,7 +29,7 @@ from .tokenizer import load_vocab
 def describe(dataset: PretrainingDataset, vocab: list[str], index: int) -> dict[str, Any]:
     """Instance ``index`` of the dataset's epoch as plain values (what ``--json`` prints)."""
     example = dataset.example(index, word_starts=dataset.cfg.wwm)
-    n = int(example["attention_mask"].sum())
+    n = int(np.count_nonzero(example["attention_mask"]))  # a --pack row's mask numbers its documents
     ids = example["input_ids"][:n]
     valid = example["mlm_labels"] != IGNORE_INDEX
     labels = example["mlm_labels"][valid]
@@ -82,6 +84,16 @@ def format_text(instance: dict[str, Any], nsp: bool) -> str:
     return "\n".join(lines)
 
 
+def packed_fill_line(dataset: PretrainingDataset) -> str:
+    """How full --pack's rows are: their real tokens ([CLS] and [SEP] included; no padding) over all rows."""
+    real = dataset.fill()
+    length = dataset.cfg.max_seq_length
+    return (
+        f"rows {real.mean() / length:.1%} real tokens on average ({real.mean():.1f} of {length}; "
+        f"{int((real == length).sum()):,} of {len(real):,} rows full); "
+    )
+
+
 def instances(cfg: InspectConfig) -> Iterator[dict[str, Any]]:
     """The instances ``cfg`` asks for, as ``describe`` gives them."""
     dataset, vocab = _dataset(cfg)
@@ -122,11 +134,14 @@ def run(cfg: InspectConfig, out: TextIO | None = None) -> None:
                 ]
                 + ["--wwm"] * d.wwm
                 + ["--no-nsp"] * (not d.nsp)
+                + ["--pack"] * d.pack
+                + [f"--pack-attention {d.pack_attention}"] * (d.pack and d.pack_attention != "document")
             )
             words = " (stored words: prepared with --zh-wwm)" if d.wwm and dataset.corpus.has_word_starts else ""
             print(
                 f"{d.data}: epoch {cfg.epoch} has {len(dataset):,} instances with {' '.join(flags)}{words}; "
-                f"instances {cfg.index:,} to {last - 1:,} follow. A masked token is written SHOWN{{ORIGINAL}}: "
+                + (packed_fill_line(dataset) if d.pack else "")
+                + f"instances {cfg.index:,} to {last - 1:,} follow. A masked token is written SHOWN{{ORIGINAL}}: "
                 "[MASK]{x} 80%, a random token{x} 10%, x{x} 10%"
                 + ("; a word's tokens are written together (## dropped), words apart" if d.wwm else ""),
                 file=out,

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ..training import ignore_stop_signals
+from ..signals import ignore_stop_signals
 
 
 class EpochIndexed(torch.utils.data.Dataset):

@@ -19,6 +19,11 @@ Per epoch, from prepared shards:
    takes every dp-th instance of each (as DistributedSampler does) and splits its share into
    micro-batches, so step k trains on the same instances whatever the number of processes or
    accumulation steps.
+
+With ``--pack`` (MLM only), step 1 is ``build_packed_spans`` instead: rows that hold the corpus's tokens
+in order, a document cut at a row's end continuing in the next, the same rows every epoch; step 2
+encodes each document piece of a row as ``[CLS] text [SEP]`` and numbers the pieces in
+``attention_mask`` (1, 2, ...; 0 on padding), from which the model keeps attention within each document.
 """
 
 from __future__ import annotations
@@ -103,28 +108,70 @@ def build_instance_spans(
     return out[np.lexsort((out[:, 0], out[:, 4]))]  # document order
 
 
-def build_packed_spans(sentence_lengths: np.ndarray, doc_offsets: np.ndarray, max_num_tokens: int) -> np.ndarray:
-    """``--pack`` (MLM only): consecutive sentences, across document boundaries, until the next would
-    overflow ``max_num_tokens`` counting one [SEP] between documents; as RoBERTa's FULL-SENTENCES and
-    run_mlm's packed blocks, so no sequence is mostly padding. Same columns as ``build_instance_spans``
-    (b_end is ``PACKED``, doc the first sentence's document); a sentence longer than the budget is a
-    span of its own (truncated when encoded)."""
-    n = len(sentence_lengths)
-    starts_doc = np.zeros(n, dtype=np.int64)
-    first = doc_offsets[:-1][doc_offsets[:-1] < doc_offsets[1:]]
-    starts_doc[first[first > 0]] = 1  # a [SEP] before it when a span runs into it
-    cum = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(sentence_lengths + starts_doc, out=cum[1:])
-    doc_of = np.repeat(np.arange(len(doc_offsets) - 1), np.diff(doc_offsets))
-    spans = []
-    start = 0
-    while start < n:
-        # [start, end) costs cum[end] - cum[start] - starts_doc[start]: the first sentence needs no [SEP]
-        end = int(np.searchsorted(cum, cum[start] + starts_doc[start] + max_num_tokens, side="right")) - 1
-        end = min(max(end, start + 1), n)
-        spans.append((start, end, PACKED, max_num_tokens, doc_of[start]))
-        start = end
-    return np.array(spans, dtype=np.int64).reshape(-1, 5)
+# A packed row starts no new document piece shorter than this (it pads instead): a piece of a few tokens
+# gives its masked tokens almost nothing to be predicted from, and costs two special tokens.
+MIN_PIECE = 8
+
+
+def pack_overhead(per_document: bool) -> tuple[int, int]:
+    """(special tokens of a packed row, more per document piece): [CLS] text [SEP] per piece with
+    ``per_document``, else [CLS] first [SEP] second [SEP] ... (one [SEP] per piece and the row's [CLS])."""
+    return (0, 2) if per_document else (1, 1)
+
+
+def build_packed_spans(doc_tokens: np.ndarray, length: int, per_document: bool) -> np.ndarray:
+    """``--pack`` (MLM only): rows of ``length`` tokens that hold the corpus's tokens in order, document
+    after document, a document that does not fit continuing in the next row (cut at any token), so a row
+    is padded only where the next piece would be shorter than ``MIN_PIECE``. ``doc_tokens`` are the
+    documents' first token (in the corpus's token stream) and the total; each row costs
+    ``pack_overhead`` special tokens. Same columns as ``build_instance_spans``: (first token, end token,
+    ``PACKED``, length, document of the first token).
+
+    The loop runs once per row that holds a document's end (rows inside a long document are made in
+    bulk), as the sentence-wise packing before it ran once per row."""
+    bounds = np.unique(np.asarray(doc_tokens, dtype=np.int64))  # empty documents merge away
+    n = len(bounds) - 1
+    row_cost, piece_cost = pack_overhead(per_document)
+    budget = length - row_cost
+    per_row = budget - piece_cost  # tokens of a row that holds one piece
+    # cost of the whole documents [d, e) of a row starting at token t of document d: key[e] - t - key[d] + bounds[d]
+    key = bounds + piece_cost * np.arange(n + 1)
+    starts: list = []
+    ends: list = []
+    t, d = int(bounds[0]) if n > 0 else 0, 0
+    while d < n:
+        rest = int(bounds[d + 1]) - t
+        if rest > per_row:  # rows inside document d
+            k = (rest - 1) // per_row
+            first = t + per_row * np.arange(k, dtype=np.int64)
+            starts.append(first)
+            ends.append(first + per_row)
+            t += k * per_row
+        # This row holds the end of document d, then as many whole documents as fit, then a piece of the next.
+        limit = t + budget + piece_cost * d
+        e = int(np.searchsorted(key, limit, side="right")) - 1
+        left = limit - int(key[e])
+        end = int(bounds[e])
+        if e < n and left - piece_cost >= MIN_PIECE:
+            end += left - piece_cost
+        starts.append(np.array([t], dtype=np.int64))
+        ends.append(np.array([end], dtype=np.int64))
+        t, d = end, e
+    if not starts:
+        return np.zeros((0, 5), dtype=np.int64)
+    first, last = np.concatenate(starts), np.concatenate(ends)
+    doc = np.searchsorted(bounds, first, side="right") - 1
+    return np.stack([first, last, np.full_like(first, PACKED), np.full_like(first, length), doc], axis=1)
+
+
+def packed_fill(spans: np.ndarray, doc_tokens: np.ndarray, per_document: bool) -> np.ndarray:
+    """The real (non-padding) tokens of each packed row of ``spans`` (``build_packed_spans``'), special
+    tokens included, without building the rows."""
+    bounds = np.unique(np.asarray(doc_tokens, dtype=np.int64))
+    first, end = spans[:, 0], spans[:, 1]
+    pieces = np.searchsorted(bounds, end, side="left") - np.searchsorted(bounds, first, side="right") + 1
+    row_cost, piece_cost = pack_overhead(per_document)
+    return (end - first) + piece_cost * pieces + row_cost
 
 
 def truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random.Generator):
@@ -253,6 +300,9 @@ class PretrainingDataset(torch.utils.data.Dataset):
             check_nsp_possible(corpus)
         self._cum = np.zeros(corpus.num_sentences + 1, dtype=np.int64)
         np.cumsum(corpus.sentence_lengths, out=self._cum[1:])
+        # --pack: rows are ranges of the corpus's token stream; where each document starts in it
+        self.doc_tokens = self._cum[corpus.doc_offsets]
+        self.per_document = cfg.pack and cfg.pack_attention == "document"
         self.epoch = -1
         self.set_epoch(0)
 
@@ -263,9 +313,7 @@ class PretrainingDataset(torch.utils.data.Dataset):
         rng = np.random.default_rng([self.seed, epoch, _TAG_SPANS])
         if self.cfg.pack:  # the same spans every epoch (masking is still drawn afresh)
             if not hasattr(self, "_packed"):
-                self._packed = build_packed_spans(
-                    self.corpus.sentence_lengths, self.corpus.doc_offsets, self.max_num_tokens
-                )
+                self._packed = build_packed_spans(self.doc_tokens, self.cfg.max_seq_length, self.per_document)
             self.spans = self._packed
             return
         self.spans = build_instance_spans(
@@ -297,19 +345,24 @@ class PretrainingDataset(torch.utils.data.Dataset):
             return ids
         return np.stack([ids, self.corpus.word_starts(start, end)], axis=1)
 
-    def _packed_segment(self, start: int, end: int) -> np.ndarray:
-        """Sentences [start, end) that may cross documents, a [SEP] between two documents."""
-        offsets = self.corpus.doc_offsets
-        doc = int(np.searchsorted(offsets, start, side="right")) - 1
+    def _packed_pieces(self, start: int, end: int) -> list[np.ndarray]:
+        """Tokens [start, end) of the corpus's token stream, one array per document they touch (as ``_segment``
+        gives them)."""
+        bounds, cum = self.doc_tokens, self._cum
+        doc = int(np.searchsorted(bounds, start, side="right")) - 1
         pieces = []
         while start < end:
-            stop = min(end, int(offsets[doc + 1]))
-            if pieces:
-                sep = np.array([self.special.sep])
-                pieces.append(np.stack([sep, np.ones(1, dtype=sep.dtype)], axis=1) if self.stored_words else sep)
-            pieces.append(self._segment(start, stop))
+            stop = min(end, int(bounds[doc + 1]))
+            if stop > start:  # the sentences that hold [start, stop), all inside this document
+                first = int(np.searchsorted(cum, start, side="right")) - 1
+                last = int(np.searchsorted(cum, stop, side="left"))
+                pieces.append(self._segment(first, last)[start - cum[first] : stop - cum[first]])
             start, doc = stop, doc + 1
-        return np.concatenate(pieces)
+        return pieces
+
+    def fill(self) -> np.ndarray:
+        """--pack: the real (non-padding) tokens of each row, special tokens included."""
+        return packed_fill(self.spans, self.doc_tokens, self.per_document)
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         return self.example(index)
@@ -319,12 +372,11 @@ class PretrainingDataset(torch.utils.data.Dataset):
         ``word_starts``: where --wwm's words start, per position (for ``bertgpu inspect``)."""
         a_start, a_end, b_end, target, doc = (int(v) for v in self.spans[index])
         rng = np.random.default_rng([self.seed, self.epoch, _TAG_INSTANCE, index])
-        a = self._segment(a_start, a_end) if b_end != PACKED else None
-        is_random = 0
         if b_end == PACKED:
-            a = self._packed_segment(a_start, a_end)
-            b = a[:0]
-        elif not self.cfg.nsp:
+            return self._encode_packed(self._packed_pieces(a_start, a_end), rng, word_starts)
+        a = self._segment(a_start, a_end)
+        is_random = 0
+        if not self.cfg.nsp:
             b = a[:0]
         elif b_end == SPLIT_SENTENCE and len(a) >= 2:
             cut = int(rng.integers(1, len(a)))
@@ -371,8 +423,47 @@ class PretrainingDataset(torch.utils.data.Dataset):
         # Masked LM: candidates are the real tokens (never [CLS], [SEP] or padding).
         cand = np.ones(n, dtype=bool)
         cand[0] = cand[n_a - 1] = cand[n - 1] = False
-        if cfg.pack:
-            cand[1 : n_a - 1] &= a != sp.sep  # the [SEP]s between packed documents
+        return self._mask(ids, types, attention, starts, cand, is_random, rng, with_word_starts)
+
+    def _encode_packed(self, pieces: list[np.ndarray], rng: np.random.Generator, with_word_starts: bool) -> dict:
+        """A --pack row: with ``per_document``, [CLS] piece [SEP] per document piece, and ``attention_mask``
+        the piece's number (1, 2, ...; 0 on padding), which the model reads as document bounds (its
+        attention kept within each piece, positions from 0 in each); else [CLS] first [SEP] second [SEP] ...
+        with the 0/1 mask, one sequence to the model."""
+        sp, cfg = self.special, self.cfg
+        L = cfg.max_seq_length
+        ids = np.full(L, sp.pad, dtype=np.int64)
+        attention = np.zeros(L, dtype=np.int64)
+        cand = np.zeros(L, dtype=bool)  # the pieces' tokens, never a [CLS], [SEP] or padding
+        stored_starts = np.ones(L, dtype=bool)
+        pos = 0
+        for k, piece in enumerate(pieces):
+            if self.per_document or k == 0:
+                ids[pos] = sp.cls
+                attention[pos] = k + 1
+                pos += 1
+            tokens = piece[:, 0] if piece.ndim == 2 else piece
+            n = len(tokens)
+            ids[pos : pos + n] = tokens
+            if piece.ndim == 2:
+                stored_starts[pos : pos + n] = piece[:, 1]
+            cand[pos : pos + n] = True
+            ids[pos + n] = sp.sep
+            attention[pos : pos + n + 1] = k + 1
+            pos += n + 1
+        if not self.per_document:
+            attention = (attention > 0).astype(np.int64)
+        starts = None
+        if cfg.wwm:
+            starts = stored_starts if self.stored_words else ~self.is_subword[ids]
+        types = np.zeros(L, dtype=np.int64)
+        return self._mask(ids, types, attention, starts, cand[:pos], 0, rng, with_word_starts)
+
+    def _mask(self, ids, types, attention, starts, cand, is_random, rng, with_word_starts) -> dict:
+        """Masked LM over candidate positions ``cand`` (a bool array over the row's first len(cand) tokens:
+        its real tokens), as the original's create_masked_lm_predictions: the example's arrays."""
+        sp, cfg = self.special, self.cfg
+        L, n = cfg.max_seq_length, len(cand)
         cand_pos = np.flatnonzero(cand)
         num_to_predict = min(cfg.max_predictions, max(1, int(round(n * cfg.masked_lm_prob))))
         if cfg.wwm:

@@ -19,6 +19,7 @@ directories, written before, are read as they are.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import warnings
@@ -85,6 +86,13 @@ class ShardedCorpus:
         self._shard_starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self._maps: list[tuple[np.memmap, np.memmap]] | None = None
         self._word_maps: list[np.memmap] | None = None
+
+    @property
+    def identity(self) -> str:
+        """What tells these shards apart from other prepared data: the SHA-256 of their meta.json's values
+        (the vocab's hash, the counts of every shard, the input files). A copy of the directory, or the same
+        files prepared again alike, has the same identity; a checkpoint records its run's (evaluate reads it)."""
+        return hashlib.sha256(json.dumps(self.meta, sort_keys=True).encode("utf-8")).hexdigest()
 
     @property
     def has_word_starts(self) -> bool:

@@ -26,6 +26,7 @@ from .. import atomic
 from ..errors import UserError
 from ..paths import refuse_clobbering
 from .corpus import CorpusReader, resolve_inputs
+from .encoding import decode_text
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _UNUSED = 99  # bert-base-uncased: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103
@@ -42,11 +43,7 @@ def load_vocab(path: str | os.PathLike) -> list[str]:
         raise UserError(f"vocab file {path} does not exist") from None
     except OSError as e:
         raise UserError(f"vocab file {path} cannot be read: {e.strerror}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        raise UserError(f"{path}:{line}: vocab file is not valid UTF-8") from None
+    text = decode_text(data, path, "vocab file", marks=False)
     tokens = [t.removesuffix("\r") for t in text.split("\n")]
     if tokens and tokens[-1] == "":
         tokens.pop()  # the final newline
@@ -281,3 +278,51 @@ def _batches(lines: Iterator[str], batch: int = 1000) -> Iterator[list[str]]:
             chunk = []
     if chunk:
         yield chunk
+
+
+# WordPiece tokens per English word (a word of two or more ASCII letters) above which a vocab splits the text
+# far more than one made for it. Measured on 2026-11-27 over the first 2,000 lines of real corpora
+# (/work/shared/DATA.md: the Python reference, the Python 3.11 docs, WordNet's glosses): a vocab trained on
+# the text (2k-30k tokens) or bert-base-uncased's gives 1.00-1.30; an English vocab trained on another of
+# them 1.28 (30k tokens) to 1.50 (8k); bert-base-chinese's 1.82-1.86 (with 0.02-0.4% [UNK], which the
+# [UNK] check lets through), and a 2k English vocab of another domain 1.63-2.02. Chinese characters are
+# tokens of their own, split no further (their misfit is [UNK], checked apart); other alphabets are not judged.
+MAX_PIECES_PER_WORD = 1.6
+# The sample judges only text that is English enough: this many words, and this share of its words.
+_MIN_WORDS, _MIN_WORD_SHARE = 500, 0.25
+
+
+def pieces_per_word(tokenizer: Tokenizer, lines: list[str]) -> tuple[float, int]:
+    """(WordPiece tokens per English word, English words) of ``lines``: how finely the vocab splits
+    words of two or more ASCII letters (1.0: each is a token; a word the vocab cannot spell, [UNK], is one
+    token). The words are BERT's (split at whitespace and punctuation); the second value is 0 where the
+    lines hold too few English words, or too small a share of their words, to judge."""
+    pieces = words = all_words = 0
+    for line, encoding in zip(lines, tokenizer.backend.encode_batch(lines, add_special_tokens=False)):
+        counts: dict[int, int] = {}
+        for word in encoding.word_ids:
+            if word is not None:
+                counts[word] = counts.get(word, 0) + 1
+        all_words += len(counts)
+        for word, n in counts.items():
+            start, end = encoding.word_to_chars(word)
+            text = line[start:end]
+            if len(text) >= 2 and text.isascii() and text.isalpha():
+                pieces, words = pieces + n, words + 1
+    if words < _MIN_WORDS or words < _MIN_WORD_SHARE * all_words:
+        return 0.0, 0
+    return pieces / words, words
+
+
+def fragmentation_warning(tokenizer: Tokenizer, lines: list[str], vocab: str | os.PathLike) -> str | None:
+    """One line when ``vocab`` splits the English words of ``lines`` (a sample of the corpus) into more
+    than ``MAX_PIECES_PER_WORD`` tokens each."""
+    ratio, words = pieces_per_word(tokenizer, lines)
+    if not words or ratio <= MAX_PIECES_PER_WORD:
+        return None
+    return (
+        f"{vocab} splits the corpus's English words into {ratio:.2f} tokens each ({words:,} words sampled from "
+        f"its start), above the {MAX_PIECES_PER_WORD} of a vocab made for another language or domain (one made "
+        "for such text gives 1.0-1.3): sequences hold less text and the model learns less per token; train a "
+        "vocab on this text with `bertgpu vocab`"
+    )

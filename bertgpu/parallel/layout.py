@@ -6,11 +6,13 @@ any process starts (and again in each process), for pretrain and finetune alike.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from ..config import AdapterConfig, ModelConfig, TrainingConfig, accumulation
 from ..errors import UserError
-from ..training import resolve_precision
+from ..precision import resolve_precision
 from . import launch, modernbert_tp
 from .dims import ParallelDims
 from .pipeline import check_stages
@@ -73,6 +75,29 @@ def check_layout(
     return dims
 
 
+def cpu_oversubscription(cfg: TrainingConfig) -> str | None:
+    """A warning (one line, or None) when a CPU run starts more processes on this machine than it has cores:
+    each process then gets a fraction of a core, and all of them wait on the slowest at every step, so
+    the run is slower than with one process per core (each process already uses its share of the cores'
+    threads: launch.cpu_threads). The cores are those this process may run on (a container's or
+    taskset's share)."""
+    if cfg.run.device != "cpu":
+        return None
+    if launch.launched_externally():  # a torchrun worker: its machine's processes are torchrun's
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        how = f"torchrun starts {local} processes on this machine"
+    else:
+        local = launch.resolve_nproc(cfg.run.nproc, cfg.run.device)
+        how = f"--nproc {local} starts {local} processes"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if local <= cores:
+        return None
+    return (
+        f"{how} on {cores} CPU core(s): each gets less than a core and they wait on each other at every step; "
+        f"use --nproc {cores} at most (--grad-accum keeps the global batch)"
+    )
+
+
 def check_pipeline(
     cfg: TrainingConfig, model_config: ModelConfig, precision: str, adapter: AdapterConfig | None = None
 ) -> None:
@@ -94,4 +119,6 @@ def check_pipeline(
     if parallel.balance == "auto":
         raise UserError("--balance auto does not work with --pp (the stages of a step wait on each other): drop it")
     if adapter is not None and adapter.enabled:
-        raise UserError("--lora and --quantize do not work with --pp: shard the frozen encoder with --strategy fsdp")
+        raise UserError(
+            "--lora-rank and --quantize do not work with --pp: shard the frozen encoder with --strategy fsdp"
+        )

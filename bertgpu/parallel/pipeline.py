@@ -83,6 +83,7 @@ class _Stage(nn.Module):
     def __init__(self, model: nn.Module, layers: list[str], first: bool, last: bool):
         super().__init__()
         bert = model.bert
+        object.__setattr__(self, "bert", bert)  # for its attention inputs (documents or padding), not its parameters
         self.embeddings = bert.embeddings if first else None
         self.layers = nn.ModuleList(bert.encoder.layer[key] for key in layers)
         self.pretraining = isinstance(model, BertForPreTraining)
@@ -103,8 +104,8 @@ class _Stage(nn.Module):
         mlm_positions: torch.Tensor | None = None,
     ):
         # As model.BertModel.forward and the heads' forward, cut at the stage's bounds.
-        x = self.embeddings(input_ids, token_type_ids) if self.embeddings is not None else hidden
-        mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+        mask, positions = self.bert.attention_inputs(attention_mask)  # every stage makes its own from the batch
+        x = self.embeddings(input_ids, token_type_ids, positions) if self.embeddings is not None else hidden
         for layer in self.layers:
             x = layer(x, mask)
         if not self.last:

@@ -35,31 +35,20 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .. import checkpoint, model_card
-from ..config import AdapterConfig, ModelConfig, OptimConfig, TrainingConfig, parse_nnodes
+from .. import checkpoint, memory, model_card
+from ..config import AdapterConfig, ModelConfig, OptimConfig, TrainingConfig, accumulation, parse_nnodes
 from ..errors import UserError
+from ..metrics import Sums, Throughput, peak_memory_mb
+from ..optim import build_optimizer, build_schedule, optimizer_step
 from ..parallel import ParallelModel, launch, parallelize
 from ..parallel.balance import Balancer
 from ..parallel.balance import describe as describe_balance
 from ..parallel.compression import Compression
-from ..parallel.layout import check_layout
+from ..parallel.layout import check_layout, cpu_oversubscription
 from ..parallel.rng import gather_rng_states, restore_rng_state
-from ..training import (
-    LaggedFlags,
-    RunLog,
-    StopSignal,
-    Sums,
-    Throughput,
-    allow_tf32,
-    autocast,
-    build_optimizer,
-    build_schedule,
-    console_is_tty,
-    format_duration,
-    optimizer_step,
-    peak_memory_mb,
-    resolve_precision,
-)
+from ..precision import allow_tf32, autocast, resolve_precision
+from ..runlog import RunLog, console_is_tty, format_duration
+from ..signals import LaggedFlags, StopSignal
 
 
 def check_out_dir(out: str, overwrite: bool, resume: bool) -> None:
@@ -114,6 +103,16 @@ def announce_resume(
             flush=True,
         )
     return False
+
+
+def warn_before_start(cfg: TrainingConfig) -> None:
+    """The warnings of a training run's set-up that hold for each machine, printed once on it before any
+    process starts (not again on a restart): more processes than cores."""
+    if launch.restart_count() > 0 or int(os.environ.get("LOCAL_RANK", 0)) != 0:
+        return
+    for message in (cpu_oversubscription(cfg),):
+        if message:
+            print(f"bertgpu: warning: {message}", file=sys.stderr, flush=True)
 
 
 def resolve_device(cfg: Any) -> Any:
@@ -305,6 +304,42 @@ class TrainingRun:
         was = self.state.get("layout_name") or f"{self.state['layout'][0]} process(es)"
         return f" on {self.dims.describe()} (was {was})"
 
+    def warn_if_batch_too_big(
+        self, model: torch.nn.Module, config: ModelConfig, seq_length: int, prediction_slots: int = 0
+    ) -> None:
+        """Before the first step (rank 0): one line when a step's estimated memory (``memory``: the state of
+        ``model``, of ``config``'s shape; the activations of this rank's micro-batch of ``seq_length``-token
+        sequences and of the masked-LM head's ``prediction_slots`` per sequence) exceeds what the device
+        has. On CPU the machine's processes share its memory."""
+        if not self.is_main:
+            return
+        dims, parallel = self.dims, self.cfg.parallel
+        sizes, _ = accumulation(self.run_cfg, dims.dp)
+        batch = sizes[dims.dp_rank]
+        state = memory.state_bytes(model, dims.tp * dims.pp * (dims.dp if dims.fsdp else 1))
+        activations = memory.activation_bytes(
+            config,
+            batch,
+            seq_length,
+            self.precision,
+            self.device.type,
+            prediction_slots=prediction_slots,
+            tp=dims.tp,
+            pp=dims.pp,
+            activation_checkpointing=parallel.activation_checkpointing,
+        )
+        processes = self.env.local_world_size if self.device.type == "cpu" else 1
+        message = memory.batch_warning(
+            state,
+            activations,
+            memory.available_bytes(self.device),
+            processes,
+            f"a batch of {batch} x {seq_length} tokens per process on {self.device.type}",
+            parallel.activation_checkpointing,
+        )
+        if message:
+            self.warn(message)
+
     def parallelize(
         self, model: torch.nn.Module, total_steps: int, compile: bool = False, seq_length: int | None = None
     ) -> ParallelModel:
@@ -426,7 +461,12 @@ class TrainingRun:
         if self.state is not None:
             key, window = next(iter(self.sums.items()))
             carried = dict(zip(window.names, self.state[key].tolist()))
-            meter.carry(loop.steps_in_window, int(carried[f"{records.unit}s"]), int(carried["tokens"]))
+            meter.carry(
+                loop.steps_in_window,
+                int(carried[f"{records.unit}s"]),
+                int(carried["tokens"]),
+                int(carried.get("masked", 0)),
+            )
         self.total_steps = total_steps
         self.started = time.perf_counter()
         if self.is_main:
@@ -480,7 +520,8 @@ class TrainingRun:
         with self.meter.waits.on("device") if gpu else contextlib.nullcontext():  # waits for the queued steps
             s = window.read(self.dims)
         records = self.records
-        rates = self.meter.rates(loop.steps_in_window, int(s[f"{records.unit}s"]), int(s["tokens"]))
+        unit = f"{records.unit}s"
+        rates = self.meter.rates(loop.steps_in_window, int(s[unit]), int(s["tokens"]), int(s.get("masked", 0)))
         values = {
             **records.values(s),
             "lr": self.schedule.get_last_lr()[0],
@@ -610,7 +651,7 @@ class TrainingRun:
         if not self.is_main:
             return
         took = format_duration(time.perf_counter() - self.started)
-        # A resumed run's log holds the steps before (training.RunLog): the lines cover the whole run.
+        # A resumed run's log holds the steps before (runlog.RunLog): the lines cover the whole run.
         when = f"(this start: {self.start_step:,} -> {step:,} in {took})" if self.start_step else f"in {took}"
         lines = [f"bertgpu {self.task}: done, steps 0 -> {step:,} {when}"]
         lines += [f"  {line}" for line in (self.log.summary(keys) if self.log else [])]

@@ -15,19 +15,18 @@ from pathlib import Path
 
 import torch
 
-from .. import architectures, atomic, evaluation, hf_dir
+from .. import architectures, atomic, checkpoint, evaluation
 from ..config import DataConfig, EvaluateConfig, ModelConfig
 from ..data.heldout import EvalSet
 from ..data.pretraining import check_nsp_possible
 from ..data.shards import ShardedCorpus
 from ..data.tokenizer import vocab_sha256
 from ..errors import UserError
-from ..model import BertForPreTraining
 from ..parallel import ParallelDims, launch
 from ..paths import refuse_clobbering
-from ..training import resolve_precision
+from ..precision import resolve_precision
 from .common import run_local_workers
-from .model_dirs import model_directory
+from .model_dirs import load_masked_lm, model_directory
 
 DEFAULT_LENGTH = 128  # --max-seq-length 0 on prepared data: BERT's pretraining length
 
@@ -57,11 +56,54 @@ def _plan(cfg: EvaluateConfig) -> tuple[Path, ModelConfig, ShardedCorpus, DataCo
     return model_dir, config, corpus, data
 
 
+def data_relation(model_dir: Path, corpus: ShardedCorpus, data: str) -> tuple[str, str]:
+    """What --data is to the run that wrote the checkpoint ``model_dir``: ("training", why) when it is the
+    data the run trained on (the same shards: evaluating there measures a training loss, even where the run
+    held out some of its documents, since these instances are drawn from all of them), ("held-out", why)
+    when it is the run's --eval-data, ("other", why) when it is neither, ("unknown", "") when the model
+    is no bertgpu pretraining checkpoint. The run's data is told by the identity its checkpoint recorded
+    (``ShardedCorpus.identity``), or, in a checkpoint from before that, by the path its config names."""
+    state_file, config_file = model_dir / checkpoint.STATE_NAME, model_dir / checkpoint.RUN_CONFIG_NAME
+    if not (state_file.is_file() and config_file.is_file()):
+        return "unknown", ""
+    try:
+        saved = json.loads(config_file.read_text(encoding="utf-8"))["config"]
+        run_data, run_eval_data = saved["data"]["data"], saved["heldout"]["eval_data"]
+        fraction = saved["heldout"]["eval_fraction"]
+        state = checkpoint.load_training_state(model_dir)
+    except (OSError, ValueError, KeyError, TypeError, UserError):
+        return "unknown", ""
+
+    def same(path: str, identity: str | None) -> bool:
+        if identity is not None:
+            return identity == corpus.identity
+        try:  # a checkpoint that recorded no identity: the same directory, if its path still leads there
+            return bool(path) and Path(path).resolve() == Path(data).resolve()
+        except OSError:
+            return False
+
+    if same(run_data, state.get("data_identity")):
+        held = state.get("heldout_documents")
+        if held is not None:  # the held-out documents are among the instances' sources: still mostly training
+            aside = (
+                f" (it held out {len(held):,} documents, --eval-fraction {fraction:g}; these instances come from all)"
+            )
+        else:
+            aside = ""
+        return "training", f"the run's training data{aside}: this is a training loss, not a held-out one"
+    if run_eval_data and same(run_eval_data, state.get("eval_data_identity")):
+        return "held-out", "the run's held-out data (its --eval-data, never trained on)"
+    return "other", f"other prepared data than the run's --data ({run_data})"
+
+
 def run(cfg: EvaluateConfig) -> None:
     refuse_clobbering({"--output": cfg.output}, {"--model": cfg.model, "--data": cfg.data})
     cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device))
-    model_dir, *_ = _plan(cfg)
+    model_dir, _, corpus, _ = _plan(cfg)
     cfg = dataclasses.replace(cfg, model=str(model_dir))
+    kind, why = data_relation(model_dir, corpus, cfg.data)
+    if kind == "training":  # before the work: the figures will not mean what evaluate's usually do
+        print(f"bertgpu: warning: {cfg.data} is {why}", file=sys.stderr, flush=True)
     run_local_workers(evaluate, cfg, cfg.nproc, cfg.device)
 
 
@@ -70,14 +112,8 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, float]:
     dims = ParallelDims(env.world_size)  # every process a data-parallel rank holding the whole model
     dims.build_mesh(env.device.type)
     model_dir, config, corpus, data = _plan(cfg)
-    model = architectures.pretraining_model(config)
-    missing, _ = hf_dir.load_weights(model, model_dir)
-    if architectures.mlm_head_missing(model, missing):
-        raise UserError(
-            f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: masked-LM "
-            "evaluation needs a pretraining checkpoint, BertForMaskedLM or BertForPreTraining"
-        )
-    has_nsp = isinstance(model, BertForPreTraining) and not any(n.startswith("cls.seq_relationship") for n in missing)
+    model, missing = load_masked_lm(model_dir, config, "masked-LM evaluation")
+    has_nsp = architectures.of(config).nsp and not any(n.startswith("cls.seq_relationship") for n in missing)
     eval_set = EvalSet(corpus, data, cfg.seed, cfg.eval_instances, str(cfg.data))
     eval_set.check_enough(dims.dp)
     metrics = evaluation.evaluate_mlm(
@@ -89,9 +125,11 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, float]:
         data.nsp and has_nsp,
         resolve_precision(cfg.precision, env.device),
     )
+    kind, why = data_relation(model_dir, corpus, cfg.data)
     result = {
         "model": str(model_dir),
         "data": cfg.data,
+        "data_is": kind,  # to the run that wrote the checkpoint: training, held-out, other or unknown
         "instances": len(eval_set),
         "seed": cfg.seed,
         "max_seq_length": data.max_seq_length,
@@ -102,8 +140,10 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, float]:
         if cfg.json:
             print(json.dumps(result), flush=True)
         else:
+            # evaluation.describe's line, whose "held-out instances" are pretraining's; here they are what --data is.
+            line = evaluation.describe(0, metrics, len(eval_set)).split(" | ", 1)[1].rsplit(" | ", 1)[0]
             print(
-                f"{model_dir} on {cfg.data}: " + evaluation.describe(0, metrics, len(eval_set)).split(" | ", 1)[1],
+                f"{model_dir} on {cfg.data}: {line} | {len(eval_set):,} instances" + (f" of {why}" if why else ""),
                 flush=True,
             )
         if cfg.output:

@@ -13,29 +13,23 @@ from typing import Any
 
 import torch
 
-from .. import architectures, hf_dir
 from ..classifier import model_lowercase, model_vocab
 from ..config import FillMaskConfig, ModelConfig
+from ..data.encoding import decode_text
 from ..data.tokenizer import Tokenizer
 from ..errors import UserError
 from ..model import BertForPreTraining
 from ..parallel import launch
-from .model_dirs import model_directory
+from . import model_dirs
 
 MASK = "[MASK]"
 
 
 def load_masked_lm(path: str, device: torch.device) -> tuple[BertForPreTraining, Tokenizer, Path]:
     """The model with its masked-LM head, its tokenizer and its directory; one line when it has no such head."""
-    model_dir = model_directory(path)
+    model_dir = model_dirs.model_directory(path)
     config = ModelConfig.load(model_dir)
-    model = architectures.pretraining_model(config)
-    missing, _ = hf_dir.load_weights(model, model_dir)
-    if architectures.mlm_head_missing(model, missing):
-        raise UserError(
-            f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: fill-mask needs a "
-            "pretraining checkpoint, BertForMaskedLM or BertForPreTraining"
-        )
+    model, _ = model_dirs.load_masked_lm(model_dir, config, "fill-mask")
     tokenizer = Tokenizer(model_vocab(model_dir), model_lowercase(model_dir))
     return model.to(device).eval(), tokenizer, model_dir
 
@@ -83,9 +77,10 @@ def texts_of(cfg: FillMaskConfig) -> list[str]:
         lines = sys.stdin.read().splitlines()
     else:
         try:
-            lines = Path(cfg.input).read_text(encoding="utf-8").splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            raise UserError(f"--input {cfg.input}: {getattr(e, 'strerror', None) or e}") from None
+            data = Path(cfg.input).read_bytes()
+        except OSError as e:
+            raise UserError(f"--input {cfg.input}: {e.strerror or e}") from None
+        lines = decode_text(data, cfg.input, "--input").splitlines()
     texts = [line.strip() for line in lines if line.strip()]
     if not texts:
         raise UserError(f"--input {cfg.input} holds no text")

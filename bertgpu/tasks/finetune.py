@@ -38,23 +38,27 @@ from ..data.classification import (
 )
 from ..data.sharing import shares_of
 from ..data.tokenizer import Tokenizer, load_vocab, vocab_is_cased
-from ..errors import UserError
+from ..errors import UserError, did_you_mean
+from ..metrics import Sums, Throughput
 from ..model import BertForSequenceClassification
+from ..optim import describe_lr
 from ..parallel import launch
 from ..parallel.dims import ParallelDims
 from ..parallel.layout import check_layout
 from ..paths import refuse_clobbering
-from ..training import (
-    Sums,
-    Throughput,
-    describe_batch,
-    describe_lr,
-    format_duration,
-    format_rate,
+from ..runlog import describe_batch, format_duration, format_rate
+from .common import (
+    LoopState,
+    Records,
+    TrainingRun,
+    announce_resume,
+    check_out_dir,
+    resolve_device,
+    run_workers,
+    warn_before_start,
 )
-from .common import LoopState, Records, TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
 from .model_dirs import check_model_dir
-from .sharded_eval import compute_metrics, predict_logits
+from .sharded_eval import compute_metrics, describe_f1, per_class_table, predict_logits
 
 # transformers' Trainer defaults that have no flag here (its Adam epsilon and gradient clipping are
 # config.FinetuneOptimConfig's).
@@ -99,6 +103,11 @@ def check(cfg: FinetuneConfig) -> Plan:
         model_dir, base, vocab = None, *_preset(cfg)
         lowercase = not vocab_is_cased(vocab)
     else:
+        if not Path(cfg.model).exists():
+            raise UserError(
+                f"--model {cfg.model}: no such preset or directory (presets: {', '.join(PRESETS)})"
+                + did_you_mean(cfg.model, PRESETS)
+            )
         if cfg.vocab:
             raise UserError(
                 f"--vocab goes with a preset --model ({', '.join(PRESETS)}); {cfg.model} brings its own vocab.txt"
@@ -118,16 +127,20 @@ def check(cfg: FinetuneConfig) -> Plan:
             )
         lora.check(cfg.adapter, base)
     columns = dict(
-        text_column=cfg.text_column, pair_column=cfg.pair_column or None, label_column=cfg.label_column, fmt=cfg.format
+        text_column=cfg.text_column,
+        pair_column=cfg.pair_column or None,
+        label_column=cfg.label_column,
+        fmt=cfg.format,
+        delimiter=cfg.delimiter,
     )
     train = load_examples(cfg.train, **columns)
     names = label_names(train)
     labels_line, label_warnings = describe_labels(train, names)
-    warnings = [train.skipped_warning(), *label_warnings]
+    warnings = [train.note, train.skipped_warning(), *label_warnings]
     if cfg.eval:
         evaluation = load_examples(cfg.eval, **columns)
         check_labels(evaluation, names, f"the training data {cfg.train}")
-        warnings.append(evaluation.skipped_warning())
+        warnings += [evaluation.note, evaluation.skipped_warning()]
     else:
         train, evaluation = split_examples(train, cfg.eval_split or DEFAULT_EVAL_SPLIT, cfg.run.seed)
     id2label = dict(enumerate(names))
@@ -272,6 +285,7 @@ def run_finetune(cfg: FinetuneConfig) -> None:
             cfg.group_by_length,
             _adapter_record(cfg, plan),
         )
+    warn_before_start(cfg)
     run_workers(train, cfg)
 
 
@@ -344,6 +358,7 @@ def train(cfg: FinetuneConfig) -> Path:
 
     model = build_model(cfg, plan, run)
     trainable, n_params = lora.parameter_counts(model)
+    run.warn_if_batch_too_big(model, plan.model_config, cfg.max_seq_length)
     net = run.parallelize(model, optim.steps, seq_length=cfg.max_seq_length)
     run.build_optimizer(optim, sample_forward=lambda: net(**_sample_batch(train_set, device)))
     window = run.track(LOG_SUMS, "window", "epoch_sums")[0]  # since the last log line, and in the epoch
@@ -360,7 +375,7 @@ def train(cfg: FinetuneConfig) -> Path:
     run.start(
         start_line(cfg, run, loop, accum, optim, len(train_set), len(eval_set), trainable, n_params),
         optim.steps,
-        Throughput(0.0, None, dims.world_size),
+        Throughput(None, None, dims.world_size),
         Records(values=log_values, line=functools.partial(log_line, steps=optim.steps), unit="example"),
         loop,
     )
@@ -386,17 +401,22 @@ def train(cfg: FinetuneConfig) -> Path:
     if run.stopped:
         raise run.interrupted(loop.step)  # the process exits with the signal's status, the checkpoint written
     best = loop.best
+    where = f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  " + (
+        f"(bertgpu predict --model {out / 'best'} TEXT; mean pooling, which transformers' "
+        "BertForSequenceClassification does not read: --pooling pooler for that)"
+        if architectures.arch_of(plan.model_config) == "bert" and cfg.pooling == "mean"
+        else f"(transformers.{architectures.class_names(plan.model_config)[1]}.from_pretrained('{out / 'best'}'), "
+        f"or bertgpu predict --model {out / 'best'} TEXT)"
+    )
+    if best.get("eval_per_class"):  # the best epoch's evaluation by label (a checkpoint of an older bertgpu has none)
+        names = list(plan.model_config.id2label.values())
+        f1 = describe_f1({"f1_labels": best["eval_f1_labels"]}, names)
+        table = per_class_table({"per_class": best["eval_per_class"]})
+        where += f"\n  epoch {best['epoch']} on the evaluation data by label (f1: {f1}):\n    " + "\n    ".join(table)
     run.summary(
         loop.step,
         {"loss": "min", "accuracy": "max", "eval_loss": "min", "eval_accuracy": "max", "eval_f1": "max"},
-        f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  "
-        + (
-            f"(bertgpu predict --model {out / 'best'} TEXT; mean pooling, which transformers' "
-            "BertForSequenceClassification does not read: --pooling pooler for that)"
-            if architectures.arch_of(plan.model_config) == "bert" and cfg.pooling == "mean"
-            else f"(transformers.{architectures.class_names(plan.model_config)[1]}.from_pretrained('{out / 'best'}'), "
-            f"or bertgpu predict --model {out / 'best'} TEXT)"
-        ),
+        where,
     )
     return out / "best"
 
@@ -515,7 +535,9 @@ def end_epoch(
     run.meter.pause()
     s = run.sums["epoch_sums"].read(dims)
     metrics = compute_metrics(
-        predict_logits(run.net, eval_set, max(sizes), dims, run.device, run.precision, sizes), eval_set.labels
+        predict_logits(run.net, eval_set, max(sizes), dims, run.device, run.precision, sizes),
+        eval_set.labels,
+        list(plan.model_config.id2label.values()),
     )
     record = {
         "epoch": epoch,

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .. import checkpoint, hf_dir
+from torch import nn
+
+from .. import architectures, checkpoint, hf_dir
 from ..classifier import model_vocab
 from ..config import ModelConfig
 from ..data.tokenizer import load_vocab
@@ -60,3 +62,16 @@ def check_model_dir(path: str) -> tuple[Path, ModelConfig]:
             f"{config.vocab_size} (config.json): the vocab is not this model's"
         )
     return model_dir, config
+
+
+def load_masked_lm(model_dir: Path, config: ModelConfig, needs: str) -> tuple[nn.Module, list[str]]:
+    """The pretraining model of ``model_dir`` with its weights and the names it lacked; one line when it has
+    no masked-LM head (``needs``: who needs one, e.g. "fill-mask")."""
+    model = architectures.pretraining_model(config)
+    missing, _ = hf_dir.load_weights(model, model_dir)
+    if architectures.mlm_head_missing(model, missing):
+        raise UserError(
+            f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: {needs} needs a "
+            "pretraining checkpoint, BertForMaskedLM or BertForPreTraining"
+        )
+    return model, missing

@@ -17,7 +17,7 @@ import torch
 from tqdm import tqdm
 
 from .. import atomic
-from ..classifier import COLUMNS, Classifier, classifier_dir, finetuned_columns
+from ..classifier import COLUMNS, Classifier, classifier_dir, finetuned_columns, not_a_classifier
 from ..config import EvaluateConfig, PredictConfig
 from ..data.classification import (
     ClassificationDataset,
@@ -34,10 +34,11 @@ from ..data.classification import (
 from ..errors import UserError
 from ..parallel import ParallelDims, launch
 from ..paths import refuse_clobbering
-from ..training import console_is_tty, resolve_precision
+from ..precision import resolve_precision
+from ..runlog import console_is_tty
 from .common import run_local_workers
 from .model_dirs import check_model_dir
-from .sharded_eval import compute_metrics, predict_logits
+from .sharded_eval import compute_metrics, describe_f1, missing_labels_warning, per_class_table, predict_logits
 
 
 def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
@@ -45,12 +46,11 @@ def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
     and where the metrics go; UserError on any mistake."""
     model_dir, config = check_model_dir(cfg.model)
     if not config.id2label:
-        raise UserError(
-            f"{model_dir} is not a classifier: its config.json has no id2label "
-            f"(fine-tune it first: bertgpu finetune --model {model_dir} ...)"
-        )
+        raise not_a_classifier(model_dir)
     resolve_precision(cfg.precision, torch.device(launch.resolve_device(cfg.device)))
-    examples = load_examples(cfg.data, cfg.text_column, cfg.pair_column or None, cfg.label_column, cfg.format)
+    examples = load_examples(
+        cfg.data, cfg.text_column, cfg.pair_column or None, cfg.label_column, cfg.format, cfg.delimiter
+    )
     names = as_data_labels([config.id2label[i] for i in sorted(config.id2label)], examples)
     check_labels(examples, names, f"the model's labels ({model_dir / 'config.json'})")
     output = Path(cfg.output) if cfg.output else model_dir / "eval_results.json"
@@ -80,26 +80,29 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     )
     precision = resolve_precision(cfg.precision, env.device)
     metrics = compute_metrics(
-        predict_logits(clf.model, dataset, cfg.batch_size, dims, env.device, precision), dataset.labels
+        predict_logits(clf.model, dataset, cfg.batch_size, dims, env.device, precision), dataset.labels, clf.labels
     )
     result = {
         "model": str(cfg.model),
         "data": str(cfg.data),
         "labels": clf.labels,
-        "f1_average": f"binary ({clf.labels[1]})" if len(clf.labels) == 2 else "macro",
+        "f1_average": describe_f1(metrics, clf.labels),
         "max_seq_length": clf.max_seq_length,
         "skipped_rows": len(examples.skipped),
         **metrics,
     }
     if env.is_main:
-        if examples.skipped_warning():
-            print(f"bertgpu: warning: {examples.skipped_warning()}", file=sys.stderr, flush=True)
+        for warning in (examples.note, examples.skipped_warning(), missing_labels_warning(metrics, str(cfg.data))):
+            if warning:
+                print(f"bertgpu: warning: {warning}", file=sys.stderr, flush=True)
         if cfg.json:
             print(json.dumps(result, ensure_ascii=False), flush=True)
         else:
             print(
                 f"{cfg.data}: {metrics['examples']} examples | loss {metrics['loss']:.4f} | "
                 f"accuracy {metrics['accuracy']:.4f} | f1 {metrics['f1']:.4f} ({result['f1_average']})",
+                *per_class_table(metrics),
+                sep="\n",
                 flush=True,
             )
         atomic.write_json(output, result)
@@ -205,12 +208,12 @@ def run_predict(cfg: PredictConfig) -> None:
     skipped = [table.rows[i][0] for i in range(len(inputs)) if i not in predictions]
     if skipped:
         shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
-        print(
-            f"bertgpu: warning: {table.path}: {len(skipped)} row(s) with an empty text left without prediction "
-            f"(lines {shown})",
-            file=sys.stderr,
-            flush=True,
+        what = (
+            "blank line(s) given an empty prediction, to keep the output line by line with the input"
+            if table.format == "lines"
+            else "row(s) with an empty text left without prediction"
         )
+        print(f"bertgpu: warning: {table.path}: {len(skipped)} {what} (lines {shown})", file=sys.stderr, flush=True)
     if not cfg.output:  # a line per row: label, probability and text, tab-separated (empty for a skipped row)
         for i, (text, _) in enumerate(inputs):
             label, score = predictions.get(i, ("", None))
@@ -225,10 +228,14 @@ def _read_input(cfg: PredictConfig) -> Table:
     input, ``-``, unless --format names a table format)."""
     if cfg.input == "-":
         text = sys.stdin.read()
-        return read_table("-", cfg.format, text) if cfg.format else read_lines("(standard input)", text)
-    if not cfg.format and Path(cfg.input).name.lower().removesuffix(".gz").endswith(".txt"):
-        return read_lines(cfg.input)
-    return read_table(cfg.input, cfg.format)
+        table = read_table("-", cfg.format, text, cfg.delimiter) if cfg.format else read_lines("(standard input)", text)
+    elif not cfg.format and Path(cfg.input).name.lower().removesuffix(".gz").endswith(".txt"):
+        table = read_lines(cfg.input)
+    else:
+        table = read_table(cfg.input, cfg.format, delimiter=cfg.delimiter)
+    if table.note:
+        print(f"bertgpu: warning: {table.note}", file=sys.stderr, flush=True)
+    return table
 
 
 def _render(table: Table, predictions: dict[int, tuple[str, float]], fmt: str, compress: bool) -> bytes:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,7 @@ import torch
 
 from .. import architectures, checkpoint, evaluation, hf_dir, recipe
 from ..budget import TimeBudget
-from ..config import ModelConfig, OptimConfig, PretrainConfig, accumulation, fast_recipe, parse_duration, parse_nnodes
+from ..config import ModelConfig, OptimConfig, PretrainConfig, accumulation, parse_duration, parse_nnodes
 from ..data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
 from ..data.loader import run_loader
 from ..data.pretraining import (
@@ -41,24 +43,28 @@ from ..data.pretraining import (
 )
 from ..data.shards import ShardedCorpus, warn_if_unknown
 from ..data.tokenizer import load_vocab, vocab_sha256
-from ..errors import UserError
-from ..model import BertForPreTraining, use_varlen_attention
+from ..errors import UserError, did_you_mean
+from ..metrics import Sums, Throughput, describe_waits
+from ..model import BertForPreTraining, use_fused_qkv, use_varlen_attention
+from ..optim import describe_lr
 from ..parallel import launch
 from ..parallel.compression import describe as describe_compression
 from ..parallel.layout import check_layout
 from ..paths import refuse_clobbering
-from ..step import LOG_SUMS, MODEL_INPUTS, drop_full_mask, pretraining_loss, pretraining_objective
-from ..training import (
-    Sums,
-    Throughput,
-    describe_batch,
-    describe_lr,
-    describe_waits,
-    format_duration,
-    format_rate,
-    peak_flops,
+from ..precision import peak_flops
+from ..runlog import describe_batch, format_duration, format_rate
+from ..step import LOG_SUMS, MODEL_INPUTS, drop_full_mask, pretraining_loss, pretraining_objective, real_tokens
+from .common import (
+    LoopState,
+    Records,
+    TrainingRun,
+    announce_resume,
+    check_out_dir,
+    resolve_device,
+    run_workers,
+    warn_before_start,
 )
-from .common import LoopState, Records, TrainingRun, announce_resume, check_out_dir, resolve_device, run_workers
+from .model_dirs import model_directory
 
 
 @dataclass
@@ -97,15 +103,20 @@ def check(cfg: PretrainConfig) -> Plan:
     else:
         path = Path(model)
         if not path.exists():
+            presets = architectures.presets(cfg.arch)
             raise UserError(
-                f"--model {model}: not a preset ({', '.join(architectures.presets(cfg.arch))}) and no such file "
-                "or directory"
+                f"--model {model}: no such preset, file or directory (presets: {', '.join(presets)})"
+                + did_you_mean(model, presets)
             )
+        if path.is_dir():  # a pretraining run: its newest checkpoint (BERT's second phase starts from the first's)
+            path = model_directory(model)
         mcfg = ModelConfig.load(path)
         if cfg.arch == "modernbert":
             architectures.check_arch(cfg.arch, mcfg, f"--model {model}")
-        if architectures.arch_of(mcfg) == "modernbert" and cfg.data.nsp:
-            raise UserError(f"--model {model} is a ModernBERT, trained on masked LM only: add --no-nsp")
+        if not architectures.of(mcfg).nsp and cfg.data.nsp:
+            raise UserError(
+                f"--model {model} is a {architectures.of(mcfg).title}, trained on masked LM only: add --no-nsp"
+            )
         if path.is_dir():
             if (path / "model.safetensors").exists() or (path / "pytorch_model.bin").exists():
                 init_from = path
@@ -128,12 +139,30 @@ def check(cfg: PretrainConfig) -> Plan:
         check_fp8(cfg.run.device)
     if cfg.dropout is not None:
         mcfg = architectures.with_dropout(mcfg, cfg.dropout)
-    dims = check_layout(cfg, mcfg, cpu_bf16=fast_recipe(cfg))
+    dims = check_layout(cfg, mcfg, cpu_bf16=recipe.cpu_bf16(cfg))
     heldout_split(cfg, corpus, None, dims.dp)
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.run.resume else None
     if resume_from is not None:
         _check_same_vocab(resume_from, corpus, cfg.data.data)
+        _warn_if_packed_by_an_older_bertgpu(resume_from, cfg)
     return Plan(mcfg, init_from, corpus)
+
+
+def _warn_if_packed_by_an_older_bertgpu(checkpoint_dir: Path, cfg: PretrainConfig) -> None:
+    """A --pack run saved before rows were filled to the brim (no data.pack_attention in its bertgpu.json) goes
+    on over rows cut another way: it cannot resume exactly, so say so rather than pretend."""
+    try:
+        saved = json.loads((checkpoint_dir / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))["config"]["data"]
+    except (OSError, KeyError, ValueError, TypeError):
+        return
+    if cfg.data.pack and saved.get("pack") and "pack_attention" not in saved:
+        print(
+            f"bertgpu: warning: {checkpoint_dir} was packed by an older bertgpu (rows cut at sentence ends, attention "
+            "across documents); the run goes on over today's packed rows, so its data order from here differs "
+            "from what the old version would have trained",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def heldout_split(
@@ -188,6 +217,7 @@ def run(cfg: PretrainConfig) -> None:
         finished = lambda state: state["step"] >= cfg.optim.steps  # noqa: E731
     if announce_resume(cfg, *length, finished):
         return
+    warn_before_start(cfg)
     run_workers(train, cfg)
 
 
@@ -234,7 +264,7 @@ class Loop(LoopState):
 
 def train(cfg: PretrainConfig) -> Path:
     plan = check(cfg)
-    run = TrainingRun(cfg, plan.model_config, "pretrain", cpu_bf16=fast_recipe(cfg))
+    run = TrainingRun(cfg, plan.model_config, "pretrain", cpu_bf16=recipe.cpu_bf16(cfg))
     corpus, dims, device, seed = plan.corpus, run.dims, run.device, cfg.run.seed
     if run.resume_from is not None:
         _check_same_vocab(run.resume_from, corpus, cfg.data.data)
@@ -256,6 +286,7 @@ def train(cfg: PretrainConfig) -> Path:
     model = build_model(cfg, plan, run.resume_from)
     if device.type == "cuda":
         use_varlen_attention(model)  # padded rows through flash attention's variable-length kernel
+    use_fused_qkv(model, cfg.fused_qkv)  # Q, K and V as one matmul (a BERT's; ModernBERT's Wqkv is one weight)
     if cfg.run.fp8:
         from ..fp8 import apply_fp8
 
@@ -265,6 +296,7 @@ def train(cfg: PretrainConfig) -> Path:
                 f"--fp8: {len(float8_layers)} linear layers in float8 (torchao), the rest in {run.precision}",
                 flush=True,
             )
+    run.warn_if_batch_too_big(model, plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions)
     net = run.parallelize(model, cfg.optim.steps, compile=cfg.run.compile)
     chosen, why = recipe.choose(cfg, plan.model_config)  # --recipe fast: the lr and warmup for this size
     optim = dataclasses.replace(chosen, lr=chosen.peak_lr(global_batch))
@@ -287,19 +319,21 @@ def train(cfg: PretrainConfig) -> Path:
         fixed={
             "global_batch": global_batch,
             "heldout_documents": None if heldout is None else torch.from_numpy(heldout),
+            # Which prepared data the run trained and evaluated on: `bertgpu evaluate` says whether its --data is.
+            "data_identity": corpus.identity,
+            "eval_data_identity": (
+                ShardedCorpus(cfg.heldout.eval_data).identity if eval_set is not None and heldout is None else None
+            ),
         },
         settle=functools.partial(settle, chosen=chosen, run=run),
     )
+    # MFU on the real tokens (padding is no work), against the card's own data-sheet peak or --peak-tflops.
+    peak, peak_note = peak_flops(device, run.precision, cfg.peak_tflops)
+    line = start_line(cfg, run, plan, eval_set, loop, global_batch, chosen, why, budget, len(dataset))
     run.start(
-        start_line(cfg, run, plan, eval_set, loop, global_batch, chosen, why, budget, len(dataset)),
+        line + (f"; MFU on real tokens, {peak_note}" if device.type == "cuda" or cfg.peak_tflops else ""),
         cfg.optim.steps if budget is None else budget.plan_guess(loop.step),
-        Throughput(
-            architectures.training_flops_per_sequence(
-                plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions
-            ),
-            peak_flops(device, run.precision),
-            dims.world_size,
-        ),
+        Throughput(functools.partial(architectures.training_flops, plan.model_config), peak, dims.world_size),
         records(cfg, run, eval_set, global_batch, max(loop.sizes), budget),
         loop,
     )
@@ -370,7 +404,9 @@ def build_model(cfg: PretrainConfig, plan: Plan, resume_from: Path | None) -> Be
     model = architectures.pretraining_model(plan.model_config, pad_vocab_multiple=cfg.pad_vocab_multiple)
     if resume_from is not None or plan.init_from is not None:
         hf_dir.load_weights(model, resume_from or plan.init_from)
-    if not isinstance(model, BertForPreTraining):  # ModernBERT: no pooler, no NSP head
+    if cfg.data.pack and cfg.data.pack_attention == "document":  # the rows' masks number their documents
+        architectures.use_document_attention(model)
+    if not architectures.of(plan.model_config).nsp:  # ModernBERT: no pooler, no NSP head
         return architectures.prefer_flex_attention(model, cfg.run.device)
     if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
         for unused in (model.bert.pooler, model.cls.seq_relationship):
@@ -401,7 +437,7 @@ def start_line(
             f"; the global batch changed from {run.state['global_batch']} to {global_batch}: continuing at "
             f"instance {loop.instance:,} of epoch {loop.epoch}"
         )
-    how = "starting"
+    how = "starting" if plan.init_from is None else f"starting from the weights of {plan.init_from}"
     if run.resume_from:
         how = f"resuming from {run.resume_from} at step {loop.step}{run.layout_change()}{moved}"
     held = f", evaluated on {len(eval_set):,} instances of {eval_set.where}" if eval_set is not None else ""
@@ -490,7 +526,7 @@ def train_step(
         micro,
         MODEL_INPUTS,
         lambda outputs, mb: loss_and_sums(outputs, mb)[0],
-        lambda outputs, mb: loss_and_sums(outputs, mb, mb["attention_mask"].sum())[1],
+        lambda outputs, mb: loss_and_sums(outputs, mb, real_tokens(mb["attention_mask"]))[1],
         zeros,
         context=run.forward_context,
         scale=run.scaler.scale,

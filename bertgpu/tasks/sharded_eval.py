@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..data.classification import ClassificationDataset, eval_batches
 from ..parallel import ParallelDims
-from ..training import autocast
+from ..precision import autocast
 
 
 @torch.no_grad()
@@ -56,27 +56,101 @@ def predict_logits(
     return dims.dp_sum(logits).cpu()
 
 
-def compute_metrics(logits: torch.Tensor, labels: torch.Tensor) -> dict[str, Any]:
-    """Mean loss, accuracy and F1 (of label id 1 with two classes, else the macro average over the
-    classes present in labels or predictions, as scikit-learn's f1_score), and the confusion matrix
-    (rows: true label, columns: predicted)."""
+def compute_metrics(logits: torch.Tensor, labels: torch.Tensor, names: list[str] | None = None) -> dict[str, Any]:
+    """Mean loss, accuracy, F1, each label's precision, recall, F1 and support, and the confusion matrix
+    (rows: true label, columns: predicted); ``names``: the labels by id (default: the ids as text).
+
+    ``f1`` is the F1 of label id 1 with two classes, else the macro average over the labels whose F1 is
+    defined, those in the labels or the predictions (scikit-learn's f1_score); ``f1_labels`` names them.
+    A label the data lacks but the model predicts has F1 0 and pulls that average down, so the macro
+    averages over the labels in the data and over all the model's labels (an undefined F1 counted as 0,
+    scikit-learn's ``labels=all, zero_division=0``) are given too. An undefined precision (a label never
+    predicted), recall (a label absent from the data) or F1 (both) is None."""
     num_labels = logits.size(1)
+    names = [str(i) for i in range(num_labels)] if names is None else list(names)
     labels = labels.cpu()
     predictions = logits.argmax(-1)
     confusion = torch.zeros(num_labels, num_labels, dtype=torch.long)
     confusion.index_put_((labels, predictions), torch.ones_like(labels), accumulate=True)
-    tp = confusion.diag()
-    fp_fn = confusion.sum(0) + confusion.sum(1) - 2 * tp
-    f1 = torch.where(2 * tp + fp_fn > 0, 2 * tp / (2 * tp + fp_fn).clamp(min=1), torch.zeros(()))
-    if num_labels == 2:
-        f1_value = f1[1].item()
-    else:
-        present = (confusion.sum(0) + confusion.sum(1)) > 0
-        f1_value = f1[present].mean().item()
+    tp, support, predicted = confusion.diag().tolist(), confusion.sum(1).tolist(), confusion.sum(0).tolist()
+    per_class = {}
+    for k, name in enumerate(names):
+        errors = support[k] + predicted[k] - 2 * tp[k]  # false negatives + false positives
+        per_class[name] = {
+            "precision": tp[k] / predicted[k] if predicted[k] else None,
+            "recall": tp[k] / support[k] if support[k] else None,
+            "f1": 2 * tp[k] / (2 * tp[k] + errors) if 2 * tp[k] + errors else None,
+            "support": support[k],
+            "predicted": predicted[k],
+        }
+    f1 = [per_class[name]["f1"] for name in names]
+    defined = [name for name in names if per_class[name]["f1"] is not None]
+    in_data = [name for name, count in zip(names, support) if count]
+    f1_labels = [names[1]] if num_labels == 2 else defined
     return {
         "loss": F.cross_entropy(logits, labels).item(),
-        "accuracy": tp.sum().item() / len(labels),
-        "f1": f1_value,
+        "accuracy": sum(tp) / len(labels),
+        "f1": _mean(per_class[name]["f1"] or 0.0 for name in f1_labels),
+        "f1_labels": f1_labels,
+        "macro_f1_data_labels": _mean(per_class[name]["f1"] for name in in_data),
+        "macro_f1_all_labels": _mean(value or 0.0 for value in f1),
+        "data_labels": in_data,
+        "per_class": per_class,
         "examples": len(labels),
         "confusion": confusion.tolist(),
     }
+
+
+def _mean(values: Any) -> float:
+    values = list(values)
+    return sum(values) / len(values) if values else 0.0
+
+
+def describe_f1(metrics: dict[str, Any], names: list[str]) -> str:
+    """Which F1 ``metrics['f1']`` is: "binary (positive)", or the labels its macro average is over."""
+    if len(names) == 2:
+        return f"binary ({names[1]})"
+    over = metrics["f1_labels"]
+    if len(over) == len(names):
+        return f"macro over the {len(names)} labels"
+    return f"macro over {len(over)} of the {len(names)} labels: those in the data or the predictions"
+
+
+def per_class_table(metrics: dict[str, Any]) -> list[str]:
+    """Each label's precision, recall, F1 and support as aligned text lines ("-": undefined)."""
+    per_class = metrics["per_class"]
+    width = max(5, *(len(name) for name in per_class))
+
+    def cell(value: float | None) -> str:
+        return f"{'-' if value is None else f'{value:.4f}':>9}"
+
+    lines = [f"{'label':<{width}} {'precision':>9} {'recall':>9} {'f1':>9} {'support':>8}"]
+    for name, c in per_class.items():
+        absent = ""
+        if not c["support"]:
+            predicted = f"predicted {c['predicted']:,} times" if c["predicted"] else "never predicted"
+            absent = f"  (absent from the data, {predicted})"
+        lines.append(
+            f"{name:<{width}} {cell(c['precision'])} {cell(c['recall'])} {cell(c['f1'])} {c['support']:>8,}{absent}"
+        )
+    return lines
+
+
+def missing_labels_warning(metrics: dict[str, Any], data: str) -> str | None:
+    """One line when the data lacks some of the model's labels: which, and what that does to the F1."""
+    names, in_data = list(metrics["per_class"]), metrics["data_labels"]
+    missing = [name for name in names if name not in in_data]
+    if not missing:
+        return None
+    line = f"{data} holds {len(in_data)} of the model's {len(names)} labels (not {', '.join(missing)})"
+    if len(names) == 2:
+        return f"{line}: F1 is the binary F1 of {names[1]}, {metrics['f1']:.4f}"
+    predicted = [name for name in missing if metrics["per_class"][name]["predicted"]]
+    f1, all_f1 = metrics["f1"], f"over all {len(names)} {metrics['macro_f1_all_labels']:.4f}"
+    if not predicted:
+        return f"{line}: macro F1 {f1:.4f} averages the {len(in_data)} labels in the data; {all_f1}"
+    return (
+        f"{line}: macro F1 {f1:.4f} averages {len(metrics['f1_labels'])} labels, {', '.join(predicted)} among them "
+        f"(predicted though absent: F1 0); over the {len(in_data)} labels in the data it is "
+        f"{metrics['macro_f1_data_labels']:.4f}, {all_f1}"
+    )
