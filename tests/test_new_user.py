@@ -231,7 +231,9 @@ def test_resume_says_what_it_does(tmp_path, small_english_data, classifier):
     vocab = len((small_english_data / "vocab.txt").read_text().splitlines())
     config = ModelConfig.preset("tiny", vocab_size=vocab)
     seqs, tokens, work = first["seq_per_s"], first["tokens_per_s"], first["mfu"] * 1e12
-    assert tokens < 64 * seqs  # rows with padding: charging it would count more
+    # At most the rows' 64 positions (equal when this step's rows happen to be full: NSP rows mostly are, and
+    # which rows they are depends on the vocab the fixture trains, whose ties tokenizers may break either way).
+    assert tokens <= 64 * seqs * (1 + 1e-9)
     assert architectures.training_flops(config, seqs, tokens, 0) < work
     assert work <= architectures.training_flops(config, seqs, tokens, 20 * seqs) * (1 + 1e-9)
 
