@@ -1379,7 +1379,7 @@ class EvaluateConfig:
     nsp: bool = opt(
         True,
         "prepared data: single-segment instances, masked LM only (default: sentence pairs, "
-        "and NSP metrics when the model has an NSP head)",
+        "and NSP metrics when the model has an NSP head that its run trained: a --no-nsp run's is not)",
         flag="--no-nsp",
     )
     seed: int = opt(42, "prepared data: the seed that picks and masks the evaluation instances")

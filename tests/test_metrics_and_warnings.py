@@ -254,3 +254,15 @@ def test_evaluate_on_prepared_data_says_what_the_data_is_to_the_run(tmp_path, sm
     result, stdout, stderr = evaluate(write_tiny_bert(tmp_path / "hf", small_english_data / "vocab.txt"), other)
     assert result["data_is"] == "unknown" and stdout.splitlines()[0].endswith("| 40 instances")
     assert not warning_lines(stderr, "")
+
+
+def test_evaluate_of_a_run_without_nsp_reports_no_nsp(tmp_path, small_english_data):
+    """A --no-nsp run saves BERT's NSP head untrained: evaluating it on prepared data gives no NSP figures (they
+    were a coin's: accuracy about 0.5) and draws single-segment instances, as the run trained on."""
+    run = tmp_path / "run"
+    run_cli("pretrain", "--data", small_english_data, "--out", run, *TINY_PRETRAIN, "--no-nsp")
+    proc = run_cli("evaluate", "--model", run, "--data", small_english_data, "--eval-instances", "40", "--json")
+    result = json.loads(proc.stdout.splitlines()[-1])
+    assert result["nsp_instances"] is False and not any(
+        key.startswith("nsp") for key in result if key != "nsp_instances"
+    )

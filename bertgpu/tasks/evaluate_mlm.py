@@ -49,11 +49,23 @@ def _plan(cfg: EvaluateConfig) -> tuple[Path, ModelConfig, ShardedCorpus, DataCo
     length = cfg.max_seq_length or min(DEFAULT_LENGTH, config.max_position_embeddings)
     if length > config.max_position_embeddings:
         raise UserError(f"--max-seq-length {length} is beyond the model's {config.max_position_embeddings} positions")
-    data = DataConfig(data=cfg.data, max_seq_length=length, nsp=cfg.nsp, loader_workers=0)
+    # A run that trained no NSP head (--no-nsp) saved an untrained one: its figures would mean nothing, and
+    # its instances were single segments, so evaluate on those.
+    nsp = cfg.nsp and _run_trained_nsp(model_dir)
+    data = DataConfig(data=cfg.data, max_seq_length=length, nsp=nsp, loader_workers=0)
     if data.nsp:
         check_nsp_possible(corpus)
     resolve_precision(cfg.precision, torch.device(launch.resolve_device(cfg.device)))
     return model_dir, config, corpus, data
+
+
+def _run_trained_nsp(model_dir: Path) -> bool:
+    """False when the bertgpu run that wrote ``model_dir`` pretrained without next-sentence prediction."""
+    try:
+        saved = json.loads((model_dir / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))
+        return bool(saved["config"]["data"]["nsp"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return True  # no bertgpu run (a Hugging Face directory): its head, if any, is taken as trained
 
 
 def data_relation(model_dir: Path, corpus: ShardedCorpus, data: str) -> tuple[str, str]:
