@@ -254,6 +254,18 @@ def given_fields(parser: argparse.ArgumentParser, argv: list[str], from_file: ty
     return {dest[arg.split("=", 1)[0]] for arg in argv if arg.split("=", 1)[0] in dest} | set(from_file)
 
 
+def _blame_the_file(
+    message: str, path: str, parser: argparse.ArgumentParser, argv: list[str], from_file: dict[str, Any]
+) -> str:
+    """An error that begins with a flag (``--steps must be at least 1``) whose value came from the --config
+    file, not typed: the file and its key, as a type error there names them (the user never typed --steps)."""
+    flag = message.split(" ", 1)[0].rstrip(":,")
+    dest = {option: a.dest for a in parser._actions for option in a.option_strings}.get(flag)
+    if dest is None or dest not in from_file or dest in given_fields(parser, argv, ()):
+        return message
+    return f"--config {path}: {dest}{message[len(flag) :]}"
+
+
 def _vocab(cfg: VocabConfig) -> None:
     from .data.tokenizer import coverage, train_vocab
 
@@ -454,7 +466,10 @@ def main(argv: list[str] | None = None) -> None:
             refuse_clobbering(outputs, {"--config": args.config})
         fn(cfg)
     except UserError as e:
-        print(f"bertgpu: error: {e}", file=sys.stderr)
+        message = str(e)
+        if from_file:
+            message = _blame_the_file(message, args.config, commands[args.command], argv[1:], from_file)
+        print(f"bertgpu: error: {message}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("bertgpu: interrupted", file=sys.stderr)

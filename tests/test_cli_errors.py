@@ -549,8 +549,21 @@ def test_an_abbreviated_flag_is_refused_before_anything_runs(tmp_path, tiny_clas
             "eval-fracton: 0.1\n",
             "run.yaml: 'eval-fracton' is not a field of `bertgpu pretrain` (did you mean eval-fraction?)",
         ),
+        ("steps: -5\n", "run.yaml: steps must be at least 1, got -5"),
+        ("optim:\n  eval_fraction: 0.9\n", "run.yaml: eval_fraction must be in (0, 0.5], not 0.9"),
     ],
-    ids=["int-words", "int-float", "float", "bool", "list", "choice", "batch-size", "unknown-key"],
+    ids=[
+        "int-words",
+        "int-float",
+        "float",
+        "bool",
+        "list",
+        "choice",
+        "batch-size",
+        "unknown-key",
+        "out-of-range",
+        "out-of-range-nested",
+    ],
 )
 def test_config_file_value_of_the_wrong_type(tmp_path, english_data, text, needle, capsys):
     """One line naming the file, the key, the value and the type it needs; not argparse's usage page blaming
@@ -561,6 +574,14 @@ def test_config_file_value_of_the_wrong_type(tmp_path, english_data, text, needl
     err = in_process_error("pretrain", "--config", config, "--out", out)
     assert needle in err and str(config) in err, err
     assert not out.exists()
+
+
+def test_an_out_of_range_value_typed_over_the_file_names_the_flag(tmp_path, english_data, capsys):
+    """The flag typed is blamed, not the file whose value it replaced (the file's steps: 5 is fine)."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"data: {english_data}\nmodel: tiny\nsteps: 5\n")
+    err = in_process_error("pretrain", "--config", config, "--out", tmp_path / "run", "--steps", "0")
+    assert err.strip() == "bertgpu: error: --steps must be at least 1, got 0", err
 
 
 def test_config_file_values_as_a_command_line_gives_them(tmp_path):
