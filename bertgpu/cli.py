@@ -196,6 +196,12 @@ def read_config_file(path: str, command: str, cls: type) -> dict[str, Any]:
                 add(value, _sections(section)[name], f"{prefix}{key}.")
             elif name in names:
                 flat[name] = _config_value(f"--config {path}: {prefix}{key}", value, *names[name])
+            elif name in _sections(section):  # a section (not also a field) given one value
+                fields = ", ".join(f.name for f in dataclasses.fields(_sections(section)[name])[:3])
+                raise UserError(
+                    f"--config {path}: {prefix}{key}: {json.dumps(value, ensure_ascii=False)}: {key} is a section, "
+                    f"not a field: give its fields ({fields}, ...) under it or at the top level"
+                )
             else:
                 spelled = {n.replace("_", "-") if "-" in str(key) else n: n for n in names}  # as the file spells keys
                 hint = did_you_mean(str(key), spelled) or f" (see bertgpu {command} --help)"
