@@ -6,6 +6,7 @@ accuracy of 0.966 with no word that two of four labels were absent from the test
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -163,9 +164,15 @@ def test_a_batch_the_memory_cannot_hold_is_warned_of_before_the_first_step(
     (line,) = warning_lines(run.stderr, "needs about")
     assert "a batch of 32 x 128 tokens per process on cpu needs about" in line and "only 0.1 GiB is free" in line
     finetune = ["finetune", "--model", "tiny", "--vocab", small_uncased_vocab, "--train", reviews, "--epochs", "1"]
-    run = run_cli(*finetune, "--out", tmp_path / "finetune", "--device", "cpu", "--batch-size", "400")
+    run = run_cli(*finetune, "--out", tmp_path / "finetune", "--device", "cpu", "--batch-size", "40")
     (line,) = warning_lines(run.stderr, "needs about")
-    assert "a batch of 400 x 128 tokens per process on cpu" in line
+    assert re.search(r"a batch of 40 x \d+ tokens per process on cpu", line), line
+    # A batch is no larger than the training set and no longer than its longest example (dynamic padding):
+    # --batch-size 50000 --max-seq-length 512 on these reviews fits the machine's real memory.
+    monkeypatch.undo()
+    big = ["--batch-size", "50000", "--max-seq-length", "512"]
+    run = run_cli(*finetune, "--out", tmp_path / "finetune-big", "--device", "cpu", *big)
+    assert not warning_lines(run.stderr, "needs about"), run.stderr
 
 
 def test_more_processes_than_cores_is_warned_of_once(tmp_path, monkeypatch, small_english_data):

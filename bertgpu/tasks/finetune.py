@@ -358,7 +358,10 @@ def train(cfg: FinetuneConfig) -> Path:
 
     model = build_model(cfg, plan, run)
     trainable, n_params = lora.parameter_counts(model)
-    run.warn_if_batch_too_big(model, plan.model_config, cfg.max_seq_length)
+    # Batches are padded to their longest example and hold at most the data there is: a --batch-size larger
+    # than the training set, or a --max-seq-length longer than any example, costs no memory.
+    longest = int(train_set.lengths.max()) if len(train_set) else cfg.max_seq_length
+    run.warn_if_batch_too_big(model, plan.model_config, longest, examples=len(train_set))
     net = run.parallelize(model, optim.steps, seq_length=cfg.max_seq_length)
     run.build_optimizer(optim, sample_forward=lambda: net(**_sample_batch(train_set, device)))
     window = run.track(LOG_SUMS, "window", "epoch_sums")[0]  # since the last log line, and in the epoch
