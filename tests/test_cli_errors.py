@@ -497,8 +497,21 @@ def test_inspect_errors(tmp_path, english_data, capsys):
         (["finetune", "--metric", "f2"], ["--metric: invalid choice: 'f2'", "accuracy, f1"]),
         (["bench", "--model", "minii"], ["invalid choice: 'minii' (did you mean mini?)", "tiny, mini, small"]),
         (["pretrian"], ["invalid choice: 'pretrian' (did you mean pretrain?)"]),
+        (["pretrain", "--recipe", "fastest"], ["invalid choice: 'fastest' (did you mean fast?)"]),
+        (["prepare", "--outdir", "x"], ["`bertgpu prepare` has no flag --outdir (did you mean --out?)"]),
     ],
-    ids=["typo", "typo-with-value", "abbreviation", "required", "bad-int", "bad-choice", "preset", "command"],
+    ids=[
+        "typo",
+        "typo-with-value",
+        "abbreviation",
+        "required",
+        "bad-int",
+        "bad-choice",
+        "preset",
+        "command",
+        "choice-run-on",
+        "flag-run-on",
+    ],
 )
 def test_argparse_mistakes_are_one_line_naming_the_flag(tmp_path, args, needles, capsys):
     """A mistyped flag gets the nearest one instead of the 45-line usage; an abbreviation is refused, not taken
