@@ -724,3 +724,20 @@ def test_a_gbk_or_latin1_corpus_is_named_as_what_it_is(tmp_path, uncased_vocab, 
     args = ["fill-mask", tiny_classifier_setup[0], "--input", latin1]
     assert_one_line_error_in_process(args, f"--input {latin1}:2: not valid UTF-8", "it looks like Latin-1")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gbk.txt", "latin1.txt"]
+
+
+def test_a_classifier_given_where_a_masked_lm_is_needed_is_called_a_classifier(tmp_path, small_english_data, capsys):
+    """fill-mask, or evaluate on prepared data, with a fine-tuned classifier said "only an encoder"."""
+    from bertgpu.config import ModelConfig
+    from bertgpu.data.tokenizer import load_vocab
+    from bertgpu.hf_dir import save_pretrained
+    from bertgpu.model import BertForSequenceClassification
+
+    vocab = small_english_data.parent / "vocab.txt"  # the data's own: the vocab check passes
+    config = ModelConfig.preset("tiny", vocab_size=len(load_vocab(vocab)), id2label={0: "neg", 1: "pos"})
+    clf = tmp_path / "clf"
+    save_pretrained(BertForSequenceClassification(config), config, clf, vocab_path=vocab, do_lower_case=True)
+    needle = "is a classifier (labels neg, pos) with no masked-LM head"
+    assert_one_line_error_in_process(["fill-mask", clf, "a [MASK]."], str(clf), needle, "fill-mask needs a pretraining")
+    args = ["evaluate", "--model", clf, "--data", small_english_data]
+    assert_one_line_error_in_process(args, needle)
