@@ -196,6 +196,12 @@ def read_config_file(path: str, command: str, cls: type) -> dict[str, Any]:
                 add(value, _sections(section)[name], f"{prefix}{key}.")
             elif name in names:
                 flat[name] = _config_value(f"--config {path}: {prefix}{key}", value, *names[name])
+            elif name in _sections(section):  # a section (not also a field) given one value
+                fields = ", ".join(f.name for f in dataclasses.fields(_sections(section)[name])[:3])
+                raise UserError(
+                    f"--config {path}: {prefix}{key}: {json.dumps(value, ensure_ascii=False)}: {key} is a section, "
+                    f"not a field: give its fields ({fields}, ...) under it or at the top level"
+                )
             else:
                 spelled = {n.replace("_", "-") if "-" in str(key) else n: n for n in names}  # as the file spells keys
                 hint = did_you_mean(str(key), spelled) or f" (see bertgpu {command} --help)"
@@ -252,6 +258,18 @@ def given_fields(parser: argparse.ArgumentParser, argv: list[str], from_file: ty
     and each field of the --config file (``from_file``)."""
     dest = {option: a.dest for a in parser._actions for option in a.option_strings}
     return {dest[arg.split("=", 1)[0]] for arg in argv if arg.split("=", 1)[0] in dest} | set(from_file)
+
+
+def _blame_the_file(
+    message: str, path: str, parser: argparse.ArgumentParser, argv: list[str], from_file: dict[str, Any]
+) -> str:
+    """An error that begins with a flag (``--steps must be at least 1``) whose value came from the --config
+    file, not typed: the file and its key, as a type error there names them (the user never typed --steps)."""
+    flag = message.split(" ", 1)[0].rstrip(":,")
+    dest = {option: a.dest for a in parser._actions for option in a.option_strings}.get(flag)
+    if dest is None or dest not in from_file or dest in given_fields(parser, argv, ()):
+        return message
+    return f"--config {path}: {dest}{message[len(flag) :]}"
 
 
 def _vocab(cfg: VocabConfig) -> None:
@@ -454,7 +472,10 @@ def main(argv: list[str] | None = None) -> None:
             refuse_clobbering(outputs, {"--config": args.config})
         fn(cfg)
     except UserError as e:
-        print(f"bertgpu: error: {e}", file=sys.stderr)
+        message = str(e)
+        if from_file:
+            message = _blame_the_file(message, args.config, commands[args.command], argv[1:], from_file)
+        print(f"bertgpu: error: {message}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("bertgpu: interrupted", file=sys.stderr)

@@ -1400,7 +1400,7 @@ class PredictConfig:
     texts: list[str] = opt(
         [],
         "texts to classify, each on its own (a line each: label, probability, text); for a sentence-pair "
-        "classifier, a text and its pair text",
+        "classifier, a text and its pair text; - alone reads standard input, as --input - does",
         positional=True,
         nargs="*",
     )
@@ -1431,6 +1431,8 @@ class PredictConfig:
     device: str = opt("auto", "where to run", choices=_DEVICE_CHOICES)
 
     def __post_init__(self) -> None:
+        if self.texts == ["-"] and not self.input:  # the usual spelling of stdin, not a text "-" to classify
+            self.texts, self.input = [], "-"
         if self.input and self.texts:
             raise UserError("give either texts to classify or --input FILE, not both")
         if not self.input and not self.texts:

@@ -23,10 +23,13 @@ def require(module: str, message: str) -> ModuleType:
 
 
 def nearest(word: str, candidates: Iterable[str]) -> list[str]:
-    """The candidates ``word`` likely meant: those it begins (an abbreviation), else difflib's closest."""
+    """The candidates ``word`` likely meant: those it begins (an abbreviation), else difflib's closest, else the
+    longest it begins with (a word run on: `--recipe fastest`, `--outdir`)."""
     candidates = list(candidates)
     starts = [c for c in candidates if c.startswith(word) and c != word]
-    return starts[:3] or difflib.get_close_matches(word, candidates, n=1, cutoff=0.75)
+    close = starts[:3] or difflib.get_close_matches(word, candidates, n=1, cutoff=0.75)
+    within = sorted((c for c in candidates if word.startswith(c) and len(c) >= 3 and c != word), key=len)
+    return close or within[-1:]
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:

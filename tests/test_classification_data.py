@@ -120,6 +120,8 @@ def test_rows_with_an_empty_text_or_label_are_skipped_and_counted(tmp_path):
         (b"text,label\ngood,1\nbad,0,extra\n", r"d\.csv:3: 3 fields, but the header has 2"),
         (b"text,label\ngood,1\n\xe5\xa5\xbd,1\nbad\xff,0\n", r"d\.csv:4: not valid UTF-8"),
         (b"text,text\ngood,1\n", r"d\.csv:1: the header names column\(s\) 'text' more than once"),
+        # an unclosed quote reads the rest of the file as one text with no label: not "no usable rows"
+        (b'text,label\ngood,1\n"bad, it,0\nmore,1\n', r"d\.csv:3: a quote opened in this row is never closed"),
     ],
 )
 def test_unusable_files(tmp_path, content, message):

@@ -147,6 +147,9 @@ def test_predict_a_batch_from_a_file_or_standard_input(from_preset, reviews, tmp
         "bertgpu: warning: (standard input): 1 blank line(s) given an empty prediction, to keep the output "
         "line by line with the input (lines 2)"
     )
+    # `predict --model M -`, as most tools read stdin: the same rows, not one prediction for the text "-"
+    monkeypatch.setattr(sys, "stdin", io.StringIO(texts[0] + "\n\n" + texts[1] + "\n"))
+    assert run_in_process("predict", "--model", str(out), "-", "--device", "cpu").stdout == proc.stdout
 
     lines = tmp_path / "texts.txt"
     lines.write_text(texts[0] + "\n\n" + texts[1] + "\n", encoding="utf-8")

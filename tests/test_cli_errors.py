@@ -497,8 +497,21 @@ def test_inspect_errors(tmp_path, english_data, capsys):
         (["finetune", "--metric", "f2"], ["--metric: invalid choice: 'f2'", "accuracy, f1"]),
         (["bench", "--model", "minii"], ["invalid choice: 'minii' (did you mean mini?)", "tiny, mini, small"]),
         (["pretrian"], ["invalid choice: 'pretrian' (did you mean pretrain?)"]),
+        (["pretrain", "--recipe", "fastest"], ["invalid choice: 'fastest' (did you mean fast?)"]),
+        (["prepare", "--outdir", "x"], ["`bertgpu prepare` has no flag --outdir (did you mean --out?)"]),
     ],
-    ids=["typo", "typo-with-value", "abbreviation", "required", "bad-int", "bad-choice", "preset", "command"],
+    ids=[
+        "typo",
+        "typo-with-value",
+        "abbreviation",
+        "required",
+        "bad-int",
+        "bad-choice",
+        "preset",
+        "command",
+        "choice-run-on",
+        "flag-run-on",
+    ],
 )
 def test_argparse_mistakes_are_one_line_naming_the_flag(tmp_path, args, needles, capsys):
     """A mistyped flag gets the nearest one instead of the 45-line usage; an abbreviation is refused, not taken
@@ -549,8 +562,23 @@ def test_an_abbreviated_flag_is_refused_before_anything_runs(tmp_path, tiny_clas
             "eval-fracton: 0.1\n",
             "run.yaml: 'eval-fracton' is not a field of `bertgpu pretrain` (did you mean eval-fraction?)",
         ),
+        ("optim: 5\n", "run.yaml: optim: 5: optim is a section, not a field: give its fields (optimizer, lr"),
+        ("steps: -5\n", "run.yaml: steps must be at least 1, got -5"),
+        ("optim:\n  eval_fraction: 0.9\n", "run.yaml: eval_fraction must be in (0, 0.5], not 0.9"),
     ],
-    ids=["int-words", "int-float", "float", "bool", "list", "choice", "batch-size", "unknown-key"],
+    ids=[
+        "int-words",
+        "int-float",
+        "float",
+        "bool",
+        "list",
+        "choice",
+        "batch-size",
+        "unknown-key",
+        "section-value",
+        "out-of-range",
+        "out-of-range-nested",
+    ],
 )
 def test_config_file_value_of_the_wrong_type(tmp_path, english_data, text, needle, capsys):
     """One line naming the file, the key, the value and the type it needs; not argparse's usage page blaming
@@ -561,6 +589,14 @@ def test_config_file_value_of_the_wrong_type(tmp_path, english_data, text, needl
     err = in_process_error("pretrain", "--config", config, "--out", out)
     assert needle in err and str(config) in err, err
     assert not out.exists()
+
+
+def test_an_out_of_range_value_typed_over_the_file_names_the_flag(tmp_path, english_data, capsys):
+    """The flag typed is blamed, not the file whose value it replaced (the file's steps: 5 is fine)."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"data: {english_data}\nmodel: tiny\nsteps: 5\n")
+    err = in_process_error("pretrain", "--config", config, "--out", tmp_path / "run", "--steps", "0")
+    assert err.strip() == "bertgpu: error: --steps must be at least 1, got 0", err
 
 
 def test_config_file_values_as_a_command_line_gives_them(tmp_path):
@@ -688,3 +724,20 @@ def test_a_gbk_or_latin1_corpus_is_named_as_what_it_is(tmp_path, uncased_vocab, 
     args = ["fill-mask", tiny_classifier_setup[0], "--input", latin1]
     assert_one_line_error_in_process(args, f"--input {latin1}:2: not valid UTF-8", "it looks like Latin-1")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gbk.txt", "latin1.txt"]
+
+
+def test_a_classifier_given_where_a_masked_lm_is_needed_is_called_a_classifier(tmp_path, small_english_data, capsys):
+    """fill-mask, or evaluate on prepared data, with a fine-tuned classifier said "only an encoder"."""
+    from bertgpu.config import ModelConfig
+    from bertgpu.data.tokenizer import load_vocab
+    from bertgpu.hf_dir import save_pretrained
+    from bertgpu.model import BertForSequenceClassification
+
+    vocab = small_english_data.parent / "vocab.txt"  # the data's own: the vocab check passes
+    config = ModelConfig.preset("tiny", vocab_size=len(load_vocab(vocab)), id2label={0: "neg", 1: "pos"})
+    clf = tmp_path / "clf"
+    save_pretrained(BertForSequenceClassification(config), config, clf, vocab_path=vocab, do_lower_case=True)
+    needle = "is a classifier (labels neg, pos) with no masked-LM head"
+    assert_one_line_error_in_process(["fill-mask", clf, "a [MASK]."], str(clf), needle, "fill-mask needs a pretraining")
+    args = ["evaluate", "--model", clf, "--data", small_english_data]
+    assert_one_line_error_in_process(args, needle)

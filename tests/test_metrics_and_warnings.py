@@ -5,7 +5,9 @@ accuracy of 0.966 with no word that two of four labels were absent from the test
 
 from __future__ import annotations
 
+import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -163,9 +165,15 @@ def test_a_batch_the_memory_cannot_hold_is_warned_of_before_the_first_step(
     (line,) = warning_lines(run.stderr, "needs about")
     assert "a batch of 32 x 128 tokens per process on cpu needs about" in line and "only 0.1 GiB is free" in line
     finetune = ["finetune", "--model", "tiny", "--vocab", small_uncased_vocab, "--train", reviews, "--epochs", "1"]
-    run = run_cli(*finetune, "--out", tmp_path / "finetune", "--device", "cpu", "--batch-size", "400")
+    run = run_cli(*finetune, "--out", tmp_path / "finetune", "--device", "cpu", "--batch-size", "40")
     (line,) = warning_lines(run.stderr, "needs about")
-    assert "a batch of 400 x 128 tokens per process on cpu" in line
+    assert re.search(r"a batch of 40 x \d+ tokens per process on cpu", line), line
+    # A batch is no larger than the training set and no longer than its longest example (dynamic padding):
+    # --batch-size 50000 --max-seq-length 512 on these reviews fits the machine's real memory.
+    monkeypatch.undo()
+    big = ["--batch-size", "50000", "--max-seq-length", "512"]
+    run = run_cli(*finetune, "--out", tmp_path / "finetune-big", "--device", "cpu", *big)
+    assert not warning_lines(run.stderr, "needs about"), run.stderr
 
 
 def test_more_processes_than_cores_is_warned_of_once(tmp_path, monkeypatch, small_english_data):
@@ -211,6 +219,29 @@ def test_prepare_warns_when_the_vocab_splits_the_words_far_more_than_a_fitting_o
     assert 1.0 <= fitting[0] < 1.3 and fitting[1] > 10_000
     chinese = list(islice(CorpusReader([chinese_corpus]).lines(), 2000))
     assert pieces_per_word(Tokenizer(uncased_vocab), chinese) == (0.0, 0)
+
+
+def test_finetune_from_random_weights_warns_when_its_vocab_splits_the_training_texts(
+    tmp_path, english_corpus, uncased_vocab
+):
+    """`finetune --model tiny --vocab V`: the same check as prepare's, on the training file's texts (an English
+    CSV through a 400-token vocab breaks its words up; through bert-base-uncased's it does not)."""
+    from itertools import islice
+
+    from bertgpu.data.corpus import CorpusReader
+    from bertgpu.data.tokenizer import train_vocab
+
+    lines = [line for line in islice(CorpusReader([english_corpus]).lines(), 3000) if len(line.split()) > 5][:200]
+    train = tmp_path / "train.csv"
+    with open(train, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows([("text", "label"), *((line, "ab"[i % 2]) for i, line in enumerate(lines))])
+    small = train_vocab([str(english_corpus)], 400, str(tmp_path / "small-vocab.txt"), progress=False)
+    args = ["finetune", "--model", "tiny", "--train", train, "--epochs", "1", "--max-seq-length", "32"]
+    proc = run_cli(*args, "--vocab", small, "--out", tmp_path / "split", "--device", "cpu")
+    (line,) = warning_lines(proc.stderr, "tokens each")
+    assert f"small-vocab.txt splits {train}'s English words into " in line and "bertgpu vocab" in line
+    proc = run_cli(*args, "--vocab", uncased_vocab, "--out", tmp_path / "fits", "--device", "cpu")
+    assert not warning_lines(proc.stderr, "tokens each"), proc.stderr
 
 
 def test_evaluate_on_prepared_data_says_what_the_data_is_to_the_run(tmp_path, small_english_data, english_corpus):

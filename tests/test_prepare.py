@@ -214,6 +214,10 @@ def test_existing_output_needs_overwrite(english_corpus, uncased_vocab, tmp_path
     with pytest.raises(UserError, match="not a prepared corpus"):
         prepare([str(english_corpus)], str(uncased_vocab), str(precious), overwrite=True, progress=False)
     assert (precious / "thesis.tex").exists()
+    (precious / "checkpoints").mkdir()  # a run directory given as data (inspect RUN, or --model and --data swapped)
+    with pytest.raises(UserError, match="is a model or a run directory, not prepared data"):
+        ShardedCorpus(precious)
+    (precious / "checkpoints").rmdir()
     (tmp_path / "empty").mkdir()
     prepare([str(english_corpus)], str(uncased_vocab), str(tmp_path / "empty"), progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "out", "precious"]  # no temporary leftovers

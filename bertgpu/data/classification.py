@@ -175,6 +175,13 @@ def _read_delimited(path: Path, text: str, fmt: str, delimiter: str = "") -> Tab
                     f"(an unquoted {DELIMITERS.get(delimiter, repr(delimiter))} inside a text?)"
                 )
             rows.append((start, dict(zip(header, record))))  # missing trailing fields read as empty
+        if rows and rows[-1][0] < end and len(record) < len(header) and "\n" in record[-1]:
+            # A quote never closed swallows the rest of the file into one field, which reads as a row with an
+            # empty label: say where it opened, not "no usable rows" or "skipped 1 row".
+            raise UserError(
+                f"{path}:{rows[-1][0]}: a quote opened in this row is never closed, so the rest of the file "
+                f'(lines {rows[-1][0]}-{end}) reads as one text; close it, or double a quote inside a text ("")'
+            )
     except csv.Error as e:
         raise UserError(f"{path}:{reader.line_num}: not valid {fmt.upper()} ({e})") from None
     return Table(path, fmt, header, rows, note)

@@ -199,6 +199,11 @@ def _read_meta(data_dir: Path) -> dict:
     if not data_dir.is_dir():
         raise UserError(f"prepared data directory {data_dir} does not exist; create it with `bertgpu prepare`")
     if not path.is_file():
+        if (data_dir / "config.json").is_file() or (data_dir / "checkpoints").is_dir():  # --model and --data swapped?
+            raise UserError(
+                f"{data_dir} is a model or a run directory, not prepared data (no meta.json): give the directory "
+                "`bertgpu prepare` wrote"
+            )
         raise UserError(f"{data_dir} is not a prepared corpus (no meta.json); create it with `bertgpu prepare`")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))

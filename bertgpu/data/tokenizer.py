@@ -314,14 +314,16 @@ def pieces_per_word(tokenizer: Tokenizer, lines: list[str]) -> tuple[float, int]
     return pieces / words, words
 
 
-def fragmentation_warning(tokenizer: Tokenizer, lines: list[str], vocab: str | os.PathLike) -> str | None:
-    """One line when ``vocab`` splits the English words of ``lines`` (a sample of the corpus) into more
-    than ``MAX_PIECES_PER_WORD`` tokens each."""
+def fragmentation_warning(
+    tokenizer: Tokenizer, lines: list[str], vocab: str | os.PathLike, text: str = "the corpus's"
+) -> str | None:
+    """One line when ``vocab`` splits the English words of ``lines`` (a sample of the corpus; ``text`` names
+    it) into more than ``MAX_PIECES_PER_WORD`` tokens each."""
     ratio, words = pieces_per_word(tokenizer, lines)
     if not words or ratio <= MAX_PIECES_PER_WORD:
         return None
     return (
-        f"{vocab} splits the corpus's English words into {ratio:.2f} tokens each ({words:,} words sampled from "
+        f"{vocab} splits {text} English words into {ratio:.2f} tokens each ({words:,} words sampled from "
         f"its start), above the {MAX_PIECES_PER_WORD} of a vocab made for another language or domain (one made "
         "for such text gives 1.0-1.3): sequences hold less text and the model learns less per token; train a "
         "vocab on this text with `bertgpu vocab`"

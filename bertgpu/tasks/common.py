@@ -305,17 +305,25 @@ class TrainingRun:
         return f" on {self.dims.describe()} (was {was})"
 
     def warn_if_batch_too_big(
-        self, model: torch.nn.Module, config: ModelConfig, seq_length: int, prediction_slots: int = 0
+        self,
+        model: torch.nn.Module,
+        config: ModelConfig,
+        seq_length: int,
+        prediction_slots: int = 0,
+        examples: int | None = None,
     ) -> None:
         """Before the first step (rank 0): one line when a step's estimated memory (``memory``: the state of
         ``model``, of ``config``'s shape; the activations of this rank's micro-batch of ``seq_length``-token
         sequences and of the masked-LM head's ``prediction_slots`` per sequence) exceeds what the device
-        has. On CPU the machine's processes share its memory."""
+        has. On CPU the machine's processes share its memory. ``examples``: all the data there is, when a rank's
+        batch can be no larger than its share of it (fine-tuning on fewer rows than --batch-size)."""
         if not self.is_main:
             return
         dims, parallel = self.dims, self.cfg.parallel
         sizes, _ = accumulation(self.run_cfg, dims.dp)
         batch = sizes[dims.dp_rank]
+        if examples is not None:
+            batch = max(1, min(batch, -(-examples // dims.dp)))
         state = memory.state_bytes(model, dims.tp * dims.pp * (dims.dp if dims.fsdp else 1))
         activations = memory.activation_bytes(
             config,

@@ -37,7 +37,7 @@ from ..data.classification import (
     train_batches,
 )
 from ..data.sharing import shares_of
-from ..data.tokenizer import Tokenizer, load_vocab, vocab_is_cased
+from ..data.tokenizer import Tokenizer, fragmentation_warning, load_vocab, vocab_is_cased
 from ..errors import UserError, did_you_mean
 from ..metrics import Sums, Throughput
 from ..model import BertForSequenceClassification
@@ -137,6 +137,9 @@ def check(cfg: FinetuneConfig) -> Plan:
     names = label_names(train)
     labels_line, label_warnings = describe_labels(train, names)
     warnings = [train.note, train.skipped_warning(), *label_warnings]
+    if model_dir is None:  # random weights: the vocab is the user's choice, and a misfit one costs every step
+        sample = [t[:10_000] for t in train.texts[:2000]]  # as prepare judges a corpus: its start
+        warnings.append(fragmentation_warning(Tokenizer(vocab, lowercase), sample, vocab, f"{cfg.train}'s"))
     if cfg.eval:
         evaluation = load_examples(cfg.eval, **columns)
         check_labels(evaluation, names, f"the training data {cfg.train}")
@@ -358,7 +361,10 @@ def train(cfg: FinetuneConfig) -> Path:
 
     model = build_model(cfg, plan, run)
     trainable, n_params = lora.parameter_counts(model)
-    run.warn_if_batch_too_big(model, plan.model_config, cfg.max_seq_length)
+    # Batches are padded to their longest example and hold at most the data there is: a --batch-size larger
+    # than the training set, or a --max-seq-length longer than any example, costs no memory.
+    longest = int(train_set.lengths.max()) if len(train_set) else cfg.max_seq_length
+    run.warn_if_batch_too_big(model, plan.model_config, longest, examples=len(train_set))
     net = run.parallelize(model, optim.steps, seq_length=cfg.max_seq_length)
     run.build_optimizer(optim, sample_forward=lambda: net(**_sample_batch(train_set, device)))
     window = run.track(LOG_SUMS, "window", "epoch_sums")[0]  # since the last log line, and in the epoch

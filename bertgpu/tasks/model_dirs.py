@@ -70,6 +70,12 @@ def load_masked_lm(model_dir: Path, config: ModelConfig, needs: str) -> tuple[nn
     model = architectures.pretraining_model(config)
     missing, _ = hf_dir.load_weights(model, model_dir)
     if architectures.mlm_head_missing(model, missing):
+        if config.id2label:  # a classifier: say so, not "only an encoder"
+            labels = ", ".join(config.id2label.values())
+            raise UserError(
+                f"{model_dir} is a classifier (labels {labels}) with no masked-LM head (cls.predictions.*): {needs} "
+                "needs a pretraining checkpoint, such as the one it was fine-tuned from"
+            )
         raise UserError(
             f"{model_dir} has no masked-LM head (cls.predictions.*), only an encoder: {needs} needs a "
             "pretraining checkpoint, BertForMaskedLM or BertForPreTraining"
