@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import json
 import os
 import pickle
 import re
@@ -55,6 +56,16 @@ def checkpoint_dirs(run_dir: str | os.PathLike) -> list[Path]:
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     dirs = checkpoint_dirs(run_dir)
     return dirs[-1] if dirs else None
+
+
+def read_run_record(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """A checkpoint's bertgpu.json: its run's config under ``config`` (the sections as dicts) and the notes beside
+    it; None where there is none or it is not ours (no file, not JSON, no ``config`` section)."""
+    try:
+        record = json.loads((Path(directory) / RUN_CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("config"), dict) else None
 
 
 def open_run_dir(run_dir: Path, start_afresh: bool) -> None:

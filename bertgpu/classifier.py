@@ -68,11 +68,8 @@ def classifier_dir(path: str | os.PathLike) -> Path:
 
 def _saved_task(directory: Path) -> str | None:
     """Which command wrote a checkpoint (its bertgpu.json): ``pretrain``, ``finetune`` or None (not ours)."""
-    try:
-        run = json.loads((directory / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(run, dict) or not isinstance(run.get("config"), dict):
+    run = checkpoint.read_run_record(directory)
+    if run is None:
         return None
     # fine-tuning's epochs record their task; pretraining's checkpoints (and fine-tuning's resumable ones) do not
     return run.get("task") or (
@@ -112,11 +109,8 @@ def not_a_classifier(path: Path) -> UserError:
 
 def finetuned_config(model_dir: str | os.PathLike) -> dict | None:
     """The config of the `bertgpu finetune` run that wrote a classifier (its bertgpu.json); None for others."""
-    try:
-        run = json.loads((Path(model_dir) / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(run, dict) or run.get("task") != "finetune" or not isinstance(run.get("config"), dict):
+    run = checkpoint.read_run_record(model_dir)
+    if run is None or run.get("task") != "finetune":
         return None
     return run["config"]
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import signal
 import sys
@@ -87,9 +86,12 @@ def announce_resume(
             flush=True,
         )
         return True
+    record = checkpoint.read_run_record(latest)
+    if record is None:
+        return False
     try:
-        saved = length_saved(json.loads((latest / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8")))
-    except (OSError, KeyError, ValueError):
+        saved = length_saved(record)
+    except (KeyError, ValueError):
         return False
     if saved != length_now:
         step = state["step"]

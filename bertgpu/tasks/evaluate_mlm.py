@@ -61,11 +61,11 @@ def _plan(cfg: EvaluateConfig) -> tuple[Path, ModelConfig, ShardedCorpus, DataCo
 
 def _run_trained_nsp(model_dir: Path) -> bool:
     """False when the bertgpu run that wrote ``model_dir`` pretrained without next-sentence prediction."""
-    try:
-        saved = json.loads((model_dir / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))
-        return bool(saved["config"]["data"]["nsp"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return True  # no bertgpu run (a Hugging Face directory): its head, if any, is taken as trained
+    record = checkpoint.read_run_record(model_dir)
+    data = record["config"].get("data") if record else None
+    if not isinstance(data, dict) or "nsp" not in data:
+        return True  # no bertgpu pretraining run (a Hugging Face directory): its head, if any, is taken as trained
+    return bool(data["nsp"])
 
 
 def data_relation(model_dir: Path, corpus: ShardedCorpus, data: str) -> tuple[str, str]:
@@ -75,11 +75,11 @@ def data_relation(model_dir: Path, corpus: ShardedCorpus, data: str) -> tuple[st
     when it is the run's --eval-data, ("other", why) when it is neither, ("unknown", "") when the model
     is no bertgpu pretraining checkpoint. The run's data is told by the identity its checkpoint recorded
     (``ShardedCorpus.identity``), or, in a checkpoint from before that, by the path its config names."""
-    state_file, config_file = model_dir / checkpoint.STATE_NAME, model_dir / checkpoint.RUN_CONFIG_NAME
-    if not (state_file.is_file() and config_file.is_file()):
+    record = checkpoint.read_run_record(model_dir)
+    if record is None or not (model_dir / checkpoint.STATE_NAME).is_file():
         return "unknown", ""
     try:
-        saved = json.loads(config_file.read_text(encoding="utf-8"))["config"]
+        saved = record["config"]
         run_data, run_eval_data = saved["data"]["data"], saved["heldout"]["eval_data"]
         fraction = saved["heldout"]["eval_fraction"]
         state = checkpoint.load_training_state(model_dir)

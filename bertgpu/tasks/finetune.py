@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -186,11 +185,11 @@ def pooler_untrained(model_dir: Path | None) -> bool:
     transform, which pretraining trains: its fine-tuning did as well either way there."""
     if model_dir is None:
         return False
-    try:
-        run = json.loads((model_dir / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))["config"]
-    except (OSError, ValueError, KeyError, TypeError):
+    record = checkpoint.read_run_record(model_dir)
+    if record is None:
         return False  # not one of our pretraining checkpoints: a pooler of unknown history counts as trained
-    data = run.get("data") if isinstance(run, dict) else None
+    run = record["config"]
+    data = run.get("data")
     if not isinstance(data, dict) or "nsp" not in data:
         return False  # a fine-tuning run's, or another task's
     return run.get("arch") != "modernbert" and not data["nsp"]

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -144,18 +143,15 @@ def check(cfg: PretrainConfig) -> Plan:
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.run.resume else None
     if resume_from is not None:
         _check_same_vocab(resume_from, corpus, cfg.data.data)
-        _warn_if_packed_by_an_older_bertgpu(resume_from, cfg)
     return Plan(mcfg, init_from, corpus)
 
 
 def _warn_if_packed_by_an_older_bertgpu(checkpoint_dir: Path, cfg: PretrainConfig) -> None:
     """A --pack run saved before rows were filled to the brim (no data.pack_attention in its bertgpu.json) goes
     on over rows cut another way: it cannot resume exactly, so say so rather than pretend."""
-    try:
-        saved = json.loads((checkpoint_dir / checkpoint.RUN_CONFIG_NAME).read_text(encoding="utf-8"))["config"]["data"]
-    except (OSError, KeyError, ValueError, TypeError):
-        return
-    if cfg.data.pack and saved.get("pack") and "pack_attention" not in saved:
+    record = checkpoint.read_run_record(checkpoint_dir)
+    saved = record["config"].get("data") if record else None
+    if cfg.data.pack and isinstance(saved, dict) and saved.get("pack") and "pack_attention" not in saved:
         print(
             f"bertgpu: warning: {checkpoint_dir} was packed by an older bertgpu (rows cut at sentence ends, attention "
             "across documents); the run goes on over today's packed rows, so its data order from here differs "
@@ -218,6 +214,11 @@ def run(cfg: PretrainConfig) -> None:
     if announce_resume(cfg, *length, finished):
         return
     warn_before_start(cfg)
+    # Once per run, as announce_resume: check() runs again in every worker.
+    if cfg.run.resume and launch.restart_count() == 0 and int(os.environ.get("RANK", 0)) == 0:
+        latest = checkpoint.latest_checkpoint(cfg.out)
+        if latest is not None:
+            _warn_if_packed_by_an_older_bertgpu(latest, cfg)
     run_workers(train, cfg)
 
 
