@@ -17,7 +17,7 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
-from itertools import chain, islice
+from itertools import chain
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -32,9 +32,6 @@ from .corpus import CorpusReader, Document, resolve_inputs
 from .shards import FORMAT, MAX_UNK_SHARE, VERSION, token_dtype
 from .tokenizer import Tokenizer, fragmentation_warning
 
-# The start of the corpus that tokenizer.fragmentation_warning judges: 2,000 lines, each cut at 10,000
-# characters, a million characters in all (a corpus of one 10 MB line must not be tokenized twice).
-FRAGMENTATION_SAMPLE_LINES, _SAMPLE_LINE_CHARS, _SAMPLE_CHARS = 2000, 10_000, 1_000_000
 CHUNK_CHARS = 2 * 2**20  # text per work item: large enough to amortize pickling, small enough to stream
 MIN_CHUNK_CHARS = 64 * 2**10  # the smallest work item, at the end of the input (see _tokenized_chunks)
 ENCODE_LINES = 1000  # sentences per encode_batch call inside a work item (see _tokenize_chunk)
@@ -274,8 +271,7 @@ def prepare(
         words.check_available()
     tokenizer = Tokenizer(vocab, lowercase=lowercase)
     # Before the work: whether the vocab splits the text's words far more than one made for it (its first lines).
-    sample = _sample(CorpusReader(paths, text_field=text_field).lines())
-    message = fragmentation_warning(tokenizer, sample, vocab)
+    message = fragmentation_warning(tokenizer, CorpusReader(paths, text_field=text_field).lines(), vocab)
     if message:
         warnings.warn(message, stacklevel=2)
     out = Path(os.path.abspath(out_dir))  # absolute, so that even "." has a sibling to build in
@@ -325,17 +321,6 @@ def prepare(
             "documents have a single sentence, too short for next-sentence prediction"
         )
     return meta
-
-
-def _sample(lines: Iterator[str]) -> list[str]:
-    """The first lines of a corpus, as much as the fragmentation check reads (see FRAGMENTATION_SAMPLE_LINES)."""
-    sample, chars = [], 0
-    for line in islice(lines, FRAGMENTATION_SAMPLE_LINES):
-        sample.append(line[:_SAMPLE_LINE_CHARS])
-        chars += len(sample[-1])
-        if chars >= _SAMPLE_CHARS:
-            break
-    return sample
 
 
 def _check_replaceable(out: Path, overwrite: bool) -> None:

@@ -290,6 +290,20 @@ def _batches(lines: Iterator[str], batch: int = 1000) -> Iterator[list[str]]:
 MAX_PIECES_PER_WORD = 1.6
 # The sample judges only text that is English enough: this many words, and this share of its words.
 _MIN_WORDS, _MIN_WORD_SHARE = 500, 0.25
+# The start of the text that is judged: 2,000 lines, each cut at 10,000 characters, a million characters in all
+# (a corpus of one 10 MB line must not be tokenized twice).
+_SAMPLE_LINES, _SAMPLE_LINE_CHARS, _SAMPLE_CHARS = 2000, 10_000, 1_000_000
+
+
+def _start_of(lines: Iterable[str]) -> list[str]:
+    """The first lines of a text, as much of them as the fragmentation check reads."""
+    sample, chars = [], 0
+    for line in islice(lines, _SAMPLE_LINES):
+        sample.append(line[:_SAMPLE_LINE_CHARS])
+        chars += len(sample[-1])
+        if chars >= _SAMPLE_CHARS:
+            break
+    return sample
 
 
 def pieces_per_word(tokenizer: Tokenizer, lines: list[str]) -> tuple[float, int]:
@@ -315,11 +329,11 @@ def pieces_per_word(tokenizer: Tokenizer, lines: list[str]) -> tuple[float, int]
 
 
 def fragmentation_warning(
-    tokenizer: Tokenizer, lines: list[str], vocab: str | os.PathLike, text: str = "the corpus's"
+    tokenizer: Tokenizer, lines: Iterable[str], vocab: str | os.PathLike, text: str = "the corpus's"
 ) -> str | None:
-    """One line when ``vocab`` splits the English words of ``lines`` (a sample of the corpus; ``text`` names
-    it) into more than ``MAX_PIECES_PER_WORD`` tokens each."""
-    ratio, words = pieces_per_word(tokenizer, lines)
+    """One line when ``vocab`` splits the English words of the start of ``lines`` (a corpus, or a training
+    file's texts; ``text`` names it) into more than ``MAX_PIECES_PER_WORD`` tokens each."""
+    ratio, words = pieces_per_word(tokenizer, _start_of(lines))
     if not words or ratio <= MAX_PIECES_PER_WORD:
         return None
     return (

@@ -137,8 +137,7 @@ def check(cfg: FinetuneConfig) -> Plan:
     labels_line, label_warnings = describe_labels(train, names)
     warnings = [train.note, train.skipped_warning(), *label_warnings]
     if model_dir is None:  # random weights: the vocab is the user's choice, and a misfit one costs every step
-        sample = [t[:10_000] for t in train.texts[:2000]]  # as prepare judges a corpus: its start
-        warnings.append(fragmentation_warning(Tokenizer(vocab, lowercase), sample, vocab, f"{cfg.train}'s"))
+        warnings.append(fragmentation_warning(Tokenizer(vocab, lowercase), train.texts, vocab, f"{cfg.train}'s"))
     if cfg.eval:
         evaluation = load_examples(cfg.eval, **columns)
         check_labels(evaluation, names, f"the training data {cfg.train}")
@@ -445,7 +444,7 @@ def build_model(cfg: FinetuneConfig, plan: Plan, run: TrainingRun) -> BertForSeq
         hf_dir.load_weights(model, run.resume_from)
     elif plan.model_dir is not None:  # else a preset: the seeded random initialisation
         hf_dir.load_weights(model if plan.keep_head else architectures.encoder(model), plan.model_dir)
-    if getattr(model.config, "classifier_pooling", None) == "mean" and hasattr(model, "bert"):
+    if architectures.arch_of(plan.model_config) == "bert" and architectures.pooling_of(plan.model_config) == "mean":
         model.bert.pooler.requires_grad_(False)  # unread: no gradient, so no process may wait for one
     if cfg.adapter.enabled:
         lora.apply(model, cfg.adapter, run.device, run.precision, base_model=plan.model_dir)
