@@ -3,9 +3,11 @@
 The same corpus, vocab, model shape, sequence length, global batch, learning-rate schedule shape and
 wall-clock budget, one after the other on this machine:
 
-- **transformers** as its users pretrain: BertForMaskedLM, DataCollatorForLanguageModeling (15%,
-  80/10/10), the text packed into blocks of --seq tokens as run_mlm does, Trainer's defaults (AdamW
-  fused where torch has it, linear decay) with the same lr, warmup share and batch; variant
+- **transformers** as its users pretrain: the masked-LM class of each architecture of --arch (BertForMaskedLM,
+  ModernBertForMaskedLM) built from the config.json bertgpu writes for the same preset (the same shape),
+  DataCollatorForLanguageModeling (15%, 80/10/10), the text packed into blocks of --seq tokens as run_mlm does,
+  Trainer's defaults (AdamW fused where torch has it, linear decay) with the same warmup share and batch, at each
+  learning rate of --hf-lr (its own best is the reference: each side at its own best rate); variant
   ``transformers`` runs at the precision bertgpu's --recipe fast takes on this machine (``bf16=True`` where
   that is bf16: a CPU with bf16 instructions), ``transformers:fp32`` at the Trainer's default, fp32;
 - **bertgpu** `pretrain --no-nsp` on 2 processes, once per --recipe asked for (bert, fast), and once per
@@ -19,11 +21,12 @@ then follows its clock the same way (warmup, linear decay to 0 at the budget, se
 neither side's schedule depends on a calibration run measured under other load. Afterwards,
 outside the clock, every saved model is evaluated the same way, through transformers' BertForMaskedLM:
 masked-token cross-entropy over fixed, seeded maskings of held-out text (files never trained on),
-packed as run_mlm packs. The headline is the time-to-quality ratio: the time transformers needs to
-reach its final held-out loss, divided by the time bertgpu needs to reach that same loss.
+packed as run_mlm packs. The headline, per architecture, is how far below the Trainer's best run bertgpu ends,
+and the time-to-quality ratio: the time that Trainer run needs to reach its final held-out loss, divided by the
+time bertgpu needs to reach that same loss.
 
     python benchmarks/time_to_quality.py --corpus DIR_OR_FILES... [--budget 300] [--variants transformers,bert,fast]
-        [--arch bert,modernbert]
+        [--arch bert,modernbert] [--hf-lr 5e-4,1e-3,2e-3] [--own-schedule]
 
 Without a transformers variant, the first run is the reference of the ratios.
 
@@ -68,20 +71,23 @@ def bertgpu_precision() -> str:
     return "bf16" if cpu_has_native_bf16() else "fp32"
 
 
-def run_transformers(work: Path, args, shape: dict, blocks_path: Path, tokenizer_dir: Path, precision: str) -> Path:
-    out = work / f"transformers-{precision}"
+def run_transformers(
+    work: Path, args, config: dict, blocks_path: Path, tokenizer_dir: Path, precision: str, lr: float
+) -> Path:
+    """The Trainer on the masked-LM class of ``config`` (a config.json dict) at ``precision`` and peak rate ``lr``."""
+    out = work / f"transformers-{config['model_type']}-{precision}-lr{lr:g}"
     shutil.rmtree(out, ignore_errors=True)
-    spec = dict(blocks=str(blocks_path), tokenizer_dir=str(tokenizer_dir), shape=shape, batch=args.batch, lr=args.lr,
+    spec = dict(blocks=str(blocks_path), tokenizer_dir=str(tokenizer_dir), config=config, batch=args.batch, lr=lr,
                 warmup=args.warmup, seed=0, every=args.every, budget=args.budget, out=str(out), bf16=precision == "bf16",
                 clock=args.own_schedule)  # fmt: skip
     if args.own_schedule:  # the schedule follows the clock: no calibration, steps until the budget stops it
-        print(f"transformers ({precision}): learning rate by the clock, stopped at the budget", flush=True)
+        print(f"{out.name}: learning rate by the clock, stopped at the budget", flush=True)
         sh(PY, HF_CHILD, json.dumps({**spec, "steps": 10**7, "calibrate": False}))
         return out
     calib = sh(PY, HF_CHILD, json.dumps({**spec, "steps": 20, "calibrate": True}))
     per_step = json.loads(calib.stdout.strip().splitlines()[-1])["seconds_per_step"]
     steps = int(args.budget / per_step)
-    print(f"transformers ({precision}): {per_step * 1000:.0f} ms/step -> a schedule of {steps} steps", flush=True)
+    print(f"{out.name}: {per_step * 1000:.0f} ms/step -> a schedule of {steps} steps", flush=True)
     sh(PY, HF_CHILD, json.dumps({**spec, "steps": steps, "calibrate": False}))
     return out
 
@@ -185,6 +191,11 @@ def main() -> None:
     parser.add_argument(
         "--arch", default="bert", help="comma-separated bertgpu architectures, each run with every bertgpu variant"
     )
+    parser.add_argument(
+        "--hf-lr",
+        default="",
+        help="comma-separated peak learning rates of the Trainer runs (default: --lr); the best is the reference",
+    )
     parser.add_argument("--heldout-every", type=int, default=20)
     parser.add_argument("--reuse", action="store_true", help="keep the data and curves already in --work")
     parser.add_argument(
@@ -203,7 +214,7 @@ def main() -> None:
     import torch
     from transformers import BertTokenizerFast
 
-    from bertgpu.config import PRESETS
+    from bertgpu import architectures
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -228,66 +239,82 @@ def main() -> None:
     torch.save(blocks, work / "blocks.pt")
     held_blocks = pack(held, tokenizer, args.seq)[:512]
     batches = heldout_batches(held_blocks, tokenizer, maskings=2, seed=1234)
-    layers, hidden, heads = PRESETS[args.model]
-    shape = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                 intermediate_size=4 * hidden, max_position_embeddings=512)  # fmt: skip
+    tokens = vocab.read_text(encoding="utf-8").splitlines()
+    archs = args.arch.split(",")
+    configs = {arch: architectures.preset(arch, args.model, len(tokens), tokens).to_hf_dict() for arch in archs}
     print(
         f"corpus: {len(blocks):,} training blocks of {args.seq}, {len(held_blocks)} held-out blocks; "
         f"model {args.model}, vocab {args.vocab_size}, batch {args.batch}, lr {args.lr:g}, budget {args.budget:g}s",
         flush=True,
     )
 
-    curves = {}
+    curves, kinds = {}, {}  # each run's curve, and (architecture, side) of each
     if reuse and (work / "curves.json").exists():  # the runs measured before, kept beside the new ones
         curves = json.loads((work / "curves.json").read_text())
+        kinds = json.loads((work / "kinds.json").read_text()) if (work / "kinds.json").exists() else {}
 
-    def measured(name: str, run: Path) -> None:
+    def measured(name: str, run: Path, arch: str, side: str) -> None:
         """The run's curve, kept after each run: a stopped benchmark keeps what it measured."""
-        curves[name] = curve(run, batches)
+        curves[name], kinds[name] = curve(run, batches), [arch, side]
         if not curves[name]:
             sys.exit(f"{name}: the run saved no model within --budget {args.budget:g} s (raise --budget)")
         print(f"{name}: held-out loss {curves[name][-1][1]:.3f} at {curves[name][-1][0]:.0f} s", flush=True)
         (work / "curves.json").write_text(json.dumps(curves, indent=1))
+        (work / "kinds.json").write_text(json.dumps(kinds, indent=1))
 
+    hf_lrs = [float(x) for x in args.hf_lr.split(",")] if args.hf_lr else [args.lr]
     for variant in args.variants.split(","):
-        if variant.startswith("transformers"):
-            precision = variant.partition(":")[2] or bertgpu_precision()
-            name = f"transformers ({precision}{', its default' if precision == 'fp32' else ''})"
-            name += f" run {sum(n.startswith(name) for n in curves) + 1}" if name in curves else ""
-            measured(name, run_transformers(work, args, shape, work / "blocks.pt", tokenizer_dir, precision))
-            continue
-        recipe, _, extra = variant.partition(":")
-        for arch in args.arch.split(","):
+        for arch in archs:
+            if variant.startswith("transformers"):
+                precision = variant.partition(":")[2] or bertgpu_precision()
+                hf_class = configs[arch]["architectures"][0].replace("ForPreTraining", "ForMaskedLM")
+                for lr in hf_lrs:
+                    name = f"transformers {hf_class} ({precision}{', its default' if precision == 'fp32' else ''})"
+                    name += f" lr {lr:g}"
+                    name += f" run {sum(n.startswith(name) for n in curves) + 1}" if name in curves else ""
+                    run = run_transformers(work, args, configs[arch], work / "blocks.pt", tokenizer_dir, precision, lr)
+                    measured(name, run, arch, f"transformers:{precision}")
+                continue
+            recipe, _, extra = variant.partition(":")
             label = f"bertgpu{'' if args.arch == 'bert' else ' --arch ' + arch} --recipe {recipe} {extra}".strip()
-            measured(label, run_bertgpu(work, args, data, variant, arch))
-    report(curves, args)
+            measured(label, run_bertgpu(work, args, data, variant, arch), arch, "bertgpu")
+    report(curves, kinds, args)
 
 
-def report(curves: dict[str, list[tuple[float, float]]], args) -> None:
-    """One table per transformers run (the equal-precision one first): each run's final held-out loss, and
-    the time it needs to reach that transformers run's final loss."""
-    peers = sorted((name for name in curves if name.startswith("transformers")), key=lambda n: "default" in n)
-    for peer_name in peers or [None]:
-        peer = curves.get(peer_name) if peer_name else None
-        print(f"\n{f'against {peer_name}' if peer_name else ''}")
-        print(
-            f"| run | held-out MLM loss at the end | below the peer | at {args.budget:g} s of the command | "
-            "time to the peer's final loss | ratio |"
-        )
-        print("| --- | --- | --- | --- | --- | --- |")
-        target = peer[-1][1] if peer else None
-        peer_time = time_to_reach(peer, target) if peer else None
-        for name, points in curves.items():
-            reach = time_to_reach(points, target) if target is not None else None
-            ratio = f"{peer_time / reach:.2f}x" if reach and peer_time else "not reached"
-            below = f"{target - points[-1][1]:+.3f}" if target is not None else ""
+def report(curves: dict[str, list[tuple[float, float]]], kinds: dict[str, list[str]], args) -> None:
+    """Per architecture, one table per precision of its Trainer runs (the equal-precision one first) against
+    the best of them (each side at its own best learning rate): each run's final held-out loss, how far
+    below the peer's it ends, and the time it needs to reach the peer's final loss."""
+    kind = {name: kinds.get(name, ["bert", "transformers" if name.startswith("transformers") else "bertgpu"])
+            for name in curves}  # fmt: skip
+    hlines = []
+    for arch in dict.fromkeys(k[0] for k in kind.values()):
+        runs = [name for name in curves if kind[name][0] == arch]
+        sides = sorted({kind[n][1] for n in runs if kind[n][1].startswith("transformers")}, key=lambda s: "fp32" in s)
+        for side in sides or [None]:
+            peers = [n for n in runs if kind[n][1] == side]
+            peer_name = min(peers, key=lambda n: curves[n][-1][1]) if peers else None
+            peer = curves[peer_name] if peer_name else None
+            hlines += [peer[-1][1]] if peer else []
+            print(f"\n{arch}" + (f": against {peer_name}, the best of {len(peers)} Trainer run(s)" if peer else ""))
             print(
-                f"| {name} | {points[-1][1]:.3f} (at {points[-1][0]:.0f} s) | {below} | "
-                f"{loss_at(points, args.budget):.3f} | "
-                f"{f'{reach:.0f} s' if reach else 'not reached'} | {ratio} |"
+                f"| run | held-out MLM loss at the end | below the peer | at {args.budget:g} s of the command | "
+                "time to the peer's final loss | ratio |"
             )
+            print("| --- | --- | --- | --- | --- | --- |")
+            target = peer[-1][1] if peer else None
+            peer_time = time_to_reach(peer, target) if peer else None
+            for name in runs:
+                points = curves[name]
+                reach = time_to_reach(points, target) if target is not None else None
+                ratio = f"{peer_time / reach:.2f}x" if reach and peer_time else "not reached"
+                below = f"{target - points[-1][1]:+.3f}" if target is not None else ""
+                print(
+                    f"| {name} | {points[-1][1]:.3f} (at {points[-1][0]:.0f} s) | {below} | "
+                    f"{loss_at(points, args.budget):.3f} | "
+                    f"{f'{reach:.0f} s' if reach else 'not reached'} | {ratio} |"
+                )
     title = f"{args.model} ({args.arch}), vocab {args.vocab_size}, batch {args.batch}, seq {args.seq}"
-    hlines = [curves[peer_name][-1][1] for peer_name in peers]
     if common.plot_curves(curves, args.plot, "wall-clock seconds (2 CPU cores)", "held-out masked-token loss (nats)",
                           title, hlines):  # fmt: skip
         print(f"plot: {args.plot}")

@@ -1,5 +1,6 @@
 """The transformers side of time_to_quality.py, in its own process (its own clock, its own threads):
-``python THIS SPEC_JSON``. transformers as its users pretrain: BertForMaskedLM, DataCollatorForLanguageModeling
+``python THIS SPEC_JSON``. transformers as its users pretrain: its masked-LM class of the spec's config.json
+(BertForMaskedLM or ModernBertForMaskedLM, ``AutoModelForMaskedLM.from_config``), DataCollatorForLanguageModeling
 (15%, 80/10/10) on the packed blocks the parent saved, Trainer's defaults (AdamW, linear decay) with the
 parent's learning rate, warmup share, batch and precision. It saves the model every ``every`` seconds of its
 run (the clock paused while saving) as ``OUT/tSSSSSS.S-stepN`` and stops at the budget; with ``clock`` the
@@ -17,8 +18,8 @@ START = time.perf_counter()
 def main() -> None:
     import torch
     from transformers import (
-        BertConfig,
-        BertForMaskedLM,
+        AutoConfig,
+        AutoModelForMaskedLM,
         BertTokenizerFast,
         DataCollatorForLanguageModeling,
         Trainer,
@@ -30,7 +31,10 @@ def main() -> None:
     torch.manual_seed(args["seed"])
     blocks = torch.load(args["blocks"])
     tokenizer = BertTokenizerFast.from_pretrained(args["tokenizer_dir"])
-    model = BertForMaskedLM(BertConfig(vocab_size=len(tokenizer), **args["shape"]))
+    # The config.json bertgpu writes for the same preset: the same shape (and ModernBERT's token ids) on both sides.
+    config = dict(args["config"])
+    config = AutoConfig.for_model(config.pop("model_type"), **config)
+    model = AutoModelForMaskedLM.from_config(config)
 
     class Blocks(torch.utils.data.Dataset):
         def __len__(self):
