@@ -923,7 +923,7 @@ class PretrainConfig:
         "block (2 x 128 queries against 256 keys each) from 1024 on, so no L x L mask is held there; global layers "
         "get a key-padding mask (with --pack's per-document attention, the documents' block-diagonal mask). A "
         "directory's own architecture is kept",
-        choices=["bert", "modernbert"],
+        choices=list(MODEL_CONFIGS),  # one per architecture (bertgpu.architectures)
     )
     out: str = opt("", "run directory (checkpoints, logs, TensorBoard events)", required=True)
     data: DataConfig = field(default_factory=DataConfig)
