@@ -13,13 +13,16 @@ configuration is). The file (like ``modernbert.py``) provides:
 
 - its model classes, named as transformers names them (the entry's ``masked_lm_class`` and
   ``classification_class``), each an ``EncoderModel`` that declares its tied weights, the prefixes of its
-  encoder and masked-LM head, and defines ``encoder_layers()`` and ``use_documents()``; the masked-LM model's
+  encoder and masked-LM head, where it holds the bare encoder, and defines ``encoder_layers()`` and
+  ``use_documents()`` (and, where they differ from the defaults, ``encoder_to_load()``, ``freeze_unread()``,
+  ``use_flex_attention()``); the masked-LM model's
   forward(input_ids, token_type_ids, attention_mask, mlm_positions) returns (mlm_logits, nsp_logits or zeros
   [B, 2]), the classifier's forward(input_ids, token_type_ids, attention_mask) the logits;
 - ``training_flops_per_sequence(config, seq_len, num_predictions)``, for MFU.
 
-Its config class (config.py) has ``model_type``, ``title``, ``nsp``, ``preset()``, ``with_dropout()``,
-``for_finetuning()``, ``from_hf_dict()``, ``to_hf_dict()`` and ``classifier_pooling``. Pipeline parallelism
+Its config class (config.py, listed in ``config.MODEL_CONFIGS``, which --arch's choices are) has ``model_type``,
+``title``, ``nsp``, ``preset()``, ``with_dropout()``, ``for_finetuning()``, ``from_hf_dict()``, ``to_hf_dict()``
+and ``classifier_pooling``. Pipeline parallelism
 (``--pp``) needs a module of stages in bertgpu/parallel/ (``Stage`` and ``keep``, as ``bert_stages.py``); the
 rest of the parallel layout (tensor parallelism, activation checkpointing, FSDP) is the entry's ``tp_plan``
 over ``encoder_layers()``.
