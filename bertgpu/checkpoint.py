@@ -482,7 +482,7 @@ def optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     state = get_optimizer_state_dict(model, optimizer)["state"]
-    for alias in getattr(model, "optimizer_aliases", {}):
+    for alias in model.optimizer_aliases:
         state.pop(alias, None)  # a pipeline's copy of a tied tensor: the same state as the original, saved once
     for name, values in state.items():
         for key, value in values.items():
@@ -530,7 +530,7 @@ def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, pat
     saved = reader.read_metadata().state_dict_metadata
     template = get_optimizer_state_dict(model, optimizer)  # creates the state tensors to load into
     # A pipeline's copy of a tied tensor reads the state saved under the original's name.
-    saved_as = {name: getattr(model, "optimizer_aliases", {}).get(name, name) for name in template["state"]}
+    saved_as = {name: model.optimizer_aliases.get(name, name) for name in template["state"]}
     for name in list(template["state"]):
         keys = {key: f"state.{saved_as[name]}.{key}" for key in template["state"][name]}
         if not any(flat in saved for flat in keys.values()):

@@ -50,6 +50,10 @@ class ModelConfig:
     """The architecture, with the field names of transformers' BertConfig."""
 
     model_type: ClassVar[str] = "bert"  # config.json's; ModernBertConfig's is "modernbert"
+    # What this config's own checks say of its architecture (bertgpu.architectures holds the rest): its name, and
+    # whether it has a next-sentence head.
+    title: ClassVar[str] = "BERT"
+    nsp: ClassVar[bool] = True
     vocab_size: int = 30522
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -87,6 +91,19 @@ class ModelConfig:
     def num_labels(self) -> int:
         return len(self.id2label) if self.id2label else 2
 
+    def with_dropout(self, p: float) -> ModelConfig:
+        """Every dropout probability set to ``p`` (pretrain --dropout)."""
+        return dataclasses.replace(self, hidden_dropout_prob=p, attention_probs_dropout_prob=p)
+
+    def for_finetuning(self, dropout: float, pooling: str) -> ModelConfig:
+        """As fine-tuning trains it: every dropout, the classifier's included, at ``dropout``; the classifier
+        reading ``pooling`` ("pooler": the pooler, or "mean")."""
+        return dataclasses.replace(
+            self.with_dropout(dropout),
+            classifier_dropout=None,  # follows hidden_dropout_prob
+            classifier_pooling="mean" if pooling == "mean" else None,
+        )
+
     @classmethod
     def preset(cls, name: str, vocab_size: int, **overrides: Any) -> ModelConfig:
         if name not in PRESETS:
@@ -104,11 +121,12 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
         """Read a Hugging Face BERT config.json dict; keys we do not model are ignored. A ModernBERT one
-        gives a ``ModernBertConfig`` (bertgpu.architectures)."""
-        if d.get("model_type") == "modernbert":
-            return ModernBertConfig.from_hf_dict(d)  # type: ignore[return-value]
-        if d.get("model_type", "bert") not in ("bert",):
-            raise UserError(f"not a BERT config (model_type={d.get('model_type')!r})")
+        gives a ``ModernBertConfig`` (bertgpu.architectures): the class of its ``model_type``."""
+        kind = MODEL_CONFIGS.get(d.get("model_type", cls.model_type))
+        if kind is None:
+            raise UserError(f"not a {cls.title} config (model_type={d.get('model_type')!r})")
+        if kind is not cls:
+            return kind.from_hf_dict(d)  # type: ignore[return-value]
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in names}
         return cls(**kwargs)
@@ -118,7 +136,7 @@ class ModelConfig:
         if self.id2label:
             d["id2label"] = {str(i): name for i, name in self.id2label.items()}
             d["label2id"] = {name: i for i, name in self.id2label.items()}
-        d.update(model_type="bert", architectures=[architecture], position_embedding_type="absolute")
+        d.update(model_type=self.model_type, architectures=[architecture], position_embedding_type="absolute")
         return d
 
     @classmethod
@@ -188,6 +206,8 @@ class ModernBertConfig:
     id2label: dict[int, str] | None = None
 
     model_type: ClassVar[str] = "modernbert"
+    title: ClassVar[str] = "ModernBERT"
+    nsp: ClassVar[bool] = False  # masked LM only
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:
@@ -234,6 +254,15 @@ class ModernBertConfig:
         """Every dropout probability set to ``p`` (pretrain --dropout)."""
         return dataclasses.replace(self, attention_dropout=p, embedding_dropout=p, mlp_dropout=p)
 
+    def for_finetuning(self, dropout: float, pooling: str) -> ModernBertConfig:
+        """As fine-tuning trains it: every dropout, the classifier's included, at ``dropout``; the classifier
+        reading ``pooling`` ("pooler": the [CLS] token, or "mean")."""
+        return dataclasses.replace(
+            self.with_dropout(dropout),
+            classifier_dropout=dropout,
+            classifier_pooling="mean" if pooling == "mean" else "cls",
+        )
+
     @classmethod
     def preset(cls, name: str, vocab_size: int, **overrides: Any) -> ModernBertConfig:
         """A BERT preset's depth, width and heads (tiny ... large; GeGLU width 1.5 x hidden, as
@@ -258,8 +287,8 @@ class ModernBertConfig:
     def from_hf_dict(cls, d: dict[str, Any]) -> ModernBertConfig:
         """Read a Hugging Face ModernBERT config.json dict (old and new rotary keys); keys we do not model
         are ignored."""
-        if d.get("model_type") != "modernbert":
-            raise UserError(f"not a ModernBERT config (model_type={d.get('model_type')!r})")
+        if d.get("model_type") != cls.model_type:
+            raise UserError(f"not a {cls.title} config (model_type={d.get('model_type')!r})")
         names = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in names and v is not None}
         rope = d.get("rope_parameters") or {}
@@ -285,13 +314,17 @@ class ModernBertConfig:
             "sliding_attention": {"rope_type": "default", "rope_theta": self.local_rope_theta},
         }
         d.update(
-            model_type="modernbert",
+            model_type=self.model_type,
             architectures=[architecture],
             bos_token_id=self.cls_token_id,
             eos_token_id=self.sep_token_id,
             tie_word_embeddings=True,
         )
         return {k: v for k, v in d.items() if v is not None}
+
+
+# The config class of each model_type a config.json may name (bertgpu.architectures: one entry each).
+MODEL_CONFIGS: dict[str, type] = {c.model_type: c for c in (ModelConfig, ModernBertConfig)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -890,7 +923,7 @@ class PretrainConfig:
         "block (2 x 128 queries against 256 keys each) from 1024 on, so no L x L mask is held there; global layers "
         "get a key-padding mask (with --pack's per-document attention, the documents' block-diagonal mask). A "
         "directory's own architecture is kept",
-        choices=["bert", "modernbert"],
+        choices=list(MODEL_CONFIGS),  # one per architecture (bertgpu.architectures)
     )
     out: str = opt("", "run directory (checkpoints, logs, TensorBoard events)", required=True)
     data: DataConfig = field(default_factory=DataConfig)
@@ -954,9 +987,10 @@ class PretrainConfig:
             raise UserError(f"--pad-vocab-multiple must be at least 1, got {self.pad_vocab_multiple}")
         if self.peak_tflops < 0:
             raise UserError(f"--peak-tflops must be positive, got {self.peak_tflops}")
-        if self.arch == "modernbert" and self.data.nsp:
+        arch = MODEL_CONFIGS.get(self.arch)
+        if arch is not None and not arch.nsp and self.data.nsp:
             raise UserError(
-                "--arch modernbert trains masked LM only (ModernBERT has no next-sentence head): add --no-nsp"
+                f"--arch {self.arch} trains masked LM only ({arch.title} has no next-sentence head): add --no-nsp"
             )
 
 

@@ -62,7 +62,7 @@ def export_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = 
     shard (``full_state_dict``); by default, the model's own.
     """
     model = unwrap(model)
-    aliases = getattr(model, "tied_weights", {})
+    aliases = model.tied_weights
     vocab_size = _vocab_size(model)
     if state is None:
         state = _local_state_dict(model)
@@ -72,7 +72,7 @@ def export_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = 
     for name, tensor in state.items():
         if name in aliases:
             continue
-        if vocab_size is not None and _is_vocab_rows(name):
+        if _is_vocab_rows(name):
             tensor = tensor[:vocab_size]
         tensors[name] = tensor.detach().cpu().contiguous()
     return tensors
@@ -89,19 +89,17 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
 
     if lora.is_quantized(unwrap(model)):  # bitsandbytes' weights: never sharded, dequantised here
         return lora.local_state_dict(unwrap(model)) if is_main() else None
-    gather_stages = getattr(unwrap(model), "gather_stages", None)
-    if gather_stages is not None:  # pipeline stages (bertgpu.parallel.pipeline): rank 0 holds only the first
-        return gather_stages()
+    if unwrap(model).gather_stages is not None:  # pipeline stages (parallel.pipeline): rank 0 holds the first only
+        return unwrap(model).gather_stages()
     if not dist.is_initialized():
         return get_model_state_dict(model)
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     return state if dist.get_rank() == 0 else None
 
 
-def _vocab_size(model: nn.Module) -> int | None:
-    """The true vocab size of a model's config (its embedding may be padded); None for a module without one."""
-    config = getattr(model, "config", None)  # a module: not every one we save holds a config
-    return None if config is None else config.vocab_size
+def _vocab_size(model: nn.Module) -> int:
+    """The true vocab size of a model's config (its embedding may be padded)."""
+    return model.config.vocab_size
 
 
 def is_main() -> bool:
@@ -205,17 +203,18 @@ def write_fast_tokenizer(vocab_path: Path, do_lower_case: bool, path: Path) -> N
 # Training checkpoints: a Hugging Face directory plus the state to continue training from it.
 
 
-def _map_key(key: str, target_has_bert: bool) -> str:
-    """A checkpoint key as our model names it: fix the ``bert.`` prefix and TF-era LayerNorm names."""
+def _map_key(key: str, model: nn.Module) -> str:
+    """A checkpoint key as ``model`` names it: the encoder's prefix added (a bare encoder's file into a model
+    with heads) or taken off (a model with heads' file into a bare encoder), and TF-era LayerNorm names."""
     if key.endswith(".gamma"):
         key = key[: -len("gamma")] + "weight"
     elif key.endswith(".beta"):
         key = key[: -len("beta")] + "bias"
-    has_bert = key.startswith("bert.")
-    if target_has_bert and not has_bert and key.startswith(("embeddings.", "encoder.", "pooler.")):
-        return "bert." + key
-    if not target_has_bert and has_bert:
-        return key[len("bert.") :]
+    prefix = model.base_prefix
+    if prefix and not key.startswith(prefix) and key.startswith(model.bare_names):
+        return prefix + key
+    if not prefix and model.heads_prefix and key.startswith(model.heads_prefix):
+        return key[len(model.heads_prefix) :]
     return key
 
 
@@ -244,16 +243,9 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> tuple[list[str], 
     except (SafetensorError, OSError) as e:
         raise UserError(f"{file}: cannot read safetensors weights ({e})") from None
 
-    target_has_bert = isinstance(getattr(model, "bert", None), nn.Module)
-    named = {_map_key(key, target_has_bert): key for key in loaded}
-    if hasattr(model, "encoder_prefixes") and isinstance(getattr(model, "model", None), nn.Module):
-        # ModernBERT: a bare ModernBertModel's file has no "model." prefix (transformers' base_model_prefix)
-        named = {
-            ("model." + k if k.startswith(("embeddings.", "layers.", "final_norm.")) else k): v
-            for k, v in named.items()
-        }
+    named = {_map_key(key, model): key for key in loaded}
     # A tied alias stands for its source: it fills the source only when the file lacks it.
-    aliases: dict[str, str] = getattr(model, "tied_weights", {})
+    aliases: dict[str, str] = model.tied_weights
     for alias, source in aliases.items():
         if alias in named:
             key = named.pop(alias)
@@ -280,9 +272,7 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> tuple[list[str], 
         state[name] = tensor
 
     missing = [k for k in own if k not in state and k not in aliases]
-    encoder_prefix = "bert." if target_has_bert else ""
-    prefixes = getattr(model, "encoder_prefixes", (encoder_prefix + "embeddings.", encoder_prefix + "encoder."))
-    required = [k for k in missing if k.startswith(prefixes)]
+    required = [k for k in missing if k.startswith(model.encoder_prefixes)]
     if required:
         raise UserError(
             f"{file}: not a checkpoint for this model, {len(required)} encoder weights missing (first: {required[0]})"

@@ -82,9 +82,7 @@ def check(cfg: AdapterConfig, model_config: ModelConfig) -> list[str]:
     if not architectures.of(model_config).lora:
         raise UserError("--lora-rank fine-tunes BERT models only; a ModernBERT is fine-tuned whole (leave it out)")
     with torch.device("meta"):
-        from .model import BertForSequenceClassification
-
-        model = BertForSequenceClassification(model_config)
+        model = architectures.classification_model(model_config)
     linear = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != HEAD]
     for target in cfg.targets:
         if target == HEAD or target.endswith("." + HEAD):

@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from . import architectures
+
 GiB = 2**30
 
 
@@ -62,7 +64,7 @@ def activation_bytes(
     the masked-LM head at ``prediction_slots`` per sequence."""
     h, i, a = config.hidden_size, config.intermediate_size, config.num_attention_heads
     s, element = seq_length, 4 if precision == "fp32" else 2
-    mlp = 3 * i if getattr(config, "model_type", "bert") == "modernbert" else 2 * i
+    mlp = architectures.of(config).mlp_widths * i
     matrices = a * s if device_type == "cpu" else 0
     # Whole on every tensor-parallel rank: the inputs of the layer norms, of Wqkv and of the MLP; the rest split.
     per_token = element * (4 * h + (4 * h + mlp + 2 * matrices) / tp) + 2 * h + matrices / tp

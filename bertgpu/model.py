@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
+from .model_interface import EncoderModel
 
 # The names of config.ACTIVATIONS. "gelu" is the exact erf GELU of the original BERT; "gelu_new" is
 # GPT-2's tanh approximation, which transformers computes by hand and PyTorch computes identically.
@@ -317,8 +318,16 @@ def init_weights(module: nn.Module, std: float) -> None:
         nn.init.zeros_(module.bias)
 
 
-class BertModel(nn.Module):
+# The parameters of a bare BERT encoder, and where a model with heads holds it (transformers' names).
+_BARE = ("embeddings.", "encoder.", "pooler.")
+
+
+class BertModel(EncoderModel):
     """The encoder: embeddings, N layers and (optionally) the pooler."""
+
+    encoder_prefixes = ("embeddings.", "encoder.")
+    bare_names = _BARE
+    heads_prefix = "bert."
 
     def __init__(self, config: ModelConfig, add_pooling_layer: bool = True, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
@@ -359,6 +368,12 @@ class BertModel(nn.Module):
         x = self.encoder(self.embeddings(input_ids, token_type_ids, positions), mask)
         return x, (self.pooler(x) if self.pooler is not None and pool else None)
 
+    def encoder_layers(self) -> nn.ModuleList | nn.ModuleDict:
+        return self.encoder.layer
+
+    def use_documents(self, on: bool) -> None:
+        self.documents = on
+
 
 class BertPredictionHeadTransform(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
@@ -398,7 +413,23 @@ class BertPreTrainingHeads(nn.Module):
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
 
-class BertForPreTraining(nn.Module):
+class _WithEncoder(EncoderModel):
+    """A BERT with heads: the encoder is ``self.bert``."""
+
+    encoder_prefixes = ("bert.embeddings.", "bert.encoder.")
+    base_prefix = "bert."
+    bare_names = _BARE
+    heads_prefix = "bert."
+    bert: BertModel
+
+    def encoder_layers(self) -> nn.ModuleList | nn.ModuleDict:
+        return self.bert.encoder.layer
+
+    def use_documents(self, on: bool) -> None:
+        self.bert.documents = on
+
+
+class BertForPreTraining(_WithEncoder):
     """BERT with the masked-LM and next-sentence heads.
 
     ``pad_vocab_multiple`` (64 on GPUs) pads the word embeddings and the tied decoder to a multiple
@@ -411,6 +442,8 @@ class BertForPreTraining(nn.Module):
         "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
         "cls.predictions.decoder.bias": "cls.predictions.bias",
     }
+    tied_embedding = ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight")
+    mlm_head_prefixes = ("cls.predictions",)
 
     def __init__(self, config: ModelConfig, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
@@ -442,7 +475,7 @@ class BertForPreTraining(nn.Module):
         return self.cls.predictions(x), (self.cls.seq_relationship(pooled) if pooled is not None else None)
 
 
-class BertForSequenceClassification(nn.Module):
+class BertForSequenceClassification(_WithEncoder):
     """BERT with a linear classifier on the pooled [CLS] output (or, with ``config.classifier_pooling`` "mean",
     on the mean of the last hidden states over the real tokens)."""
 
@@ -454,6 +487,13 @@ class BertForSequenceClassification(nn.Module):
         self.dropout = nn.Dropout(p)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         init_weights(self.classifier, config.initializer_range)
+
+    def encoder_to_load(self) -> nn.Module:
+        return self.bert
+
+    def freeze_unread(self) -> None:
+        if self.config.classifier_pooling == "mean":
+            self.bert.pooler.requires_grad_(False)  # mean pooling reads the hidden states, not the pooler
 
     def forward(
         self,

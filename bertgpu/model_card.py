@@ -48,7 +48,7 @@ def render(
         f"{m.num_hidden_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
         f"intermediate {m.intermediate_size}, vocab {m.vocab_size:,}, {m.max_position_embeddings} positions"
     )
-    front = ["---", "library_name: transformers", "tags:", f"- {m.model_type}", "- bertgpu"]
+    front = ["---", "library_name: transformers", "tags:", f"- {arch.name}", "- bertgpu"]
     if task == "pretrain":
         data, optim = cfg["data"], cfg["optim"]
         objective = "masked LM" + (" + next-sentence prediction" if data["nsp"] else "")
@@ -103,7 +103,7 @@ def render(
                 f"weight decay {cfg['optim']['weight_decay']:g}",
             ),
             ("dropout", _value(cfg.get("dropout"))),
-            ("pooling", _pooling(cfg.get("pooling"), m.model_type)),
+            ("pooling", arch.pooling_words[cfg.get("pooling") == "mean"]),
             ("LoRA rank", cfg["adapter"]["lora_rank"] or "none (full fine-tuning)"),
             ("precision", run["precision"]),
             ("layout", layout),
@@ -156,18 +156,6 @@ def render(
         "",
     ]
     return "\n".join(lines)
-
-
-def _pooling(pooling: Any, model_type: str) -> str:
-    """What the classifier reads, and where transformers gives other outputs."""
-    if pooling != "mean":
-        return "[CLS] through the head" if model_type == "modernbert" else "the pooler, tanh(W h_[CLS])"
-    if model_type == "modernbert":
-        return "mean of the last hidden states (classifier_pooling mean, as transformers reads it)"
-    return (
-        "mean of the last hidden states (classifier_pooling mean in config.json: transformers' "
-        "BertForSequenceClassification ignores it and reads the untrained pooler, so use bertgpu predict)"
-    )
 
 
 def _peak_lr(optim: dict[str, Any], global_batch: int | None) -> str:

@@ -37,6 +37,7 @@ from torch import nn
 
 from .config import ModernBertConfig
 from .model import ACT_FNS, document_mask, padded_vocab_size
+from .model_interface import EncoderModel
 
 ATTENTION_KINDS = ("sdpa", "flex")
 
@@ -358,7 +359,27 @@ def init_weights(module: nn.Module, config: ModernBertConfig) -> None:
                 nn.init.zeros_(m.bias)
 
 
-class ModernBertForMaskedLM(nn.Module):
+class _WithEncoder(EncoderModel):
+    """A ModernBERT with heads: the encoder is ``self.model``; a bare encoder's file (no "model." prefix,
+    transformers' base_model_prefix) loads into it."""
+
+    encoder_prefixes = ("model.embeddings.", "model.layers.", "model.final_norm.")
+    base_prefix = "model."
+    bare_names = ("embeddings.", "layers.", "final_norm.")
+    model: ModernBertModel
+
+    def encoder_layers(self) -> nn.ModuleList | nn.ModuleDict:
+        return self.model.layers
+
+    def use_documents(self, on: bool) -> None:
+        self.model.documents = on
+
+    def use_flex_attention(self) -> None:
+        if self.model.attention == "sdpa":
+            self.model.attention = "flex"
+
+
+class ModernBertForMaskedLM(_WithEncoder):
     """ModernBERT with its masked-LM head: transform (dense, GELU, norm), then the decoder, tied to the
     token embeddings, with a bias.
 
@@ -369,7 +390,7 @@ class ModernBertForMaskedLM(nn.Module):
     """
 
     tied_weights = {"decoder.weight": "model.embeddings.tok_embeddings.weight"}
-    encoder_prefixes = ("model.embeddings.", "model.layers.", "model.final_norm.")
+    tied_embedding = ("decoder.weight", "model.embeddings.tok_embeddings.weight")
     mlm_head_prefixes = ("head.", "decoder.")
 
     def __init__(self, config: ModernBertConfig, pad_vocab_multiple: int = 1, attention: str = "sdpa") -> None:
@@ -387,9 +408,6 @@ class ModernBertForMaskedLM(nn.Module):
         with torch.no_grad():  # padded vocab rows start (and, never receiving a gradient, stay) zero
             self.decoder.weight[config.vocab_size :].zero_()
 
-    def encoder_layers(self) -> nn.ModuleList:
-        return self.model.layers
-
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -406,11 +424,11 @@ class ModernBertForMaskedLM(nn.Module):
         return logits, logits.new_zeros(input_ids.size(0), 2)
 
 
-class ModernBertForSequenceClassification(nn.Module):
+class ModernBertForSequenceClassification(_WithEncoder):
     """ModernBERT with transformers' classification head: the [CLS] (or mean) pooling, the prediction
-    head's transform, dropout, a linear classifier."""
-
-    encoder_prefixes = ("model.embeddings.", "model.layers.", "model.final_norm.")
+    head's transform, dropout, a linear classifier. The whole file of a pretrained model loads into it
+    (``encoder_to_load``: itself): its ``head`` is the masked-LM head's transform, which transformers also
+    loads from a ModernBertForMaskedLM; the classifier stays new."""
 
     def __init__(self, config: ModernBertConfig, attention: str = "sdpa") -> None:
         super().__init__()
@@ -421,9 +439,6 @@ class ModernBertForSequenceClassification(nn.Module):
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         init_weights(self.head, config)
         _trunc_normal(self.classifier, config.hidden_size**-0.5, config.initializer_cutoff_factor or 3.0)
-
-    def encoder_layers(self) -> nn.ModuleList:
-        return self.model.layers
 
     def forward(
         self,

@@ -175,3 +175,135 @@ def test_the_models_know_nothing_of_files_processes_or_the_command_line():
         assert not any(m.startswith(("bertgpu.parallel", "bertgpu.tasks")) for m in imported), name
     users = [f"{importer}:{line}" for importer, imported, _, line, _ in IMPORTS if imported == "bertgpu.cli"]
     assert users == ["bertgpu.__main__:1"]
+
+
+# --- one registry entry per architecture (issue 39) -------------------------------------------------------------
+
+# The files that may say which architecture something is, and why: the registry, and each architecture's own.
+ARCHITECTURE_FILES = {
+    "bertgpu.architectures": "the registry: one Architecture entry per architecture",
+    "bertgpu.model": "BERT's classes",
+    "bertgpu.modernbert": "ModernBERT's classes",
+    "bertgpu.parallel.bert_stages": "BERT's pipeline stages",
+    "bertgpu.parallel.modernbert_stages": "ModernBERT's pipeline stages",
+    "bertgpu.parallel.modernbert_tp": "the strided shards of ModernBERT's fused weights",
+}
+# getattr/hasattr on a model that ask what is around it or attached to it, not what it is: (module, function).
+PROBES_ALLOWED = {
+    ("bertgpu.hf_dir", "unwrap"): "DistributedDataParallel's .module and torch.compile's ._orig_mod, around any model",
+    ("bertgpu.lora", "is_lora"): "the peft_config PEFT leaves on any model it adapts",
+    ("bertgpu.lora", "is_quantized"): "the mark lora.quantize leaves on any model it quantises",
+}
+
+
+def _registry_names() -> set[str]:
+    """The architectures' names: the keys of architectures.ARCHITECTURES."""
+    for node in ast.walk(TREES["bertgpu.architectures"]):
+        if isinstance(node, ast.AnnAssign | ast.Assign) and isinstance(node.value, ast.Dict):
+            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
+            if any(isinstance(t, ast.Name) and t.id == "ARCHITECTURES" for t in targets):
+                return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    raise AssertionError("no ARCHITECTURES dict in bertgpu/architectures.py")
+
+
+def _architecture_classes() -> set[str]:
+    """The classes of an architecture: every class of its own files, and the config classes (those of
+    config.py that declare a model_type)."""
+    names = set()
+    for module in ARCHITECTURE_FILES:
+        if module != "bertgpu.architectures" and module in TREES:
+            names |= {n.name for n in ast.walk(TREES[module]) if isinstance(n, ast.ClassDef)}
+    for node in ast.walk(TREES["bertgpu.config"]):
+        if isinstance(node, ast.ClassDef) and any(
+            isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id == "model_type"
+            for s in node.body
+        ):
+            names.add(node.name)
+    return names
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    """The identifiers an expression reads (names, attributes, and string keys such as d.get("model_type"))."""
+    found = set()
+    for n in ast.walk(node):
+        if isinstance(n, ast.Name):
+            found.add(n.id)
+        elif isinstance(n, ast.Attribute):
+            found.add(n.attr)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            found.add(n.value)
+    return found
+
+
+def _strings(node: ast.AST) -> set[str]:
+    """The string literals of an operand: itself, or the items of a tuple, list or set."""
+    items = node.elts if isinstance(node, ast.Tuple | ast.List | ast.Set) else [node]
+    return {i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)}
+
+
+def _functions(tree: ast.AST) -> dict[ast.AST, str]:
+    """Each node inside a module-level function or a method of a module-level class -> that function's name."""
+    where: dict[ast.AST, str] = {}
+    for top in ast.iter_child_nodes(tree):
+        functions = top.body if isinstance(top, ast.ClassDef) else [top]
+        for function in functions:
+            if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+                where.update((node, function.name) for node in ast.walk(function))
+    return where
+
+
+def architecture_branches(trees: dict[str, ast.AST]) -> list[str]:
+    """Where a module outside ARCHITECTURE_FILES asks which architecture something is: a model_type compared
+    with a literal, an --arch (any value) compared with an architecture's name, isinstance/issubclass with an
+    architecture's class, or getattr/hasattr probing a model or a config for what it has."""
+    archs, classes = _registry_names(), _architecture_classes()
+    found = []
+    for module, tree in trees.items():
+        if module in ARCHITECTURE_FILES:
+            continue
+        where = _functions(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare):
+                operands = [node.left, *node.comparators]
+                literals = set().union(*(_strings(o) for o in operands))
+                if literals & archs:
+                    found.append(f"{module}:{node.lineno} compares with {sorted(literals & archs)}")
+                elif literals and any("model_type" in _names_in(o) for o in operands):
+                    found.append(f"{module}:{node.lineno} compares a model_type with a literal")
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
+                if node.func.id in ("isinstance", "issubclass") and len(node.args) == 2:
+                    named = {n for n in _names_in(node.args[1]) if n in classes}
+                    if named:
+                        found.append(f"{module}:{node.lineno} {node.func.id}(..., {sorted(named)})")
+                elif node.func.id in ("getattr", "hasattr") and (module, where.get(node, "")) not in PROBES_ALLOWED:
+                    subject = _names_in(node.args[0]) - _strings(node.args[0])
+                    if any("model" in n or "config" in n for n in subject):
+                        found.append(f"{module}:{node.lineno} {node.func.id}({ast.unparse(node.args[0])}, ...)")
+    return found
+
+
+def test_no_module_but_the_registry_and_an_architectures_own_asks_which_architecture():
+    """Architecture knowledge is architectures.ARCHITECTURES' entries and the architectures' own files
+    (ARCHITECTURE_FILES); everywhere else a module asks the entry (architectures.of(config)) or calls the model's
+    declared interface (model_interface.EncoderModel). Config fields that define values (model_type ClassVars,
+    --arch's choices) are no comparison and pass."""
+    assert _registry_names() >= {"bert", "modernbert"}
+    assert {"BertForPreTraining", "ModernBertForMaskedLM", "ModelConfig", "ModernBertConfig"} <= _architecture_classes()
+    found = architecture_branches(TREES)
+    assert not found, "branches on the architecture outside the registry:\n" + "\n".join(found)
+
+
+def test_the_branch_check_finds_each_kind():
+    """Each kind of branch that test above refuses, in a module of its own, is found; a generic one is not."""
+    source = """
+def f(cfg, config, model, d, cls):
+    a = cfg.arch == "modernbert"
+    b = config.model_type != "bert"
+    c = d.get("model_type") in ("roberta",)
+    e = isinstance(model, BertForPreTraining)
+    g = hasattr(model, "decoder")
+    h = getattr(unwrap(model), "gather_stages", None)
+    ok = d.get("model_type") != cls.model_type and getattr(cfg, "steps", 0) and cfg.recipe == "fast"
+"""
+    found = architecture_branches({"bertgpu.somewhere": ast.parse(source)})
+    assert [line.split(" ", 1)[0] for line in found] == [f"bertgpu.somewhere:{n}" for n in (3, 4, 5, 6, 7, 8)], found

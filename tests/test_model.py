@@ -499,3 +499,38 @@ def test_fast_path_loss_equals_the_plain_path_on_a_real_batch(small_english_data
     assert valid.sum() > 100
     assert abs(fast_loss.item() - plain_loss.item()) <= 1e-4
     torch.testing.assert_close(nsp, nsp_full, atol=1e-6, rtol=0)
+
+
+# --- the architectures' registry -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["bert", "modernbert"])
+def test_each_architecture_entry_has_what_the_registry_promises(name):
+    """What architectures.py's docstring asks of an architecture, for each entry: its config class is the one
+    config.json's model_type names; its module's two classes, named as transformers', are EncoderModels that
+    declare their encoder (its layers, its prefixes in their own state dict) and a masked-LM head tied to the
+    embeddings; the tensor-parallel plan names modules of every layer; its pipeline stages' module exists."""
+    import importlib
+
+    from bertgpu import architectures
+    from bertgpu.config import MODEL_CONFIGS
+    from bertgpu.model_interface import EncoderModel
+
+    entry = architectures.ARCHITECTURES[name]
+    assert MODEL_CONFIGS[name] is entry.config_class and entry.config_class.model_type == name
+    config = architectures.preset(name, "tiny", 64, ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    assert architectures.of(config) is entry and architectures.by_name(name) is entry
+    for model in (architectures.pretraining_model(config), architectures.classification_model(config)):
+        assert isinstance(model, EncoderModel)
+        names = list(model.state_dict())
+        assert len(model.encoder_layers()) == config.num_hidden_layers
+        assert all(any(n.startswith(p) for n in names) for p in model.encoder_prefixes), type(model).__name__
+        for layer in model.encoder_layers():
+            assert all(isinstance(layer.get_submodule(path), nn.Linear) for path in entry.tp_plan)
+    masked_lm = architectures.pretraining_model(config)
+    assert type(masked_lm).__name__ == entry.masked_lm_class
+    decoder, embedding = masked_lm.tied_embedding
+    assert masked_lm.get_parameter(decoder) is masked_lm.get_parameter(embedding)
+    assert all(n in dict(masked_lm.named_parameters(remove_duplicate=False)) for n in masked_lm.tied_embedding)
+    stages = importlib.import_module(f"bertgpu.parallel.{entry.stages}")
+    assert callable(stages.Stage) and callable(stages.keep)

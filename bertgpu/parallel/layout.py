@@ -10,6 +10,7 @@ import os
 
 import torch
 
+from .. import architectures
 from ..config import AdapterConfig, ModelConfig, TrainingConfig, accumulation
 from ..errors import UserError
 from ..precision import resolve_precision
@@ -27,8 +28,9 @@ def check_layout(
     parallel = cfg.parallel
     dims = ParallelDims(launch.world_size(cfg.run.nproc, cfg.run.device), parallel.tp, parallel.strategy, parallel.pp)
     dims.check_model(model_config)
-    if model_config.model_type == "modernbert":
-        modernbert_tp.check_layout(dims, model_config)
+    arch = architectures.of(model_config)
+    if arch.tp_fused:
+        modernbert_tp.check_layout(dims, model_config, f"a {arch.title}'s {arch.tp_fused}")
     precision = resolve_precision(cfg.run.precision, torch.device(cfg.run.device), cpu_bf16=cpu_bf16)
     if dims.pp > 1:
         check_pipeline(cfg, model_config, precision, adapter)

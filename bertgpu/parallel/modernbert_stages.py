@@ -1,25 +1,12 @@
-"""Pipeline stages of a ModernBERT (``--pp``): what ``pipeline._Stage`` and ``pipeline._keep_stages`` are for
-BERT. Stage 0 holds the token embeddings and their norm; the last the final norm and the heads (the masked-LM
-head and the decoder tied to the embeddings, or the classifier's); every stage computes the rotary angles and
-the attention masks of its layers from the batch itself (they hold no weights)."""
+"""Pipeline stages of a ModernBERT (``--pp``): what ``bert_stages`` is for BERT. Stage 0 holds the token
+embeddings and their norm; the last the final norm and the heads (the masked-LM head and the decoder tied to
+the embeddings, or the classifier's); every stage computes the rotary angles and the attention masks of its
+layers from the batch itself (they hold no weights)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
-
-# The tied matrix: the decoder (last stage) is the token embeddings (first stage).
-DECODER = "decoder.weight"
-EMBEDDING = "model.embeddings.tok_embeddings.weight"
-
-
-def is_modernbert(model: nn.Module) -> bool:
-    config = getattr(model, "config", None)  # a stage module may hold none
-    return config is not None and config.model_type == "modernbert"
-
-
-def is_masked_lm(model: nn.Module) -> bool:
-    return hasattr(model, "decoder")
 
 
 class Stage(nn.Module):
@@ -29,7 +16,7 @@ class Stage(nn.Module):
         object.__setattr__(self, "encoder", encoder)  # for its rotary angles and masks, not its parameters
         self.embeddings = encoder.embeddings if first else None
         self.layers = nn.ModuleList(encoder.layers[key] for key in layers)
-        self.last, self.masked_lm = last, is_masked_lm(model)
+        self.last, self.masked_lm = last, model.tied_embedding is not None  # the decoder tied to the embeddings
         if last:
             self.final_norm, self.head = encoder.final_norm, model.head
             if self.masked_lm:
@@ -79,7 +66,7 @@ def keep(model: nn.Module, layers: list[range], first: bool, last: bool) -> None
         encoder.embeddings = None  # the last stage's decoder keeps the tensor, now its own copy
     if not last:
         encoder.final_norm = model.head = None
-        if is_masked_lm(model):
+        if model.tied_embedding is not None:  # ModernBertForMaskedLM
             model.decoder = None
         else:
             model.drop = model.classifier = None

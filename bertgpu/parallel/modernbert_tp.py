@@ -1,4 +1,4 @@
-"""Tensor parallelism of a ModernBERT's layers: its own plan for the fused weights.
+"""Tensor parallelism of fused weights, a ModernBERT's (its plan: ``architectures``' ``tp_plan``).
 
 ModernBERT fuses Q, K and V into one matrix (``attn.Wqkv``: rows q, then k, then v) and the GeGLU's input
 and gate into another (``mlp.Wi``: rows input, then gate). A plain column-wise split would give the first
@@ -26,7 +26,7 @@ from typing import Any
 
 from torch import nn
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.parallel import ColwiseParallel
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from ..errors import UserError
@@ -51,19 +51,6 @@ class FusedColwiseParallel(ColwiseParallel):
         return outputs.to_local()  # (q_r, k_r, v_r) or (input_r, gate_r): what this process's share computes from
 
 
-PLAN = {
-    "attn.Wqkv": FusedColwiseParallel(3),
-    "attn.Wo": RowwiseParallel(),
-    "mlp.Wi": FusedColwiseParallel(2),
-    "mlp.Wo": RowwiseParallel(),
-}
-
-
-def apply(layers: nn.ModuleList | nn.ModuleDict, tp_mesh) -> None:
-    for key in list(layers.keys()) if isinstance(layers, nn.ModuleDict) else range(len(layers)):
-        parallelize_module(layers[key], tp_mesh, PLAN)
-
-
 def fsdp_placement(param: nn.Parameter) -> Shard | None:
     """``fully_shard``'s ``shard_placement_fn``: columns (``Shard(1)``) for a weight strided over the
     tensor-parallel group (``FusedColwiseParallel``'s), FSDP's default (rows) for every other."""
@@ -72,13 +59,14 @@ def fsdp_placement(param: nn.Parameter) -> Shard | None:
     return None
 
 
-def check_layout(dims: Any, config: Any) -> None:
+def check_layout(dims: Any, config: Any, fused: str) -> None:
     """FSDP splits the fused weights' columns (``fsdp_placement``) evenly only: the data-parallel shards must
-    divide the hidden size (a one-line error before any process starts, not FSDP's own in every process)."""
+    divide the hidden size (a one-line error before any process starts, not FSDP's own in every process).
+    ``fused``: what they are, as the error names them ("a ModernBERT's fused Q/K/V and GeGLU weights")."""
     shards = dims.dp_shard if dims.fsdp else 1
     if dims.tp > 1 and shards > 1 and config.hidden_size % shards:
         raise UserError(
-            f"--tp {dims.tp} with --strategy fsdp over {shards} data-parallel processes splits a ModernBERT's "
-            f"fused Q/K/V and GeGLU weights by columns, and {shards} does not divide its hidden_size "
+            f"--tp {dims.tp} with --strategy fsdp over {shards} data-parallel processes splits {fused} by "
+            f"columns, and {shards} does not divide its hidden_size "
             f"{config.hidden_size}: use a data-parallel degree that does, or --strategy ddp"
         )

@@ -25,6 +25,7 @@ gradient average is undone by the factor dp.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
 from collections.abc import Callable
 from typing import Any
@@ -33,9 +34,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .. import architectures
 from ..errors import UserError
-from ..model import BertForPreTraining
-from . import modernbert_stages, modernbert_tp
+from . import modernbert_tp
 from .compression import Compression
 from .dims import ParallelDims
 from .wrap import (
@@ -48,8 +49,6 @@ from .wrap import (
 )
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-DECODER = "cls.predictions.decoder.weight"
-EMBEDDING = "bert.embeddings.word_embeddings.weight"
 # Test hook only: "sync" skips adding the tied copies' gradients, "norm" counts the copy twice in the norm.
 _BREAK_TIED = "BERTGPU_TEST_BREAK_TIED"
 
@@ -69,70 +68,6 @@ def check_stages(num_layers: int, pp: int, stages_per_rank: int) -> None:
             f"--pp {pp} with {stages_per_rank} stage(s) per process makes {pp * stages_per_rank} stages, more "
             f"than the model's {num_layers} encoder layers (num_hidden_layers): lower --pp or --pp-stages-per-rank"
         )
-
-
-class _Stage(nn.Module):
-    """One pipeline stage's computation over parts of the process's model (the same modules, so the
-    same parameters): embeddings (first stage), its encoder layers, pooler and heads (last stage).
-
-    Its inputs are the activations of the stage before (none on the first) and, on every stage, the
-    batch's tensors as keyword arguments (the schedule splits them into micro-batches alike); the
-    last stage returns what the whole model returns.
-    """
-
-    def __init__(self, model: nn.Module, layers: list[str], first: bool, last: bool):
-        super().__init__()
-        bert = model.bert
-        object.__setattr__(self, "bert", bert)  # for its attention inputs (documents or padding), not its parameters
-        self.embeddings = bert.embeddings if first else None
-        self.layers = nn.ModuleList(bert.encoder.layer[key] for key in layers)
-        self.pretraining = isinstance(model, BertForPreTraining)
-        self.pooler = bert.pooler if last else None
-        if last and self.pretraining:
-            self.cls = model.cls
-        elif last:
-            self.dropout, self.classifier = model.dropout, model.classifier
-        self.last = last
-
-    def forward(
-        self,
-        hidden: torch.Tensor | None = None,
-        *,
-        input_ids: torch.Tensor,
-        token_type_ids: torch.Tensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        mlm_positions: torch.Tensor | None = None,
-    ):
-        # As model.BertModel.forward and the heads' forward, cut at the stage's bounds.
-        mask, positions = self.bert.attention_inputs(attention_mask)  # every stage makes its own from the batch
-        x = self.embeddings(input_ids, token_type_ids, positions) if self.embeddings is not None else hidden
-        for layer in self.layers:
-            x = layer(x, mask)
-        if not self.last:
-            return x
-        pooled = self.pooler(x) if self.pooler is not None else None
-        if not self.pretraining:
-            return self.classifier(self.dropout(pooled))
-        if mlm_positions is not None:
-            x = torch.gather(x, 1, mlm_positions.unsqueeze(-1).expand(-1, -1, x.size(-1)))
-        return self.cls.predictions(x), self.cls.seq_relationship(pooled)
-
-
-def _keep_stages(model: nn.Module, layers: list[range], first: bool, last: bool) -> None:
-    """Delete from ``model`` what this process's stages do not hold, in place; parameter names stay."""
-    if modernbert_stages.is_modernbert(model):
-        return modernbert_stages.keep(model, layers, first, last)
-    bert = model.bert
-    kept = [i for r in layers for i in r]
-    bert.encoder.layer = nn.ModuleDict({str(i): bert.encoder.layer[i] for i in kept})
-    if not first:
-        bert.embeddings = None  # the last stage's decoder keeps the tensor, now its own copy
-    if not last:
-        bert.pooler = None
-        if isinstance(model, BertForPreTraining):
-            model.cls = None
-        else:
-            model.dropout = model.classifier = None
 
 
 def parallelize_pipeline(
@@ -157,7 +92,9 @@ def parallelize_pipeline(
     ids = [dims.pp_rank + k * dims.pp for k in range(per_rank)]  # looped placement, as interleaved 1F1B wants
     split = stage_layers(model.config.num_hidden_layers, n_stages)
     first, last = 0 in ids, n_stages - 1 in ids
-    _keep_stages(model, [split[s] for s in ids], first, last)
+    # The architecture's stages (Stage, keep): a module of this package its entry names, bert_stages.py for BERT.
+    cut = importlib.import_module(f"{__package__}.{architectures.of(model.config).stages}")
+    cut.keep(model, [split[s] for s in ids], first, last)
     model.to(device)
     if dims.tp > 1:
         apply_tensor_parallel(model, dims)
@@ -167,9 +104,7 @@ def parallelize_pipeline(
     if compile:
         for key in layers:
             layers[key].compile(dynamic=False)
-    modern = modernbert_stages.is_modernbert(model)
-    stage_cls = modernbert_stages.Stage if modern else _Stage
-    stages = [stage_cls(model, [str(i) for i in split[s]], s == 0, s == n_stages - 1) for s in ids]
+    stages = [cut.Stage(model, [str(i) for i in split[s]], s == 0, s == n_stages - 1) for s in ids]
     if dims.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -191,11 +126,10 @@ def parallelize_pipeline(
     else:
         cls = ScheduleGPipe if kind == "gpipe" else Schedule1F1B
         net.schedule = cls(pipe_stages[0], n_micro, loss_fn=net._loss, scale_grads=False)
-    masked_lm = modernbert_stages.is_masked_lm(model) if modern else isinstance(model, BertForPreTraining)
-    net._tied_group = _embedding_group(dims) if masked_lm else None
-    net.tied_names = (modernbert_stages.DECODER, modernbert_stages.EMBEDDING) if modern else (DECODER, EMBEDDING)
+    net.tied_names = model.tied_embedding  # (the decoder, the embedding) of a masked-LM head; None: no tie
+    net._tied_group = _embedding_group(dims) if net.tied_names is not None else None
     model.gather_stages = net.gather_state_dict  # hf_dir: the whole model's weights, from every stage
-    model.optimizer_aliases = dict([net.tied_names]) if last and not first else {}
+    model.optimizer_aliases = dict([net.tied_names]) if net.tied_names is not None and last and not first else {}
     return net
 
 
@@ -237,7 +171,7 @@ class PipelineModel(ParallelModel):
         self.stages, self.first, self.last = stages, first, last
         self.schedule: Any = None
         self._tied_group = None
-        self.tied_names = (DECODER, EMBEDDING)  # (the last stage's copy, the first stage's matrix)
+        self.tied_names: tuple[str, str] | None = None  # (the last stage's copy, the first stage's matrix)
         self._loss_now: Callable[[Any, torch.Tensor], torch.Tensor] | None = None
         self.seq_length: int | None = None  # pad sequences to this many tokens (batches of any length)
         self.rows: dict[bool, int] = {}  # the rows every batch is padded to, in training and in evaluation

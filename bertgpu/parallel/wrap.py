@@ -16,17 +16,15 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from .. import architectures
 from .compression import Compression, bytes_per_step, load_state_tensors, state_tensors
 from .dims import ParallelDims
 
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList | nn.ModuleDict:
-    """The encoder layers of a BertModel, or of a model holding one as ``.bert``: a ModuleList, or a
-    pipeline stage's ModuleDict of the layers it keeps (keyed by their index, so names stay HF's). A model
-    that says where its layers are (``encoder_layers()``: ModernBERT's) is asked."""
-    if hasattr(model, "encoder_layers"):
-        return model.encoder_layers()
-    return getattr(model, "bert", model).encoder.layer
+    """The model's encoder layers (``EncoderModel.encoder_layers``): a ModuleList, or a pipeline stage's
+    ModuleDict of the layers it keeps (keyed by their index, so names stay HF's)."""
+    return model.encoder_layers()
 
 
 def layer_keys(layers: nn.ModuleList | nn.ModuleDict) -> list:
@@ -231,23 +229,19 @@ def clip_grad_norm_(parameters: list[torch.Tensor], max_norm: float) -> torch.Te
 
 
 def apply_tensor_parallel(model: nn.Module, dims: ParallelDims) -> None:
-    """Megatron-style tensor parallelism of every encoder layer over the tp mesh (a ModernBERT's fused
-    weights: ``modernbert_tp``)."""
+    """Megatron-style tensor parallelism of every encoder layer over the tp mesh, by the architecture's plan
+    (``Architecture.tp_plan``; fused weights as strided shards: ``modernbert_tp``)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    config = getattr(model, "config", None)  # a module: a pipeline stage may hold no config
-    if config is not None and config.model_type == "modernbert":
-        from . import modernbert_tp
-
-        return modernbert_tp.apply(encoder_layers(model), dims.tp_mesh)
+    from .modernbert_tp import FusedColwiseParallel
 
     plan = {
-        "attention.self.query": ColwiseParallel(),
-        "attention.self.key": ColwiseParallel(),
-        "attention.self.value": ColwiseParallel(),
-        "attention.output.dense": RowwiseParallel(),
-        "intermediate.dense": ColwiseParallel(),
-        "output.dense": RowwiseParallel(),
+        name: RowwiseParallel()
+        if style == "rowwise"
+        else ColwiseParallel()
+        if chunks == 1
+        else FusedColwiseParallel(chunks)
+        for name, (style, chunks) in architectures.of(model.config).tp_plan.items()
     }
     layers = encoder_layers(model)
     for key in layer_keys(layers):

@@ -191,7 +191,7 @@ def pooler_untrained(model_dir: Path | None) -> bool:
     data = run.get("data")
     if not isinstance(data, dict) or "nsp" not in data:
         return False  # a fine-tuning run's, or another task's
-    return run.get("arch") != "modernbert" and not data["nsp"]
+    return architectures.by_name(run.get("arch")).pooler and not data["nsp"]
 
 
 def choose_pooling(asked: str, model_dir: Path | None, base: ModelConfig, keep_head: bool) -> tuple[str, str]:
@@ -408,7 +408,7 @@ def train(cfg: FinetuneConfig) -> Path:
     where = f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  " + (
         f"(bertgpu predict --model {out / 'best'} TEXT; mean pooling, which transformers' "
         "BertForSequenceClassification does not read: --pooling pooler for that)"
-        if architectures.arch_of(plan.model_config) == "bert" and cfg.pooling == "mean"
+        if not architectures.of(plan.model_config).hf_reads_mean_pooling and cfg.pooling == "mean"
         else f"(transformers.{architectures.class_names(plan.model_config)[1]}.from_pretrained('{out / 'best'}'), "
         f"or bertgpu predict --model {out / 'best'} TEXT)"
     )
@@ -444,8 +444,7 @@ def build_model(cfg: FinetuneConfig, plan: Plan, run: TrainingRun) -> BertForSeq
         hf_dir.load_weights(model, run.resume_from)
     elif plan.model_dir is not None:  # else a preset: the seeded random initialisation
         hf_dir.load_weights(model if plan.keep_head else architectures.encoder(model), plan.model_dir)
-    if architectures.arch_of(plan.model_config) == "bert" and architectures.pooling_of(plan.model_config) == "mean":
-        model.bert.pooler.requires_grad_(False)  # unread: no gradient, so no process may wait for one
+    model.freeze_unread()  # a pooler unread under mean pooling: no gradient, so no process may wait for one
     if cfg.adapter.enabled:
         lora.apply(model, cfg.adapter, run.device, run.precision, base_model=plan.model_dir)
         if run.resume_from is not None:

@@ -110,8 +110,7 @@ def check(cfg: PretrainConfig) -> Plan:
         if path.is_dir():  # a pretraining run: its newest checkpoint (BERT's second phase starts from the first's)
             path = model_directory(model)
         mcfg = ModelConfig.load(path)
-        if cfg.arch == "modernbert":
-            architectures.check_arch(cfg.arch, mcfg, f"--model {model}")
+        architectures.check_arch(cfg.arch, mcfg, f"--model {model}")
         if not architectures.of(mcfg).nsp and cfg.data.nsp:
             raise UserError(
                 f"--model {model} is a {architectures.of(mcfg).title}, trained on masked LM only: add --no-nsp"
