@@ -199,11 +199,37 @@ def run_cli(
 
 
 def _this_machine(args: tuple[str, ...]) -> bool:
-    """Whether `bertgpu ARGS` stays on this machine and its CPU (no --nnodes, GPU, or --config that could ask
-    for them; bench, which times itself, keeps a process of its own)."""
-    if not args or args[0] == "bench" or "--config" in args or "cuda" in args:
+    """Whether `bertgpu ARGS` stays on this machine and its CPU (no --nnodes, GPU, or --config file that asks for
+    them; bench, which times itself, keeps a process of its own)."""
+    if not args or args[0] == "bench" or "cuda" in args:
+        return False
+    if "--config" in args and not _config_stays_here(args[args.index("--config") + 1 :][:1]):
         return False
     return not any(a == "--nnodes" or a.startswith("--nnodes=") for a in args)
+
+
+def _config_stays_here(path: tuple[str, ...]) -> bool:
+    """Whether a --config file (YAML or JSON, a checkpoint's bertgpu.json too) is readable and asks for neither a
+    GPU nor more than one machine at any depth; one that cannot be read is left to a fresh interpreter, as before."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path[0]).read_text(encoding="utf-8"))
+    except (IndexError, OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+
+    def here(node) -> bool:
+        if isinstance(node, list):
+            return all(map(here, node))
+        if not isinstance(node, dict):
+            return True
+        for key, value in node.items():
+            name = str(key).replace("-", "_")
+            if (name == "device" and "cuda" in str(value)) or (name == "nnodes" and str(value) not in ("1", "")):
+                return False
+        return all(map(here, node.values()))
+
+    return here(data)
 
 
 def workers_from_a_fork_server(fn, args) -> str:
