@@ -156,18 +156,12 @@ TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
 
 def run_balanced_with_a_slow_rank(*args) -> tuple[subprocess.CompletedProcess, str, list[int]]:
-    """`bertgpu ARGS` (with --balance auto) on 2 processes under torchrun, process 1 made slower from
-    outside the product (tests/slow_rank.py: 10 ms per sequence before each forward pass, as a slower
-    GPU would take): the finished process, its ``balance:`` line and the per-rank sizes it chose."""
-    proc = subprocess.run(
-        [TORCHRUN, "--standalone", "--nproc_per_node", "2", str(ROOT / "tests" / "slow_rank.py"), *map(str, args)],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-        env={**os.environ, "SLOW_RANK": "1", "SLOW_SECONDS": "0.01", "HF_HUB_OFFLINE": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    """`bertgpu ARGS --nproc 2` (with --balance auto), process 1 made slower from outside the product
+    (tests/slow_rank.py: 10 ms per sequence before each forward pass, as a slower GPU would take): the finished
+    process, its ``balance:`` line and the per-rank sizes it chose. The workers come from the test worker's fork
+    server, which has imported slow_rank (``workers_from_a_fork_server``), not from a torchrun whose two fresh
+    interpreters would import torch and bertgpu again (about 8 s of CPU per run)."""
+    proc = run_cli(*args, "--nproc", "2", env={"SLOW_RANK": "1", "SLOW_SECONDS": "0.01"})
     line = next(line for line in proc.stdout.splitlines() if line.startswith("balance:"))
     return proc, line, [int(x) for x in line.split("-> ")[1].split()[0].split(",")]
 
@@ -205,22 +199,65 @@ def run_cli(
 
 
 def _this_machine(args: tuple[str, ...]) -> bool:
-    """Whether `bertgpu ARGS` stays on this machine and its CPU (no --nnodes, GPU, or --config that could ask
-    for them; bench, which times itself, keeps a process of its own)."""
-    if not args or args[0] == "bench" or "--config" in args or "cuda" in args:
+    """Whether `bertgpu ARGS` stays on this machine and its CPU (no --nnodes, GPU, or --config file that asks for
+    them; bench, which times itself, keeps a process of its own)."""
+    if not args or args[0] == "bench" or "cuda" in args:
+        return False
+    if "--config" in args and not _config_stays_here(args[args.index("--config") + 1 :][:1]):
         return False
     return not any(a == "--nnodes" or a.startswith("--nnodes=") for a in args)
+
+
+def _config_stays_here(path: tuple[str, ...]) -> bool:
+    """Whether a --config file (YAML or JSON, a checkpoint's bertgpu.json too) is readable and asks for neither a
+    GPU nor more than one machine at any depth; one that cannot be read is left to a fresh interpreter, as before."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path[0]).read_text(encoding="utf-8"))
+    except (IndexError, OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+
+    def here(node) -> bool:
+        if isinstance(node, list):
+            return all(map(here, node))
+        if not isinstance(node, dict):
+            return True
+        for key, value in node.items():
+            name = str(key).replace("-", "_")
+            if (name == "device" and "cuda" in str(value)) or (name == "nnodes" and str(value) not in ("1", "")):
+                return False
+        return all(map(here, node.values()))
+
+    return here(data)
 
 
 def workers_from_a_fork_server(fn, args) -> str:
     """launch._start_method for runs from the test process: the fork server `python -m bertgpu` uses (the
     test process is not bertgpu's command line, so the product would spawn). multiprocessing keeps one
     fork server per process, so every run of a test worker after the first skips its torch import too.
-    It also imports peft (with transformers), which each worker of a LoRA run would import (2.7 s)."""
+    It also imports peft (with transformers), which each worker of a LoRA run would import (2.7 s), and
+    tests/slow_rank.py, which slows the forward pass of a rank that a run's SLOW_RANK names (none without it)."""
     import multiprocessing
+    from multiprocessing import forkserver
+
+    from bertgpu.parallel import launch
 
     modules = {f.__module__ for f in (fn, *args) if callable(f) and getattr(f, "__module__", "").startswith("bertgpu")}
-    multiprocessing.set_forkserver_preload([*sorted(modules), "peft"])  # one that is missing is skipped
+    multiprocessing.set_forkserver_preload([*sorted(modules), "peft", "slow_rank"])  # one that is missing is skipped
+    # Started here (once per test worker) with this folder on its path too, so that it finds slow_rank; launch would
+    # start it on first use with bertgpu's path alone (launch.worker_import_env).
+    saved = {name: os.environ.get(name) for name in launch.WORKER_IMPORT_ENV}
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), saved["PYTHONPATH"]]))
+    os.environ.update(launch.worker_import_env())
+    try:
+        forkserver.ensure_running()
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
     return "forkserver"
 
 

@@ -4,8 +4,13 @@ For the --balance auto test, a stand-in for a slower GPU: when this process's RA
 is "any": slow steps, for the elastic and --save-every-minutes tests), every
 forward pass of the pretraining or classification model first sleeps SLOW_SECONDS per sequence. It lives here, in the
 tests, and patches the model from outside: the product has no such switch that a user could hit.
+
+The environment is read at each forward pass, not at import, so that the test workers' fork server can import this
+module once (conftest.workers_from_a_fork_server) and a run from the test process slows the rank its own
+environment names (``run_cli(..., env={"SLOW_RANK": "1", ...})``); a run without SLOW_RANK is untouched.
 """
 
+import functools
 import os
 import sys
 import time
@@ -15,15 +20,18 @@ from bertgpu.model import BertForPreTraining, BertForSequenceClassification
 
 
 def slowed(forward):
+    @functools.wraps(forward)  # the same signature for whatever inspects it (peft)
     def slow_forward(self, input_ids, *args, **kwargs):
-        time.sleep(float(os.environ["SLOW_SECONDS"]) * input_ids.shape[0])
+        if os.environ.get("SLOW_RANK") in (os.environ.get("RANK"), "any"):
+            time.sleep(float(os.environ["SLOW_SECONDS"]) * input_ids.shape[0])
         return forward(self, input_ids, *args, **kwargs)
 
+    slow_forward.slowed = True
     return slow_forward
 
 
-if os.environ.get("SLOW_RANK") in (os.environ.get("RANK"), "any"):
-    for model in (BertForPreTraining, BertForSequenceClassification):
+for model in (BertForPreTraining, BertForSequenceClassification):
+    if not getattr(model.forward, "slowed", False):  # once, even if imported under two names
         model.forward = slowed(model.forward)
 
 if __name__ == "__main__":

@@ -411,12 +411,13 @@ def test_bad_lora_and_accumulation_flags(tmp_path, tiny_classifier_setup, flags,
     assert not (tmp_path / "run").exists()
 
 
-def test_quantize_without_bitsandbytes_says_what_to_install(tmp_path, tiny_classifier_setup):
-    """A machine without bitsandbytes (here: an import of it that fails, as where it is not installed)."""
+def test_quantize_without_bitsandbytes_says_what_to_install(tmp_path, tiny_classifier_setup, monkeypatch):
+    """A machine without bitsandbytes (here: an import of it that fails, as where it is not installed; in this
+    process, as the check runs before any worker: no interpreter of its own with a shadowing PYTHONPATH)."""
+    import sys
+
     model, reviews = tiny_classifier_setup
-    shadow = tmp_path / "shadow" / "bitsandbytes"
-    shadow.mkdir(parents=True)
-    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'bitsandbytes'\")\n")
+    monkeypatch.setitem(sys.modules, "bitsandbytes", None)  # `import bitsandbytes` raises ImportError
     proc = run_cli(
         "finetune",
         "--model",
@@ -434,7 +435,6 @@ def test_quantize_without_bitsandbytes_says_what_to_install(tmp_path, tiny_class
         "--quantize",
         "nf4",
         check=False,
-        env={"PYTHONPATH": str(shadow.parent)},
     )
     assert_one_line_error(proc, "--quantize nf4 needs the bitsandbytes package", "pip install 'bertgpu[quant]'")
     assert not (tmp_path / "run").exists()

@@ -37,8 +37,8 @@ LAYOUTS = {
         ["--nproc", "4", "--batch-size", "4", "--tp", "2", "--activation-checkpointing"],
         "4 processes = dp 2 x tp 2, ddp",
     ),
-    "dp2-x-tp2-fsdp-x-4": (
-        ["--nproc", "4", "--batch-size", "4", "--tp", "2", "--strategy", "fsdp"],
+    "dp2-x-tp2-fsdp-x-4": (  # saved at step 2 too: the uninterrupted run the resume test resumes from there
+        ["--nproc", "4", "--batch-size", "4", "--tp", "2", "--strategy", "fsdp", "--save-every", "2"],
         "4 processes = dp 2 x tp 2, fsdp",
     ),
     "3d-pp2-x-dp2-x-tp2-fsdp-x-4": (
@@ -65,12 +65,26 @@ def reference(tmp_path_factory, small_english_data):
     return out
 
 
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory, small_english_data):
+    """Each layout's run directory, run once for the module (the resume test shares one)."""
+    done = {}
+
+    def get(name):
+        if name not in done:
+            flags, described = LAYOUTS[name]
+            out = tmp_path_factory.mktemp("runs") / name
+            proc = run_cli("pretrain", "--data", small_english_data, "--out", out, *flags, *COMMON)
+            assert described in proc.stdout and "global batch 8" in proc.stdout, proc.stdout
+            done[name] = out
+        return done[name]
+
+    return get
+
+
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_same_parameters_as_one_process(name, reference, tmp_path, small_english_data):
-    flags, described = LAYOUTS[name]
-    out = tmp_path / name
-    proc = run_cli("pretrain", "--data", small_english_data, "--out", out, *flags, *COMMON)
-    assert described in proc.stdout and "global batch 8" in proc.stdout, proc.stdout
+def test_same_parameters_as_one_process(name, reference, layouts):
+    out = layouts(name)
     worst = worst_difference(final_weights(reference), final_weights(out))
     assert worst <= (TOLERANCE_3D if name.startswith("3d") else TOLERANCE), f"max abs parameter difference {worst:.3g}"
     assert losses(out) == pytest.approx(losses(reference), abs=1e-5)
@@ -85,14 +99,13 @@ def test_what_is_not_supported_is_refused_in_one_line(flags, says, tmp_path, sma
     assert proc.returncode == 2 and says in proc.stderr and len(proc.stderr.splitlines()) == 1, proc.stderr
 
 
-def test_tensor_parallel_run_resumes_exactly_on_its_layout_and_on_others(tmp_path, small_english_data):
+def test_tensor_parallel_run_resumes_exactly_on_its_layout_and_on_others(tmp_path, small_english_data, layouts):
     """A dp 2 x tp 2 FSDP checkpoint (optimizer state of the strided Wqkv/Wi, sharded by columns over dp: written
     whole over the tp group) resumes to the uninterrupted run's weights: on that layout again, under --tp 2
     alone and on one process."""
     flags = ("--data", small_english_data, "--save-every", "1", *COMMON)
     tp_fsdp = ["--nproc", "4", "--tp", "2", "--strategy", "fsdp", "--batch-size", "4"]
-    full = tmp_path / "full"
-    run_cli("pretrain", "--out", full, *tp_fsdp, *flags)
+    full = layouts("dp2-x-tp2-fsdp-x-4")  # tp_fsdp with flags, saved at steps 2 and 3, run for the parity test
     for name, layout in (
         ("tp-fsdp", tp_fsdp),
         ("tp2", ["--nproc", "2", "--tp", "2", "--batch-size", "8"]),

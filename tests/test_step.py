@@ -217,14 +217,15 @@ def test_fp8_is_a_one_line_error_without_a_hopper_gpu_and_picks_only_large_linea
                    "--device", "cpu", "--fp8", "--steps", "1", check=False)  # fmt: skip
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert "--fp8 needs a CUDA GPU of compute capability 8.9" in proc.stderr and not (tmp_path / "run").exists()
-    chosen = {
-        name: [
-            n
-            for n, m in BertForPreTraining(ModelConfig.preset(name, vocab_size=30522)).named_modules()
-            if worth_fp8(m, n)
-        ]
-        for name in ("base", "large")
-    }
+    with torch.device("meta"):  # the layers' shapes without their weights: BERT-large's 335M take 10 s to initialise
+        chosen = {
+            name: [
+                n
+                for n, m in BertForPreTraining(ModelConfig.preset(name, vocab_size=30522)).named_modules()
+                if worth_fp8(m, n)
+            ]
+            for name in ("base", "large")
+        }
     assert chosen["base"] == []  # 768-wide: the casts would cost what float8 saves
     large = chosen["large"]  # every matmul of the 24 layers (1024 x 1024, 1024 x 4096), the pooler and transform
     assert len(large) == 24 * 6 + 2 and "cls.predictions.decoder" not in large and "cls.seq_relationship" not in large

@@ -134,35 +134,20 @@ def _json_type(value: Any) -> str:
     )
 
 
-class CorpusReader:
-    """Streams documents (or lines) from corpus files of any accepted format and counts what it read.
+class ReadTally:
+    """What a read of a corpus counted: documents, lines and records read, and the damage met on the way.
 
     Damaged input is skipped or repaired rather than fatal, since one bad line should not stop a large
     job: undecodable bytes are replaced (``bad_lines``, first place in ``first_bad`` as ``file:line``),
     over-long lines kept (``long_lines``), bad records skipped (``skipped``, ``first_skipped``, per
     reason of ``SKIP_REASONS``); the caller warns once at the end (``warnings``); ``strict=True`` makes
-    each of them a UserError. ``bytes_read`` against ``total_bytes`` drives a progress bar; for
-    compressed files both count compressed bytes.
+    each of them a UserError. Kept apart from the reading itself (``CorpusReader``) so that the reading
+    code says what happened and this class alone decides whether it is counted or fatal, and how it is told.
     """
 
-    def __init__(
-        self, paths: Iterable[Path], strict: bool = False, text_field: str = "text", split_sentences: str | None = None
-    ):
-        self.paths = [Path(p) for p in paths]
+    def __init__(self, strict: bool, text_field: str):
         self.strict = strict
-        if not text_field:
-            raise UserError("the text field name is empty (--text-field)")
-        if split_sentences is not None and split_sentences not in MODES:
-            raise UserError(f"unknown sentence splitting {split_sentences!r} (choose from {', '.join(MODES)})")
         self.text_field = text_field
-        self.split_sentences = split_sentences
-        self.formats = [input_format(p) for p in self.paths]
-        for path, (fmt, compression) in zip(self.paths, self.formats):  # a missing library fails before any work
-            if fmt == "parquet":
-                _require("pyarrow.parquet", path, "Parquet", "parquet")
-            if compression == "zstd":
-                _require("zstandard", path, ".zst files", "zstd")
-        self.total_bytes = sum(p.stat().st_size for p in self.paths)
         self.documents_read = 0
         self.lines_read = 0
         self.records_read = 0
@@ -178,23 +163,6 @@ class CorpusReader:
         self.first_cut_record: str | None = None
         self.skipped = dict.fromkeys(SKIP_REASONS, 0)
         self.first_skipped: dict[str, str] = {}
-        self._done_bytes = 0
-        self._position: Callable[[], int] | None = None  # input bytes consumed in the file being read
-
-    def split_mode(self, fmt: str) -> str:
-        """How lines of files of this format become sentences: ``auto``, ``lines`` or ``none``."""
-        return self.split_sentences or ("lines" if fmt == "text" else "auto")
-
-    @property
-    def split_modes(self) -> dict[str, str]:
-        """The splitting used for each input format present, e.g. ``{"jsonl": "auto", "text": "lines"}``."""
-        return {fmt: self.split_mode(fmt) for fmt in sorted({fmt for fmt, _ in self.formats})}
-
-    @property
-    def bytes_read(self) -> int:
-        """Bytes of input consumed so far (compressed bytes for compressed files)."""
-        position = self._position
-        return self._done_bytes + (position() if position is not None else 0)
 
     @property
     def warnings(self) -> list[str]:
@@ -227,6 +195,141 @@ class CorpusReader:
                 what = SKIP_REASONS[reason].format(field=self.text_field)
                 out.append(f"skipped {count:,} {what} (first: {self.first_skipped[reason]})")
         return out
+
+    def _bad_bytes(self, path: Path, number: int, data: bytes, error: UnicodeDecodeError) -> None:
+        if self.strict:
+            raise UserError(
+                f"{path}:{number}: not valid UTF-8 (byte 0x{data[error.start]:02x} at column "
+                f"{error.start + 1}); {encoding.not_utf8(data, error.start, path)}"
+            ) from None
+        self.bad_lines += 1
+        if self.first_bad is None:
+            self.first_bad = f"{path}:{number}"
+            self.first_bad_hint = encoding.not_utf8(data, error.start, path)
+
+    def _long_line(self, place: str, length: int, what: str) -> None:
+        if self.strict:
+            raise UserError(
+                f"{place}: a {what} of {length:,} characters, kept as one sentence (--split-sentences "
+                "auto splits it into sentences; without --strict it is kept with a warning)"
+            )
+        self.long_lines += 1
+        if self.first_long is None:
+            self.first_long = place
+
+    def _skip(self, reason: str, place: str, detail: str) -> None:
+        if self.strict:
+            raise UserError(f"{place}: {detail} (without --strict such records are skipped with a warning)")
+        self.skipped[reason] += 1
+        self.first_skipped.setdefault(reason, f"{place}: {detail}")
+
+
+@contextmanager
+def _open(path: Path, compression: str | None) -> Iterator[tuple[BinaryIO, Callable[[], int]]]:
+    """The file's decompressed bytes, and a function that tells the compressed position read so far."""
+    with open(path, "rb") as raw:
+        if compression == "gzip":
+            stream: BinaryIO = gzip.GzipFile(fileobj=raw)  # type: ignore[assignment]
+        elif compression == "zstd":
+            import zstandard
+
+            stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
+        else:
+            stream = raw
+        yield stream, raw.tell
+
+
+def _refuse_non_utf8(path: Path, head: bytes, what: str) -> None:
+    """A UserError for a file whose first bytes show it is UTF-16/32 or binary, not UTF-8 ``what``."""
+    wide = encoding.wide_bom(head)
+    name = wide[1] if wide else encoding.wide_without_bom(head) if b"\0" in head else None
+    if name:  # read line by line as bytes, UTF-16 and UTF-32 would be split inside characters
+        raise UserError(
+            f"{path}: {name} text{'' if wide else ' without a byte-order mark'}, not UTF-8; "
+            f"{encoding.convert_hint(path, name)}"
+        )
+    if b"\0" in head:
+        raise UserError(f"{path}: is a binary file (NUL bytes), not UTF-8 {what}")
+
+
+def _json_record_text(line: str, field: str) -> tuple[str | None, str, str]:
+    """(text, "", "") of a JSON Lines record, or (None, reason, detail) of one to skip (``SKIP_REASONS``)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as e:
+        return None, "invalid_json", f"not valid JSON ({e.msg}: column {e.colno})"
+    if not isinstance(record, dict):
+        return None, "not_an_object", f"a JSON {_json_type(record)}, not an object with a {field!r} field"
+    text = record.get(field)
+    if isinstance(text, str):
+        return text, "", ""
+    if text is None:
+        fields = ", ".join(map(repr, list(record)[:10])) or "none"
+        return (
+            None,
+            "no_text_field",
+            f"{field!r} is null" if field in record else f"no {field!r} field (fields: {fields})",
+        )
+    return None, "text_not_a_string", f"{field!r} is a JSON {_json_type(text)}, not a string"
+
+
+def _check_parquet_column(pa: Any, schema: Any, path: Path, field: str) -> None:
+    """A UserError unless ``schema`` has a text (string) column ``field``."""
+    if field not in schema.names:
+        raise UserError(
+            f"{path}: no column {field!r} (columns: {', '.join(schema.names)}); name the text column with --text-field"
+        )
+    kind = schema.field(field).type
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    if not (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or getattr(pa.types, "is_string_view", lambda _: False)(kind)
+    ):
+        raise UserError(f"{path}: column {field!r} holds {kind}, not text; name the text column with --text-field")
+
+
+class CorpusReader(ReadTally):
+    """Streams documents (or lines) from corpus files of any accepted format and counts what it read
+    (``ReadTally``: the counts, the damage and its warnings). ``bytes_read`` against ``total_bytes`` drives
+    a progress bar; for compressed files both count compressed bytes.
+    """
+
+    def __init__(
+        self, paths: Iterable[Path], strict: bool = False, text_field: str = "text", split_sentences: str | None = None
+    ):
+        self.paths = [Path(p) for p in paths]
+        if not text_field:
+            raise UserError("the text field name is empty (--text-field)")
+        if split_sentences is not None and split_sentences not in MODES:
+            raise UserError(f"unknown sentence splitting {split_sentences!r} (choose from {', '.join(MODES)})")
+        super().__init__(strict, text_field)
+        self.split_sentences = split_sentences
+        self.formats = [input_format(p) for p in self.paths]
+        for path, (fmt, compression) in zip(self.paths, self.formats):  # a missing library fails before any work
+            if fmt == "parquet":
+                _require("pyarrow.parquet", path, "Parquet", "parquet")
+            if compression == "zstd":
+                _require("zstandard", path, ".zst files", "zstd")
+        self.total_bytes = sum(p.stat().st_size for p in self.paths)
+        self._done_bytes = 0
+        self._position: Callable[[], int] | None = None  # input bytes consumed in the file being read
+
+    def split_mode(self, fmt: str) -> str:
+        """How lines of files of this format become sentences: ``auto``, ``lines`` or ``none``."""
+        return self.split_sentences or ("lines" if fmt == "text" else "auto")
+
+    @property
+    def split_modes(self) -> dict[str, str]:
+        """The splitting used for each input format present, e.g. ``{"jsonl": "auto", "text": "lines"}``."""
+        return {fmt: self.split_mode(fmt) for fmt in sorted({fmt for fmt, _ in self.formats})}
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes of input consumed so far (compressed bytes for compressed files)."""
+        position = self._position
+        return self._done_bytes + (position() if position is not None else 0)
 
     def documents(self) -> Iterator[Document]:
         """Yield each document with its stripped, non-empty lines (cut every ``MAX_DOCUMENT_CHARS``)."""
@@ -284,34 +387,6 @@ class CorpusReader:
                 self._long_line(f"{path}:{number}", len(line), "line")
             yield line.strip()
 
-    def _long_line(self, place: str, length: int, what: str) -> None:
-        if self.strict:
-            raise UserError(
-                f"{place}: a {what} of {length:,} characters, kept as one sentence (--split-sentences "
-                "auto splits it into sentences; without --strict it is kept with a warning)"
-            )
-        self.long_lines += 1
-        if self.first_long is None:
-            self.first_long = place
-
-    @contextmanager
-    def _open(self, path: Path, compression: str | None) -> Iterator[BinaryIO]:
-        """The file's decompressed bytes; meanwhile ``bytes_read`` follows its compressed position."""
-        with open(path, "rb") as raw:
-            if compression == "gzip":
-                stream: BinaryIO = gzip.GzipFile(fileobj=raw)  # type: ignore[assignment]
-            elif compression == "zstd":
-                import zstandard
-
-                stream = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True))
-            else:
-                stream = raw
-            self._position = raw.tell
-            try:
-                yield stream
-            finally:
-                self._position = None
-
     def _decoded_lines(self, path: Path, compression: str | None, what: str) -> Iterator[tuple[int, str]]:
         """(line number, line) of a text file, UTF-8 decoded (undecodable bytes replaced and counted)."""
         errors: tuple[type[BaseException], ...] = (OSError, EOFError, zlib.error)
@@ -320,36 +395,23 @@ class CorpusReader:
 
             errors += (zstandard.ZstdError,)
         try:
-            with self._open(path, compression) as stream:
-                head = stream.peek(_SNIFF_BYTES)[:_SNIFF_BYTES]  # type: ignore[attr-defined]
-                wide = encoding.wide_bom(head)
-                name = wide[1] if wide else encoding.wide_without_bom(head) if b"\0" in head else None
-                if name:  # read line by line as bytes, UTF-16 and UTF-32 would be split inside characters
-                    raise UserError(
-                        f"{path}: {name} text{'' if wide else ' without a byte-order mark'}, not UTF-8; "
-                        f"{encoding.convert_hint(path, name)}"
-                    )
-                if b"\0" in head:
-                    raise UserError(f"{path}: is a binary file (NUL bytes), not UTF-8 {what}")
-                for number, data in enumerate(stream, start=1):
-                    if number == 1:
-                        data = data.removeprefix(encoding.UTF8_BOM)
-                    try:
-                        line = data.decode("utf-8")
-                    except UnicodeDecodeError as e:
-                        if self.strict:
-                            raise UserError(
-                                f"{path}:{number}: not valid UTF-8 (byte 0x{data[e.start]:02x} at column "
-                                f"{e.start + 1}); {encoding.not_utf8(data, e.start, path)}"
-                            ) from None
-                        line = data.decode("utf-8", errors="replace")
-                        self.bad_lines += 1
-                        if self.first_bad is None:
-                            self.first_bad = f"{path}:{number}"
-                            self.first_bad_hint = encoding.not_utf8(data, e.start, path)
-                    self.lines_read += 1
-                    self.line_number = number
-                    yield number, line
+            with _open(path, compression) as (stream, position):
+                self._position = position
+                try:
+                    _refuse_non_utf8(path, stream.peek(_SNIFF_BYTES)[:_SNIFF_BYTES], what)  # type: ignore[attr-defined]
+                    for number, data in enumerate(stream, start=1):
+                        if number == 1:
+                            data = data.removeprefix(encoding.UTF8_BOM)
+                        try:
+                            line = data.decode("utf-8")
+                        except UnicodeDecodeError as e:
+                            self._bad_bytes(path, number, data, e)
+                            line = data.decode("utf-8", errors="replace")
+                        self.lines_read += 1
+                        self.line_number = number
+                        yield number, line
+                finally:
+                    self._position = None
         except errors as e:  # unreadable, or a corrupt or truncated compressed file
             raise UserError(f"{path}: cannot be read: {e}") from None
         self._done_bytes += path.stat().st_size
@@ -393,14 +455,7 @@ class CorpusReader:
         """(line or row number, text) of the usable records of a file; the others are counted and skipped."""
         return self._parquet_records(path) if fmt == "parquet" else self._jsonl_records(path, compression)
 
-    def _skip(self, reason: str, place: str, detail: str) -> None:
-        if self.strict:
-            raise UserError(f"{place}: {detail} (without --strict such records are skipped with a warning)")
-        self.skipped[reason] += 1
-        self.first_skipped.setdefault(reason, f"{place}: {detail}")
-
     def _jsonl_records(self, path: Path, compression: str | None) -> Iterator[tuple[int, str]]:
-        field = self.text_field
         for number, line in self._decoded_lines(path, compression, "JSON Lines"):
             line = line.rstrip("\r\n")
             if number == 1:
@@ -408,29 +463,11 @@ class CorpusReader:
             if not line.strip():
                 continue
             self.records_read += 1
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                self._skip("invalid_json", f"{path}:{number}", f"not valid JSON ({e.msg}: column {e.colno})")
-                continue
-            if not isinstance(record, dict):
-                self._skip(
-                    "not_an_object",
-                    f"{path}:{number}",
-                    f"a JSON {_json_type(record)}, not an object with a {field!r} field",
-                )
-                continue
-            text = record.get(field)
-            if isinstance(text, str):
-                yield number, text
-            elif text is None:
-                fields = ", ".join(map(repr, list(record)[:10])) or "none"
-                detail = f"{field!r} is null" if field in record else f"no {field!r} field (fields: {fields})"
-                self._skip("no_text_field", f"{path}:{number}", detail)
+            text, reason, detail = _json_record_text(line, self.text_field)
+            if text is None:
+                self._skip(reason, f"{path}:{number}", detail)
             else:
-                self._skip(
-                    "text_not_a_string", f"{path}:{number}", f"{field!r} is a JSON {_json_type(text)}, not a string"
-                )
+                yield number, text
 
     def _parquet_records(self, path: Path) -> Iterator[tuple[int, str]]:
         pa = _require("pyarrow", path, "Parquet", "parquet")
@@ -442,23 +479,7 @@ class CorpusReader:
         except errors as e:
             raise UserError(f"{path}: cannot be read as Parquet: {e}") from None
         with parquet:
-            schema = parquet.schema_arrow
-            if field not in schema.names:
-                raise UserError(
-                    f"{path}: no column {field!r} (columns: {', '.join(schema.names)}); "
-                    "name the text column with --text-field"
-                )
-            kind = schema.field(field).type
-            if pa.types.is_dictionary(kind):
-                kind = kind.value_type
-            if not (
-                pa.types.is_string(kind)
-                or pa.types.is_large_string(kind)
-                or getattr(pa.types, "is_string_view", lambda _: False)(kind)
-            ):
-                raise UserError(
-                    f"{path}: column {field!r} holds {kind}, not text; name the text column with --text-field"
-                )
+            _check_parquet_column(pa, parquet.schema_arrow, path, field)
             size = path.stat().st_size
             rows = max(1, parquet.metadata.num_rows)
             row = 0
