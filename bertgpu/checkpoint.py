@@ -488,7 +488,8 @@ def optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
         for key, value in values.items():
             if not torch.is_tensor(value):
                 raise TypeError(f"optimizer state {name}.{key} is a {type(value).__name__}, not a tensor")
-            values[key] = _unstrided(value)
+        # A new dict: ``values`` is the optimizer's own per-parameter state, which must keep its strided moments.
+        state[name] = {key: _unstrided(value) for key, value in values.items()}
     return {"state": state}
 
 

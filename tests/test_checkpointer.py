@@ -54,3 +54,38 @@ def test_only_a_due_save_gathers_the_state_and_writes(tmp_path, small_uncased_vo
     assert checkpoint.load_training_state(forced)["step"] == 3
     assert (forced / checkpoint.CARD_NAME).read_text() == "# card\n"
     saver.close()
+
+
+def test_saving_leaves_the_optimizers_own_state_as_it_was(tmp_path):
+    """A checkpoint reads the optimizer's moments (``optimizer_tensors``) and must not replace them. It once made a
+    tensor-parallel ModernBERT's strided moments (the fused Wqkv/Wi) whole in the optimizer's own state dict, which
+    get_optimizer_state_dict shares: training went on with replicated moments and drifted 5.4e-5 from the run that
+    did not save at that step. A one-process group is enough to hold a strided DTensor."""
+    import os
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        model = torch.nn.Linear(4, 6, bias=False)
+        model.optimizer_aliases = {}  # what an EncoderModel declares: no tied copies
+        model.weight = torch.nn.Parameter(
+            distribute_tensor(model.weight.detach(), mesh, [_StridedShard(0, split_factor=3)])
+        )
+        optimizer = torch.optim.AdamW(model.parameters())
+        model.weight.grad = torch.ones_like(model.weight)
+        optimizer.step()
+        before = {key: value for key, value in optimizer.state[model.weight].items()}
+        saved = checkpoint.optimizer_tensors(model, optimizer)["state"]["weight"]
+        after = optimizer.state[model.weight]
+        assert all(after[key] is before[key] for key in before), "the optimizer's own state was replaced"
+        assert isinstance(after["exp_avg"].placements[0], _StridedShard)
+        assert not isinstance(saved["exp_avg"].placements[0], _StridedShard)  # what is written is whole
+    finally:
+        dist.destroy_process_group()

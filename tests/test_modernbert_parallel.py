@@ -37,8 +37,10 @@ LAYOUTS = {
         ["--nproc", "4", "--batch-size", "4", "--tp", "2", "--activation-checkpointing"],
         "4 processes = dp 2 x tp 2, ddp",
     ),
-    "dp2-x-tp2-fsdp-x-4": (  # saved at step 2 too: the uninterrupted run the resume test resumes from there
-        ["--nproc", "4", "--batch-size", "4", "--tp", "2", "--strategy", "fsdp", "--save-every", "2"],
+    # Saved at every step: a save must not move the run (it once replaced the strided moments), and the resume
+    # test resumes from its step 2.
+    "dp2-x-tp2-fsdp-x-4": (
+        ["--nproc", "4", "--batch-size", "4", "--tp", "2", "--strategy", "fsdp", "--save-every", "1"],
         "4 processes = dp 2 x tp 2, fsdp",
     ),
     "3d-pp2-x-dp2-x-tp2-fsdp-x-4": (
@@ -105,7 +107,7 @@ def test_tensor_parallel_run_resumes_exactly_on_its_layout_and_on_others(tmp_pat
     alone and on one process."""
     flags = ("--data", small_english_data, "--save-every", "1", *COMMON)
     tp_fsdp = ["--nproc", "4", "--tp", "2", "--strategy", "fsdp", "--batch-size", "4"]
-    full = layouts("dp2-x-tp2-fsdp-x-4")  # tp_fsdp with flags, saved at steps 2 and 3, run for the parity test
+    full = layouts("dp2-x-tp2-fsdp-x-4")  # tp_fsdp with flags, saved at every step, run for the parity test
     for name, layout in (
         ("tp-fsdp", tp_fsdp),
         ("tp2", ["--nproc", "2", "--tp", "2", "--batch-size", "8"]),
