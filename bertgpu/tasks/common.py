@@ -733,8 +733,9 @@ def build_run(
     opt = Optimization(session, net, optim, plan, sample_forward=lambda: net(**sample_batch()), balance=balance)
     for warning in warnings:
         session.warn(warning)
+    line = start_line(net)  # on every process: the parameter count is a collective under pipeline parallelism
     if session.is_main:
-        print(start_line(net), flush=True)
+        print(line, flush=True)
     records = Records(session, plan, spec(net) if callable(spec) else spec, *sums, meter, loop)
     checkpoints = Checkpoints(session, plan, opt, records, contents)
     flags = StepFlags(session, checkpoints.checkpointer, meter, records.write)
