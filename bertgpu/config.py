@@ -776,7 +776,7 @@ class HeldOutConfig:
 class RunConfig:
     """How a training run runs, whatever it trains: processes, device, precision, seed, batches,
     checkpoints, logs and restarts. The defaults and help here are pretraining's; fine-tuning's are
-    ``FinetuneRunConfig``'s (the same fields, so ``TrainingRun`` reads either)."""
+    ``FinetuneRunConfig``'s (the same fields, so ``tasks.common.Session`` reads either)."""
 
     nproc: int = _nproc()
     device: str = opt("auto", "where to train", choices=_DEVICE_CHOICES)

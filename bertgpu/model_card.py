@@ -32,7 +32,7 @@ def render(
     global_batch: int | None = None,
 ) -> str:
     """The card's Markdown. ``task`` is ``pretrain`` or ``finetune``; ``run_config`` the config as the run ran
-    (``TrainingRun.ran_config``: the learning rate and warmup --recipe fast chose, the steps planned);
+    (``tasks.common.Checkpoints.ran_config``: the learning rate and warmup --recipe fast chose, the steps planned);
     ``metrics`` the figures to show, each with the step it was measured at (the newest logged and held-out values
     for pretraining, the epoch's evaluation for fine-tuning); ``precision`` the one the run used (the config's when
     not given) and ``asked_precision`` the --precision given (auto); ``time_budget`` the --time-budget that planned

@@ -307,3 +307,55 @@ def f(cfg, config, model, d, cls):
 """
     found = architecture_branches({"bertgpu.somewhere": ast.parse(source)})
     assert [line.split(" ", 1)[0] for line in found] == [f"bertgpu.somewhere:{n}" for n in (3, 4, 5, 6, 7, 8)], found
+
+
+def test_the_training_loops_read_as_the_algorithm():
+    """pretrain's and finetune's train() read at once (issue 39): a builder makes the run's parts, then the loop;
+    the loop asks the run's parts and writes none of their fields (``run.X = ...``), and no class is over 250
+    lines."""
+    for name in ("bertgpu.tasks.pretrain", "bertgpu.tasks.finetune"):
+        train = next(n for n in TREES[name].body if isinstance(n, ast.FunctionDef) and n.name == "train")
+        assert train.end_lineno - train.lineno + 1 <= 60, f"{name}.train: {train.end_lineno - train.lineno + 1} lines"
+        for node in ast.walk(TREES[name]):
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AugAssign)
+                else []
+            )
+            for target in targets:
+                while isinstance(target, ast.Attribute):
+                    target = target.value
+                    assert not (isinstance(target, ast.Name) and target.id in ("run", "session")), (
+                        f"{name}:{node.lineno} writes a field of the run"
+                    )
+    long = {
+        f"{name}.{node.name}"
+        for name, tree in TREES.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 250
+    }
+    assert not long, sorted(long)
+
+
+def test_the_parts_of_a_run_are_built_whole():
+    """Each part of a training run (tasks/common.py, plan.py) sets its fields in its constructor: a method may
+    change a field, never add one, so no part is half made between calls in a documented order (issue 39)."""
+    for name in ("bertgpu.tasks.common", "bertgpu.plan"):
+        for cls in (n for n in TREES[name].body if isinstance(n, ast.ClassDef)):
+            # a dataclass's fields are made by its generated constructor
+            made = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+            added = []
+            for method in (n for n in cls.body if isinstance(n, ast.FunctionDef)):
+                for node in ast.walk(method):
+                    targets = node.targets if isinstance(node, ast.Assign) else []
+                    targets += [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+                    for target in targets:
+                        for t in target.elts if isinstance(target, ast.Tuple) else [target]:
+                            if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                                if method.name == "__init__":
+                                    made.add(t.attr)
+                                elif t.attr not in made:
+                                    added.append(f"{name}.{cls.name}.{method.name}:{node.lineno} sets self.{t.attr}")
+            assert not added, "\n".join(added)

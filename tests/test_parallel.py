@@ -351,17 +351,17 @@ def _tensor_parallel_dropout_worker(out: str) -> None:
     from bertgpu.config import ModelConfig, OptimConfig, ParallelConfig, PretrainConfig
     from bertgpu.model import BertForPreTraining
     from bertgpu.optim import build_optimizer
-    from bertgpu.tasks.common import TrainingRun
+    from bertgpu.tasks.common import Session, spread
 
     config = ModelConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3)
-    run = TrainingRun(
+    session = Session(
         PretrainConfig(model="tiny", out=out, nproc=2, device="cpu", precision="fp32", parallel=ParallelConfig(tp=2)),
         config,
     )
     torch.manual_seed(0)
     model = BertForPreTraining(config)
-    net = run.parallelize(model, total_steps=2)  # seeds dropout as every training run does
-    optimizer = build_optimizer(model, OptimConfig(lr=1e-2), run.device)
+    net = spread(session, model, total_steps=2)  # seeds dropout as every training run does
+    optimizer = build_optimizer(model, OptimConfig(lr=1e-2), session.device)
     ids = torch.randint(5, 300, (4, 24), generator=torch.Generator().manual_seed(3))
     for _ in range(2):
         mlm, nsp = net.train()(ids)
@@ -377,7 +377,7 @@ def _tensor_parallel_dropout_worker(out: str) -> None:
                 {"max_difference": (both[0] - both[1]).abs().max().item(), "changed": (replicated != 0).any().item()}
             )
         )
-    run.close()
+    session.stop.restore()
 
 
 def test_dropout_agrees_within_a_tensor_parallel_group(tmp_path, monkeypatch):

@@ -6,6 +6,7 @@ SIGTERM), and compared bit for bit with the same run uninterrupted.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -17,9 +18,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY_RUN, run_cli
+from conftest import ROOT, TINY_RUN, run_cli, write_tiny_bert
 from procs import assert_bitwise_equal, kill_torchrun_worker, losses, start, wait_for_step
 from safetensors.torch import load_file
+
+from bertgpu import checkpoint, samples
 
 STEPS = 12
 ARGS = [*TINY_RUN, "--loader-workers", "1", "--steps", str(STEPS), "--batch-size", "4", "--log-every", "1"]
@@ -288,3 +291,53 @@ def test_a_kill_between_the_renames_of_a_replacement_loses_nothing(tmp_path):
     assert (root / "step-0000003" / "model.safetensors").read_text() == ".step-0000003.old-11-aa"
     assert (root / "step-0000002" / "model.safetensors").read_text() == "step-0000002"
     assert latest_checkpoint(tmp_path) == root / "step-0000003"
+
+
+# What a checkpoint has held since before issue 39 took TrainingRun apart, frozen from a run of that code
+# (main at 6dabd8d, 2026-11-27): a run resumed from a checkpoint written then reads exactly these keys, so a
+# refactor that adds, drops or renames one would break it.
+PRETRAIN_STATE = {
+    "balanced", "batch_sizes", "budget", "data_identity", "eval_data_identity", "global_batch", "heldout_documents",
+    "layout", "layout_name", "log_sums", "position", "rng", "scaler", "step",
+}  # fmt: skip
+FINETUNE_STATE = {
+    "adapter", "balanced", "batch_sizes", "best", "epoch_sums", "global_batch", "group_by_length", "history", "kept",
+    "labels", "layout", "layout_name", "position", "rng", "scaler", "step", "steps_in_window", "train_examples",
+    "window",
+}  # fmt: skip
+NESTED = {
+    "position": {"pretrain": {"epoch", "instance"}, "finetune": {"epoch", "step_in_epoch"}},
+    "budget": {"pretrain": {"done", "elapsed", "eval_s", "seconds", "step_s"}},
+    "rng": {"pretrain": {"layout", "states"}, "finetune": {"layout", "states"}},
+}
+RECORD = {"pretrain": {"config", "step", "time_budget"}, "finetune": {"config", "step"}}
+FILES = {
+    "README.md", "bertgpu.json", "config.json", "model.safetensors", "optimizer", "special_tokens_map.json",
+    "tokenizer_config.json", "training_state.pt", "vocab.txt",
+}  # fmt: skip
+
+
+def test_a_checkpoint_holds_the_keys_older_runs_resume_from(tmp_path, small_english_data, small_uncased_vocab):
+    # a --time-budget run with a held-out set: every key pretraining writes
+    pre = tmp_path / "pre"
+    run_cli(
+        "pretrain", "--data", small_english_data, "--out", pre, *TINY_RUN, "--batch-size", "4", "--no-nsp",
+        "--time-budget", "2s", "--eval-fraction", "0.05", "--eval-instances", "8",
+    )  # fmt: skip
+    data = samples.write_sentiment_dataset(tmp_path / "reviews", test_per_class=8, train_per_class=8)
+    model = write_tiny_bert(tmp_path / "bert", small_uncased_vocab)
+    fine = tmp_path / "fine"
+    run_cli(
+        "finetune", "--model", model, "--train", data[0], "--eval", data[1], "--out", fine, "--epochs", "1",
+        "--batch-size", "8", "--max-seq-length", "16", "--device", "cpu", "--nproc", "1",
+    )  # fmt: skip
+    for task, run, keys in (("pretrain", pre, PRETRAIN_STATE), ("finetune", fine, FINETUNE_STATE)):
+        latest = checkpoint.latest_checkpoint(run)
+        state = checkpoint.load_training_state(latest)
+        assert set(state) == keys, (task, sorted(set(state) ^ keys))
+        for key, by_task in NESTED.items():
+            if task in by_task:
+                assert set(state[key]) == by_task[task], (task, key, sorted(state[key]))
+        record = json.loads((latest / "bertgpu.json").read_text(encoding="utf-8"))
+        assert set(record) == RECORD[task], (task, sorted(record))
+        assert {p.name for p in latest.iterdir()} == FILES, (task, sorted(p.name for p in latest.iterdir()))

@@ -136,6 +136,36 @@ def test_a_resumed_plan_continues_the_budget_where_it_stood():
     assert last_lr == 0.0 and lrs_b[0] == pytest.approx(lrs_a[-1], abs=0.02)  # the schedule goes on
 
 
+def test_a_step_plan_answers_alike_for_fixed_steps_and_for_a_budget():
+    """The loop asks a step plan (bertgpu.plan) the same questions whatever the run's length is made of: the steps
+    planned, the last, the schedule, what a checkpoint keeps (a budget under the key older checkpoints have)."""
+    from bertgpu.config import OptimConfig
+    from bertgpu.optim import build_schedule
+    from bertgpu.plan import BudgetSteps, FixedSteps
+
+    optim = OptimConfig(lr=1.0, warmup=0.2, steps=10)
+    fixed = FixedSteps(optim)
+    assert (fixed.next(3), fixed.total, fixed.describe(), fixed.state_dict(3)) == (10, 10, "10 steps", {})
+    assert [fixed.is_last(s) for s in (9, 10)] == [False, True] and [fixed.done(s) for s in (9, 10, 11)] == [0, 1, 1]
+
+    def rates(schedule_of) -> list[float]:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+        schedule, lrs = schedule_of(optimizer), []
+        for _ in range(6):
+            lrs.append(schedule.get_last_lr()[0])
+            optimizer.step()
+            schedule.step()
+        return lrs
+
+    assert rates(lambda o: fixed.schedule(o, 4)) == rates(lambda o: build_schedule(o, optim, 4))  # resumed at 4
+
+    saved = {"seconds": 60.0, "elapsed": 30.0, "step_s": 3.0, "eval_s": None, "done": False}
+    budget = BudgetSteps(60.0, optim, torch.device("cpu"), True, eval_cost=0, state={"budget": saved}, start_step=10)
+    assert budget.total == 20  # before any step: 30 s left at the checkpoint's 3 s a step
+    assert budget.describe() == "time budget 1m00s (30s left)" and budget.state_dict(10)["budget"]["elapsed"] == 30.0
+    assert set(budget.state_dict(10)) == {"budget"} and not budget.done(10) and budget.done(20)
+
+
 def test_durations():
     assert [parse_duration(t) for t in ("90s", "30m", "2h", "1h30m", "45")] == [90, 1800, 7200, 5400, 45]
     for bad in ("soon", "0s", "", "5 minutes"):

@@ -1,28 +1,28 @@
-"""What every training task does around its loop, written once for pretrain and finetune.
+"""The parts of a training run that pretrain and finetune share, each with one job and built whole.
 
-Before any process starts (in the command's process):
+Before any process starts, the command's process runs ``tasks.prelaunch``. Inside every worker, the loop
+(``pretrain.train``, ``finetune.train``) makes a ``Session`` (the process group and its mesh, the run
+directory, the checkpoint to resume from, read once), builds its data and model, then ``build_run`` makes the
+rest in order, each complete when made:
 
-- ``check_out_dir``: a non-empty output directory needs --resume or --overwrite;
-- ``parallel.layout.check_layout``: the processes, --tp, --strategy and precision fit each other and the model;
-- ``run_workers``: train here (one process, or a worker of torchrun) or in local workers (evaluate and
-  predict: ``run_local_workers``).
+- ``Optimization``: the model spread over the processes (``spread``), its optimizer, gradient scaler and
+  learning-rate schedule (restored on resume), clipping; its ``step`` is a step's second half;
+- ``Records``: the running sums of the log, the log and its progress bar, the throughput meter, the summary;
+- ``Checkpoints``: what a checkpoint holds, written when its ``checkpoint.Checkpointer`` finds one due;
+- ``StepFlags``: what each step's end hears, read lagged (a stop signal, a skipped step, the clock);
+- the step plan (``plan.FixedSteps``, ``plan.BudgetSteps``): how many steps, the rate of each, the last.
 
-Inside every worker, a ``TrainingRun``: the process group and its mesh, the run directory, the
-checkpoint to resume from, the dropout RNG, the model spread over the processes, its optimizer,
-stop signals, skipped non-finite steps, restoring resumable checkpoints and the state they hold, and
-the tail of every optimizer step (``after_step``: the step itself, then log, evaluation, and the
-checkpoint its ``checkpoint.Checkpointer`` finds due). Where a loop is lives in a ``LoopState`` (step,
-epoch, data position, counters), which a checkpoint saves and a resumed run loads. The loops themselves
-(``pretrain.train``, ``finetune.train``) keep only what is theirs: data, model, loss and records, and
-their stop, one condition (``while not run.finished(step)``; a signal sets ``run.stopped`` once its
-checkpoint is written, and the process then exits with ``run.interrupted``).
+``Run`` holds them, and names the phases every loop calls after its ``train_step``: ``account`` (the step
+counted and recorded, its flags acted on), ``log``, ``evaluate``, ``save``; the loop stops on one condition,
+``run.finished(step)`` (its last step, or a signal: ``stopped`` once its checkpoint is written, and the
+process then exits with ``run.interrupted``). Where a loop is lives in a ``LoopState`` (step, epoch, data
+position, counters), which a checkpoint saves and a resumed run loads.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import signal
 import sys
 import time
@@ -35,125 +35,21 @@ import torch
 from tqdm import tqdm
 
 from .. import checkpoint, memory, model_card
-from ..config import AdapterConfig, ModelConfig, OptimConfig, TrainingConfig, accumulation, parse_nnodes
+from ..config import AdapterConfig, ModelConfig, OptimConfig, TrainingConfig, accumulation
 from ..errors import UserError
 from ..metrics import Sums, Throughput, peak_memory_mb
-from ..optim import build_optimizer, build_schedule, optimizer_step
+from ..optim import build_optimizer, optimizer_step
 from ..parallel import ParallelModel, launch, parallelize
 from ..parallel.balance import Balancer
 from ..parallel.balance import describe as describe_balance
 from ..parallel.compression import Compression
-from ..parallel.layout import check_layout, cpu_oversubscription
+from ..parallel.layout import check_layout
 from ..parallel.rng import gather_rng_states, restore_rng_state
+from ..plan import FixedSteps
 from ..precision import allow_tf32, autocast, resolve_precision
 from ..runlog import RunLog, console_is_tty, format_duration
 from ..signals import LaggedFlags, StopSignal
-
-
-def check_out_dir(out: str, overwrite: bool, resume: bool) -> None:
-    path = Path(out)
-    if path.exists() and not path.is_dir():
-        raise UserError(f"--out {path} exists and is not a directory")
-    if path.is_dir() and any(path.iterdir()) and not (overwrite or resume):
-        raise UserError(
-            f"output directory {path} is not empty; pass --resume to continue the run there, "
-            "or --overwrite to start afresh"
-        )
-
-
-def announce_resume(
-    cfg: TrainingConfig,
-    length_flag: str,
-    length_now: int,
-    length_saved: Callable[[dict], Any],
-    finished: Callable[[dict[str, Any]], bool],
-) -> bool:
-    """With --resume, before any process starts, say in one line what resuming will do: start from
-    scratch (no checkpoint yet), nothing (the run is finished: return True), or train to a changed
-    length (``length_flag``: the learning-rate schedule is stretched to it, so a rate that had decayed
-    rises again). ``length_saved`` reads the length the latest checkpoint's bertgpu.json records."""
-    if not cfg.run.resume or launch.restart_count() > 0 or int(os.environ.get("RANK", 0)) != 0:
-        return False
-    latest = checkpoint.latest_checkpoint(cfg.out)
-    if latest is None:
-        print(f"bertgpu: no checkpoint in {cfg.out}: starting from scratch", flush=True)
-        return False
-    state = checkpoint.load_training_state(latest)
-    if finished(state):
-        print(
-            f"bertgpu: the run in {cfg.out} is finished (its last checkpoint, {latest.name}, is at the end of "
-            f"{length_flag} {length_now}): nothing to train; pass a larger {length_flag} to train further",
-            flush=True,
-        )
-        return True
-    record = checkpoint.read_run_record(latest)
-    if record is None:
-        return False
-    try:
-        saved = length_saved(record)
-    except (KeyError, ValueError):
-        return False
-    if saved != length_now:
-        step = state["step"]
-        print(
-            f"bertgpu: {length_flag} raised from {saved} to {length_now} on resume: the learning-rate schedule "
-            f"(warm-up, then linear decay to 0) is stretched to the new end, so from step {step} the rate is the "
-            "longer schedule's (it rises again where it had decayed)"
-            if length_now > saved
-            else f"bertgpu: {length_flag} lowered from {saved} to {length_now} on resume: the learning-rate schedule "
-            f"now ends sooner, so from step {step} the rate decays faster",
-            flush=True,
-        )
-    return False
-
-
-def warn_before_start(cfg: TrainingConfig) -> None:
-    """The warnings of a training run's set-up that hold for each machine, printed once on it before any
-    process starts (not again on a restart): more processes than cores."""
-    if launch.restart_count() > 0 or int(os.environ.get("LOCAL_RANK", 0)) != 0:
-        return
-    for message in (cpu_oversubscription(cfg),):
-        if message:
-            print(f"bertgpu: warning: {message}", file=sys.stderr, flush=True)
-
-
-def resolve_device(cfg: Any) -> Any:
-    """``cfg`` with --device auto made cpu or cuda, before any process starts (every worker sees the same)."""
-    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, device=launch.resolve_device(cfg.run.device)))
-
-
-def run_local_workers(train: Callable[[Any], Any], cfg: Any, nproc: int, device: str) -> None:
-    """Run ``train(cfg)`` here (one process, or one worker of torchrun) or in ``nproc`` local workers
-    started by torch's elastic launcher, on one machine and never restarted (evaluate and predict)."""
-    if launch.launched_externally() or launch.resolve_nproc(nproc, device) == 1:
-        launch.worker_main(train, cfg)
-    else:
-        launch.launch(launch.worker_main, (train, cfg), launch.resolve_nproc(nproc, device))
-
-
-def run_workers(train: Callable[[Any], Any], cfg: TrainingConfig) -> None:
-    """``run_local_workers`` for a training command: its workers are restarted --max-restarts times on a
-    failure (each restart resumes), and with --nnodes they meet those of the other machines."""
-    run = cfg.run
-    if launch.launched_externally():
-        launch.worker_main(train, cfg)
-        return
-    nproc = launch.resolve_nproc(run.nproc, run.device)
-    nnodes = parse_nnodes(run.nnodes)
-    if nproc == 1 and run.max_restarts == 0 and nnodes == (1, 1):
-        launch.worker_main(train, cfg)
-    else:
-        launch.launch(
-            launch.worker_main,
-            (train, cfg),
-            nproc,
-            max_restarts=run.max_restarts,
-            nnodes=nnodes,
-            rdzv_endpoint=run.rdzv_endpoint,
-            run_id=run.rdzv_id or (launch.elastic_run_id(cfg.out) if nnodes[1] > 1 else ""),
-            last_call=run.rdzv_last_call,
-            heartbeat=run.rdzv_heartbeat,
-        )
+from .prelaunch import check_out_dir
 
 
 def check_shared(out: Path, rank: int, world_size: int) -> None:
@@ -208,32 +104,41 @@ class LoopState:
 
 
 @dataclass
-class Records:
-    """What a task logs (``TrainingRun.start``): the values of its log window and their console line;
-    the run adds the values every task logs (learning rate, rates, memory, ...)."""
+class LogSpec:
+    """What a task logs: the values of its log window and their console line; ``Records`` adds the values
+    every task logs (learning rate, rates, memory, ...)."""
 
     values: Callable[[dict[str, float]], dict[str, Any]]  # the window's sums -> the task's values
     line: Callable[[int, dict[str, Any]], str]  # (step, every value) -> the console line
     unit: str  # what a batch holds ("sequence", "example"): the balancer's word, and the sums' key plus s
     extra: dict[str, Any] = field(default_factory=dict)  # logged after the learning rates (pretraining's batch)
     card_keys: tuple[str, ...] = ()  # the last logged values a checkpoint's model card shows
-    evaluate: Callable[[int], None] | None = None  # the held-out evaluation of a step (pretraining)
+    evaluate: Callable[[int], tuple[dict[str, Any], str]] | None = None  # a step's held-out values and line
     eval_every: int = 0  # evaluate every N steps (0: with every checkpoint)
 
 
-class TrainingRun:
-    """One worker's side of a training run: everything around the loop that pretrain and finetune share.
+@dataclass
+class Contents:
+    """What every checkpoint of a run holds besides the loop's state: the model's config and vocab, and
+    ``fixed``, the state that stays the same for the whole run. ``settle``: the task's config with the values
+    it settled at run time, and notes for bertgpu.json (``Checkpoints.ran_config``)."""
 
-    ``cfg`` is the sections every training config has (``TrainingConfig``: ``out``, ``parallel`` and
-    ``run``, a ``RunConfig``: device, nproc, precision, seed, save/log cadence, resume, overwrite,
-    max_bad_steps); the ``task`` passes what is its own: its name, fine-tuning's ``adapter``, pretraining's
-    --recipe fast (``cpu_bf16``). A restart by torchrun --max-restarts (or our --max-restarts) resumes by
-    itself. When to save, and the saving, is the ``checkpointer``'s (``checkpoint.Checkpointer``).
+    model_config: ModelConfig
+    vocab_path: str | Path
+    do_lower_case: bool
+    fixed: dict[str, Any]
+    architecture: str | None = None
+    settle: Callable[[Any], tuple[Any, dict[str, Any]]] | None = None
 
-    The loop calls, in order: ``parallelize`` (the model), ``build_optimizer`` (optimizer, scaler and
-    schedule, restored on resume), ``track`` (its log sums), ``resume_loop`` (its ``LoopState``),
-    ``checkpoints`` (what a checkpoint holds), ``start``, then ``after_step`` after the forward and
-    backward passes of every step while not ``finished``, and ``close``.
+
+class Session:
+    """One worker's place in a training run, set up once: the process group and its mesh, the precision, the
+    run directory (checked, opened, seen by every machine), SIGINT/SIGTERM heard from here on, and the
+    checkpoint to resume from with its plain values read once (``state``: each part reads its own).
+
+    ``cfg`` is the sections every training config has (``TrainingConfig``: ``out``, ``parallel`` and ``run``);
+    the ``task`` passes what is its own: its name, fine-tuning's ``adapter``, pretraining's --recipe fast
+    (``cpu_bf16``). A restart by torchrun --max-restarts (or our --max-restarts) resumes by itself.
     """
 
     def __init__(
@@ -245,12 +150,9 @@ class TrainingRun:
         adapter: AdapterConfig | None = None,
         cpu_bf16: bool = False,
     ):
-        self.cfg = cfg
-        self.run_cfg = cfg.run
-        self.task = task
+        self.cfg, self.run_cfg, self.task = cfg, cfg.run, task
         self.env = launch.init(cfg.run.device)
-        self.device = self.env.device
-        self.is_main = self.env.is_main
+        self.device, self.is_main = self.env.device, self.env.is_main
         self.precision = resolve_precision(cfg.run.precision, self.device, cpu_bf16=cpu_bf16)
         self.dims = check_layout(cfg, model_config, adapter=adapter, cpu_bf16=cpu_bf16)
         self.dims.build_mesh(self.device.type)
@@ -277,22 +179,10 @@ class TrainingRun:
         if self.is_main:
             launch.mark_job(self.out)
         self.resume_from = checkpoint.latest_checkpoint(self.out) if self.resume else None
-        # The plain values of the checkpoint (data position, records, RNGs); the loop reads its own.
-        self.state: dict[str, Any] | None = None
-        if self.resume_from is not None:
-            self.state = checkpoint.load_training_state(self.resume_from)
+        # The plain values of the checkpoint (data position, records, RNGs); each part reads its own.
+        self.state = checkpoint.load_training_state(self.resume_from) if self.resume_from is not None else None
         self.start_step = self.state["step"] if self.state else 0
-
-        self.stop = StopSignal()
-        self.flags = LaggedFlags(self.device)
-        self.balancer = Balancer(self.device, enabled=cfg.parallel.balance == "auto")
-        self.skipped = 0
-        self.bad_in_a_row = 0
-        self.checkpointer = checkpoint.Checkpointer(self.out, cfg.run)
-        self.stopped = False  # a signal reached some process: the checkpoint is written, the loop ends
-        self.sums: dict[str, Sums] = {}  # the loop's running sums by their checkpoint key; the first is the log's
-        self.log: RunLog | None = None
-        self.bar: tqdm | None = None
+        self.stop = StopSignal()  # from here on a signal stops the run after a step, its checkpoint written
 
     @property
     def layout(self) -> tuple[int, int, int]:
@@ -306,239 +196,235 @@ class TrainingRun:
         was = self.state.get("layout_name") or f"{self.state['layout'][0]} process(es)"
         return f" on {self.dims.describe()} (was {was})"
 
-    def warn_if_batch_too_big(
-        self,
-        model: torch.nn.Module,
-        config: ModelConfig,
-        seq_length: int,
-        prediction_slots: int = 0,
-        examples: int | None = None,
-    ) -> None:
-        """Before the first step (rank 0): one line when a step's estimated memory (``memory``: the state of
-        ``model``, of ``config``'s shape; the activations of this rank's micro-batch of ``seq_length``-token
-        sequences and of the masked-LM head's ``prediction_slots`` per sequence) exceeds what the device
-        has. On CPU the machine's processes share its memory. ``examples``: all the data there is, when a rank's
-        batch can be no larger than its share of it (fine-tuning on fewer rows than --batch-size)."""
-        if not self.is_main:
-            return
-        dims, parallel = self.dims, self.cfg.parallel
-        sizes, _ = accumulation(self.run_cfg, dims.dp)
-        batch = sizes[dims.dp_rank]
-        if examples is not None:
-            batch = max(1, min(batch, -(-examples // dims.dp)))
-        state = memory.state_bytes(model, dims.tp * dims.pp * (dims.dp if dims.fsdp else 1))
-        activations = memory.activation_bytes(
-            config,
-            batch,
-            seq_length,
-            self.precision,
-            self.device.type,
-            prediction_slots=prediction_slots,
-            tp=dims.tp,
-            pp=dims.pp,
-            activation_checkpointing=parallel.activation_checkpointing,
-        )
-        processes = self.env.local_world_size if self.device.type == "cpu" else 1
-        message = memory.batch_warning(
-            state,
-            activations,
-            memory.available_bytes(self.device),
-            processes,
-            f"a batch of {batch} x {seq_length} tokens per process on {self.device.type}",
-            parallel.activation_checkpointing,
-        )
-        if message:
-            self.warn(message)
-
-    def parallelize(
-        self, model: torch.nn.Module, total_steps: int, compile: bool = False, seq_length: int | None = None
-    ) -> ParallelModel:
-        """Spread ``model`` (the same weights on every process) over the processes; seed dropout: the
-        processes of one tensor-parallel group draw the same masks, each data-parallel rank its own.
-        ``seq_length``: the longest a batch's sequences can be, when batches differ in length."""
-        parallel = self.cfg.parallel
-        compression = Compression(
-            parallel.grad_compression, parallel.powersgd_rank, parallel.powersgd_warmup or max(2, total_steps // 10)
-        )
-        self.net = parallelize(
-            model,
-            self.dims,
-            self.device,
-            precision=self.precision,
-            activation_checkpointing=parallel.activation_checkpointing,
-            compile=compile,
-            compression=compression,
-            seed=self.run_cfg.seed,
-            pipeline=parallel,
-            seq_length=seq_length,
-            cuda_graphs=self.run_cfg.cuda_graphs,
-        )
-        torch.manual_seed(self.run_cfg.seed + 1 + self.dims.dp_rank)
-        return self.net
-
-    def build_optimizer(self, optim: OptimConfig, sample_forward: Callable[[], Any]) -> None:
-        """The optimizer of the parallelized model (``optim``: its peak rate and steps already this run's),
-        the gradient scaler and the schedule, all restored on resume."""
-        self.optim = optim
-        self.optimizer = build_optimizer(self.net.model, optim, self.device)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
-        self.restore(sample_forward)
-        self.schedule = build_schedule(self.optimizer, optim, self.start_step)
-
-    def restore(self, sample_forward: Callable[[], Any]) -> None:
-        """On resume: the optimizer state (whatever layout wrote it), the gradient scaler, this
-        process's RNG and PowerSGD's state (same layout only). ``sample_forward`` runs the model on a
-        batch, for PowerSGD's silent first step (``ParallelModel.settle_buckets``)."""
-        if self.state is None:
-            return
-        net = self.net
-        checkpoint.load_optimizer_state(net.model, self.optimizer, self.resume_from)
-        self.scaler.load_state_dict(self.state["scaler"])
-        if net.powersgd is not None:
-            same_layout = list(self.state.get("layout", ())) == list(self.layout)
-            saved = checkpoint.load_rank_tensors(self.resume_from, self.env.rank)
-            if same_layout and saved is not None:
-                net.load_rank_state_dict(saved, sample_forward)
-            else:
-                self.warn(
-                    "PowerSGD starts afresh (warm-up included): the checkpoint was written by another layout "
-                    "or without PowerSGD"
-                )
-        anew = hash((self.run_cfg.seed, self.dims.dp_rank, self.start_step)) % 2**63
-        restore_rng_state(self.state["rng"], self.env.rank, self.layout, self.device, anew)
-
-    def track(self, names: tuple[str, ...], *keys: str) -> list[Sums]:
-        """Running sums of ``names``, one for each checkpoint key in ``keys`` (the first: the log window's),
-        restored on resume; ``after_step`` adds every step's values to each."""
-        for key in keys:
-            self.sums[key] = Sums(self.device, *names)
-            if self.state is not None:
-                self.sums[key].restore(self.state[key], self.dims)
-        return [self.sums[key] for key in keys]
-
-    def resume_loop(self, loop: LoopState, same_batches: bool = True) -> None:
-        """``loop`` where the checkpoint left it, and the per-rank batch sizes --balance auto chose
-        (unless the global batch changed: ``same_batches`` False)."""
+    def resume_loop(self, loop: LoopState, same_batches: bool = True) -> bool:
+        """``loop`` where the checkpoint left it, with the per-rank batch sizes --balance auto chose (unless
+        the global batch changed: ``same_batches`` False). Return whether --balance auto is yet to measure."""
+        balance = self.cfg.parallel.balance == "auto"
         loop.step = self.start_step
         state = self.state
         if state is None:
-            return
+            return balance
         loop.load_state_dict(state)
         balanced = state.get("balanced") and len(state.get("batch_sizes", ())) == self.dims.dp
-        if same_batches and self.balancer.enabled and balanced:
-            loop.sizes, self.balancer.enabled = list(state["batch_sizes"]), False
+        if same_batches and balance and balanced:
+            loop.sizes, balance = list(state["batch_sizes"]), False
+        return balance
 
-    def checkpoints(
+    def warn(self, message: str) -> None:
+        if self.is_main:
+            print(f"bertgpu: warning: {message}", file=sys.stderr, flush=True)
+
+
+def warn_if_batch_too_big(
+    session: Session,
+    model: torch.nn.Module,
+    config: ModelConfig,
+    seq_length: int,
+    prediction_slots: int = 0,
+    examples: int | None = None,
+) -> None:
+    """Before the first step (rank 0): one line when a step's estimated memory (``memory``: the state of
+    ``model``, of ``config``'s shape; the activations of this rank's micro-batch of ``seq_length``-token
+    sequences and of the masked-LM head's ``prediction_slots`` per sequence) exceeds what the device
+    has. On CPU the machine's processes share its memory. ``examples``: all the data there is, when a rank's
+    batch can be no larger than its share of it (fine-tuning on fewer rows than --batch-size)."""
+    if not session.is_main:
+        return
+    dims, parallel, device = session.dims, session.cfg.parallel, session.device
+    sizes, _ = accumulation(session.run_cfg, dims.dp)
+    batch = sizes[dims.dp_rank]
+    if examples is not None:
+        batch = max(1, min(batch, -(-examples // dims.dp)))
+    state = memory.state_bytes(model, dims.tp * dims.pp * (dims.dp if dims.fsdp else 1))
+    activations = memory.activation_bytes(
+        config,
+        batch,
+        seq_length,
+        session.precision,
+        device.type,
+        prediction_slots=prediction_slots,
+        tp=dims.tp,
+        pp=dims.pp,
+        activation_checkpointing=parallel.activation_checkpointing,
+    )
+    processes = session.env.local_world_size if device.type == "cpu" else 1
+    message = memory.batch_warning(
+        state,
+        activations,
+        memory.available_bytes(device),
+        processes,
+        f"a batch of {batch} x {seq_length} tokens per process on {device.type}",
+        parallel.activation_checkpointing,
+    )
+    if message:
+        session.warn(message)
+
+
+def spread(
+    session: Session, model: torch.nn.Module, total_steps: int, compile: bool = False, seq_length: int | None = None
+) -> ParallelModel:
+    """Spread ``model`` (the same weights on every process) over the processes; seed dropout: the
+    processes of one tensor-parallel group draw the same masks, each data-parallel rank its own.
+    ``seq_length``: the longest a batch's sequences can be, when batches differ in length."""
+    parallel, run = session.cfg.parallel, session.run_cfg
+    compression = Compression(
+        parallel.grad_compression, parallel.powersgd_rank, parallel.powersgd_warmup or max(2, total_steps // 10)
+    )
+    net = parallelize(
+        model,
+        session.dims,
+        session.device,
+        precision=session.precision,
+        activation_checkpointing=parallel.activation_checkpointing,
+        compile=compile,
+        compression=compression,
+        seed=run.seed,
+        pipeline=parallel,
+        seq_length=seq_length,
+        cuda_graphs=run.cuda_graphs,
+    )
+    torch.manual_seed(run.seed + 1 + session.dims.dp_rank)
+    return net
+
+
+class Optimization:
+    """What steps the spread model ``net``: its optimizer (``optim``: the peak rate and steps this run's),
+    the gradient scaler and the learning-rate ``plan``'s schedule, all restored on resume; clipping, the
+    precision's autocast, and --balance auto's timing of the forward passes (``balance``: still to measure).
+    ``step`` is the second half of a training step, after the forward and backward passes."""
+
+    def __init__(
         self,
-        model_config: ModelConfig,
+        session: Session,
+        net: ParallelModel,
+        optim: OptimConfig,
+        plan: FixedSteps,
         *,
-        vocab_path: str | Path,
-        do_lower_case: bool,
-        fixed: dict[str, Any],
-        architecture: str | None = None,
-        settle: Callable[[Any], tuple[Any, dict[str, Any]]] | None = None,
-    ) -> None:
-        """What every checkpoint of the run holds besides the loop's state: the model and optimizer, the
-        model's config and vocab, and ``fixed``, the state that stays the same for the whole run. ``settle``:
-        the task's config with the values it settled at run time, and notes for bertgpu.json (``ran_config``)."""
-        self.model_config, self.fixed, self.settle = model_config, fixed, settle
-        self.checkpointer.set_contents(
-            self.net.model,
-            self.optimizer,
-            model_config,
-            self.cfg,
-            vocab_path=vocab_path,
-            do_lower_case=do_lower_case,
-            architecture=architecture,
-        )
+        sample_forward: Callable[[], Any],
+        balance: bool,
+    ):
+        self.net, self.optim, self.precision, self.device = net, optim, session.precision, session.device
+        self.optimizer = build_optimizer(net.model, optim, session.device)
+        self.scaler = torch.amp.GradScaler(session.device.type, enabled=session.precision == "fp16")
+        if session.state is not None:
+            self._restore(session, sample_forward)
+        self.schedule = plan.schedule(self.optimizer, session.start_step)
+        self.balancer = Balancer(session.device, enabled=balance)
 
-    def ran_config(self) -> tuple[Any, dict[str, Any]]:
-        """The run's config as it runs, which its checkpoints record (bertgpu.json, the model card) so that
-        ``--config bertgpu.json`` repeats it: --precision resolved, and what the task settled at run time
-        (pretraining's --recipe fast and --time-budget); with the notes bertgpu.json keeps beside it."""
-        cfg, notes = self.settle(self.cfg) if self.settle is not None else (self.cfg, {})
-        return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, precision=self.precision)), notes
+    def _restore(self, session: Session, sample_forward: Callable[[], Any]) -> None:
+        """On resume: the optimizer state (whatever layout wrote it), the gradient scaler, this
+        process's RNG and PowerSGD's state (same layout only). ``sample_forward`` runs the model on a
+        batch, for PowerSGD's silent first step (``ParallelModel.settle_buckets``)."""
+        net, state = self.net, session.state
+        checkpoint.load_optimizer_state(net.model, self.optimizer, session.resume_from)
+        self.scaler.load_state_dict(state["scaler"])
+        if net.powersgd is not None:
+            same_layout = list(state.get("layout", ())) == list(session.layout)
+            saved = checkpoint.load_rank_tensors(session.resume_from, session.env.rank)
+            if same_layout and saved is not None:
+                net.load_rank_state_dict(saved, sample_forward)
+            else:
+                session.warn(
+                    "PowerSGD starts afresh (warm-up included): the checkpoint was written by another layout "
+                    "or without PowerSGD"
+                )
+        anew = hash((session.run_cfg.seed, session.dims.dp_rank, session.start_step)) % 2**63
+        restore_rng_state(state["rng"], session.env.rank, session.layout, session.device, anew)
 
-    def finished(self, step: int) -> bool:
-        """The loop's stop: its last step is done, or a signal stopped the run (its checkpoint written)."""
-        return step >= self.total_steps or self.stopped
+    def step(self) -> torch.Tensor:
+        """The optimizer step (unscale, clip, a non-finite one skipped on the device, the schedule moved on);
+        return its 0-dim flag of a skipped step, on the device (``optim.optimizer_step``)."""
+        return optimizer_step(self.net, self.optimizer, self.scaler, self.schedule, self.optim.clip, self.precision)
 
-    def start(self, line: str, total_steps: int, meter: Throughput, records: Records, loop: LoopState) -> None:
-        """Print the start line (rank 0), open the log and the progress bar; the throughput ``meter``
-        leaves out what the restored log window counted before this process started."""
-        self.meter, self.records = meter, records
-        self.flags.waits = meter.waits  # the host's waits on the device, beside the loop's on data
-        if self.state is not None:
-            key, window = next(iter(self.sums.items()))
-            carried = dict(zip(window.names, self.state[key].tolist()))
+    @contextlib.contextmanager
+    def forward_context(self, micro_batch: dict[str, torch.Tensor]):
+        """Around a micro-batch's forward pass: autocast to the run's precision, and the pass timed for
+        ``--balance auto`` (by the micro-batch's examples)."""
+        with autocast(self.precision, self.device), self.balancer.forward(len(micro_batch["input_ids"])):
+            yield
+
+    @property
+    def lr(self) -> float:
+        return self.schedule.get_last_lr()[0]
+
+
+class Records:
+    """What a run records: the running sums of the log window (``keys``: one ``Sums`` of ``names`` for each
+    checkpoint key, the first the log's; restored on resume), rank 0's log (console, log.jsonl, TensorBoard)
+    with its progress bar at the ``plan``'s total, the throughput ``meter`` (which leaves out what the restored
+    window counted before this process started), the held-out evaluation and the closing summary."""
+
+    def __init__(
+        self,
+        session: Session,
+        plan: FixedSteps,
+        spec: LogSpec,
+        names: tuple[str, ...],
+        keys: tuple[str, ...],
+        meter: Throughput,
+        loop: LoopState,
+    ):
+        self.session, self.plan, self.spec, self.meter = session, plan, spec, meter
+        self.dims, self.device, self.is_main = session.dims, session.device, session.is_main
+        self.sums = {key: Sums(session.device, *names) for key in keys}
+        state = session.state
+        if state is not None:
+            for key, sums in self.sums.items():
+                sums.restore(state[key], self.dims)
+            window = self.window
+            carried = dict(zip(window.names, state[keys[0]].tolist()))
             meter.carry(
                 loop.steps_in_window,
-                int(carried[f"{records.unit}s"]),
+                int(carried[f"{spec.unit}s"]),
                 int(carried["tokens"]),
                 int(carried.get("masked", 0)),
             )
-        self.total_steps = total_steps
         self.started = time.perf_counter()
-        if self.is_main:
-            print(line, flush=True)
-        self.log = RunLog(self.out, self.is_main, start_step=self.start_step)
+        self.log = RunLog(session.out, session.is_main, start_step=session.start_step)
         self.bar = tqdm(
-            total=total_steps, initial=self.start_step, disable=not (self.is_main and console_is_tty()), unit="step"
+            total=plan.total,
+            initial=session.start_step,
+            disable=not (session.is_main and console_is_tty()),
+            unit="step",
         )
+
+    @property
+    def window(self) -> Sums:
+        """The sums since the last log line."""
+        return next(iter(self.sums.values()))
+
+    def add(self, step_sums: torch.Tensor, bad: torch.Tensor) -> None:
+        """A step's log sums, on the device; a skipped step's are not logged."""
+        self.bar.total = self.plan.total  # a --time-budget re-plans the steps as it goes
+        self.bar.update(1)
+        kept = torch.where(bad > 0, 0.0, step_sums)
+        for sums in self.sums.values():
+            sums.add(kept)
 
     def write(self, line: str) -> None:
         """A line on the console (rank 0's) that does not break the progress bar."""
         if not self.is_main:
             return
-        if self.bar is not None and not self.bar.disable:
+        if not self.bar.disable:
             tqdm.write(line)
         else:
             print(line, flush=True)
 
-    def after_step(self, loop: LoopState, step_sums: torch.Tensor, epoch_end: bool = False) -> Path | None:
-        """The tail of every optimizer step, once the loop's forward and backward passes are done and its
-        data position moved on: the optimizer step, the step's records, then a log line every --log-every
-        steps, the held-out evaluation (pretraining's) every --eval-every steps or else with each checkpoint
-        (before it: its model card shows it), and the checkpoint the ``checkpointer`` finds due; all three
-        after the run's last step. At an ``epoch_end`` (fine-tuning) the epoch's evaluation and checkpoint
-        follow instead. A signal that reached some process writes a checkpoint and ``stopped`` the run.
-        Return the checkpoint written, if one."""
-        net = self.net
-        bad = optimizer_step(net, self.optimizer, self.scaler, self.schedule, self.optim.clip, self.precision)
-        loop.step, loop.steps_in_window = loop.step + 1, loop.steps_in_window + 1
-        loop.comm_bytes += net.comm_bytes_per_step(loop.step)
-        self.bar.update(1)
-        kept = torch.where(bad > 0, 0.0, step_sums)  # a skipped step's loss is not logged
-        for sums in self.sums.values():
-            sums.add(kept)
-        step, last, checkpointer = loop.step, loop.step == self.total_steps and not epoch_end, self.checkpointer
-        self.end_step(loop, bad, flush=checkpointer.due(step, last, epoch_end))
-        save = checkpointer.due(step, last, epoch_end)  # the clock's flag, just read, may have made one due
-        if last or step % self.run_cfg.log_every == 0:
-            self._log(loop)
-        records, every = self.records, self.records.eval_every
-        if records.evaluate is not None and (last or (step % every == 0 if every else save)):
-            self.meter.pause()  # the rates cover training steps only
-            records.evaluate(step)
-            self.meter.resume()
-        return checkpointer.save(step, lambda: self.snapshot(loop), last=last, epoch_end=epoch_end, force=self.stopped)
-
-    def _log(self, loop: LoopState) -> None:
+    def log_window(self, loop: LoopState, lr: float, peak_lr: float, skipped: int) -> None:
         """A log line of the window since the last one: the task's values, then every task's."""
-        key, window = next(iter(self.sums.items()))
         gpu = self.device.type == "cuda"
         with self.meter.waits.on("device") if gpu else contextlib.nullcontext():  # waits for the queued steps
-            s = window.read(self.dims)
-        records = self.records
-        unit = f"{records.unit}s"
+            s = self.window.read(self.dims)
+        spec = self.spec
+        unit = f"{spec.unit}s"
         rates = self.meter.rates(loop.steps_in_window, int(s[unit]), int(s["tokens"]), int(s.get("masked", 0)))
         values = {
-            **records.values(s),
-            "lr": self.schedule.get_last_lr()[0],
-            "peak_lr": self.optim.lr,
-            **records.extra,
+            **spec.values(s),
+            "lr": lr,
+            "peak_lr": peak_lr,
+            **spec.extra,
             "epoch": loop.epoch,
-            "skipped_steps": self.skipped,
+            "skipped_steps": skipped,
             "layout": self.dims.describe(),
             "peak_memory_mb": self.peak_memory_mb(),
             **({"peak_memory_mb_per_stage": self.stage_peak_memory_mb()} if self.dims.pp > 1 else {}),
@@ -546,75 +432,162 @@ class TrainingRun:
             **rates,
         }
         loop.steps_in_window = loop.comm_bytes = 0
-        self.log.log(loop.step, values, records.line(loop.step, values), write=self.write)
+        self.log.log(loop.step, values, spec.line(loop.step, values), write=self.write)
 
-    def rebalance(self, loop: LoopState) -> bool:
-        """After the balancer's timed steps (--balance auto): each rank's new batch size, said on the
-        console. Return whether the sizes changed (the loop then shares its batches anew)."""
-        balanced = self.balancer.end_step(loop.sizes)
-        if balanced is None or balanced[0] == loop.sizes:
-            return False
-        self.write(describe_balance(loop.sizes, *balanced, self.records.unit))
-        loop.sizes = balanced[0]
-        return True
+    def evaluate(self, step: int) -> None:
+        """The held-out evaluation of ``step``, logged, off the meter's clock (the rates cover training steps);
+        the step plan times it (a --time-budget keeps time for the last)."""
+        self.meter.pause()
+        self.plan.timed(self._evaluate)(step)
+        self.meter.resume()
+
+    def _evaluate(self, step: int) -> None:
+        values, line = self.spec.evaluate(step)
+        self.log.log(step, values, line, write=self.write)
+
+    def peak_memory_mb(self) -> float:
+        """The largest peak memory of any process (a collective: call it at the same step everywhere)."""
+        peak = torch.full((), peak_memory_mb(self.device), dtype=torch.float64, device=self.device)
+        return launch.all_reduce_max(peak).item()
+
+    def stage_peak_memory_mb(self) -> list[float]:
+        """The largest peak memory of each pipeline stage's processes (a collective, as ``peak_memory_mb``)."""
+        peaks = torch.zeros(self.dims.pp, dtype=torch.float64, device=self.device)
+        peaks[self.dims.pp_rank] = peak_memory_mb(self.device)
+        return launch.all_reduce_max(peaks).tolist()
+
+    def summary(self, step: int, keys: dict[str, str], where: str) -> None:
+        """The closing lines of a run (rank 0): the steps and time, each logged metric of ``keys`` from its
+        first to its last value with the best, and where the result is."""
+        if not self.is_main:
+            return
+        took = format_duration(time.perf_counter() - self.started)
+        start = self.session.start_step
+        # A resumed run's log holds the steps before (runlog.RunLog): the lines cover the whole run.
+        when = f"(this start: {start:,} -> {step:,} in {took})" if start else f"in {took}"
+        lines = [f"bertgpu {self.session.task}: done, steps 0 -> {step:,} {when}"]
+        lines += [f"  {line}" for line in self.log.summary(keys)]
+        lines.append(f"  {where}")
+        print("\n".join(lines), flush=True)
+
+    def close(self) -> None:
+        self.bar.close()
+        self.log.close()
+
+
+class Checkpoints:
+    """What a checkpoint of the run holds (``snapshot``: the loop's state, the plan's, the running sums, the
+    ``contents``' fixed state, the scaler, every process's RNG, the layout, the model card), written when the
+    ``checkpointer`` (``checkpoint.Checkpointer``: --save-every, --save-every-minutes, the last step) finds one
+    due, or at once (``save_now``: a stop, a failing run, an epoch's end)."""
+
+    def __init__(self, session: Session, plan: FixedSteps, opt: Optimization, records: Records, contents: Contents):
+        self.session, self.plan, self.opt, self.records, self.contents = session, plan, opt, records, contents
+        self.checkpointer = checkpoint.Checkpointer(session.out, session.run_cfg)
+        self.checkpointer.set_contents(
+            opt.net.model,
+            opt.optimizer,
+            contents.model_config,
+            session.cfg,
+            vocab_path=contents.vocab_path,
+            do_lower_case=contents.do_lower_case,
+            architecture=contents.architecture,
+        )
+
+    def ran_config(self) -> tuple[Any, dict[str, Any]]:
+        """The run's config as it runs, which its checkpoints record (bertgpu.json, the model card) so that
+        ``--config bertgpu.json`` repeats it: --precision resolved, and what the task settled at run time
+        (pretraining's --recipe fast and --time-budget); with the notes bertgpu.json keeps beside it."""
+        cfg = self.session.cfg
+        settle = self.contents.settle
+        cfg, notes = settle(cfg) if settle is not None else (cfg, {})
+        return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, precision=self.session.precision)), notes
 
     def snapshot(self, loop: LoopState) -> checkpoint.Snapshot:
-        """What a checkpoint of the loop's step holds besides model and optimizer: the loop's state, the
-        run's fixed state and running sums, the scaler, every process's RNG and the layout; this process's
-        own tensors; the model card. Every process calls this (it gathers)."""
+        """What a checkpoint of the loop's step holds besides model and optimizer; this process's own
+        tensors; the model card. Every process calls this (it gathers)."""
+        session, dims, fixed = self.session, self.session.dims, self.contents.fixed
         values = {
             **loop.state_dict(),
-            **{key: sums.gathered(self.dims) for key, sums in self.sums.items()},
-            **self.fixed,
-            "balanced": self.cfg.parallel.balance == "auto" and not self.balancer.enabled,
-            "scaler": self.scaler.state_dict(),
-            "rng": gather_rng_states(self.device, self.layout),
-            "layout": list(self.layout),
-            "layout_name": self.dims.describe(),
+            **self.plan.state_dict(loop.step),
+            **{key: sums.gathered(dims) for key, sums in self.records.sums.items()},
+            **fixed,
+            "balanced": session.cfg.parallel.balance == "auto" and not self.opt.balancer.enabled,
+            "scaler": self.opt.scaler.state_dict(),
+            "rng": gather_rng_states(session.device, session.layout),
+            "layout": list(session.layout),
+            "layout_name": dims.describe(),
         }
-        metrics = self.log.latest(*self.records.card_keys) if self.records.card_keys else None
+        card_keys = self.records.spec.card_keys
+        metrics = self.records.log.latest(*card_keys) if card_keys else None
         config, notes = self.ran_config()
         card = model_card.render(
-            self.task,
+            session.task,
             config,
             loop.step,
-            self.model_config,
-            self.dims.describe(),
+            self.contents.model_config,
+            dims.describe(),
             metrics,
-            asked_precision=self.cfg.run.precision,
+            asked_precision=session.cfg.run.precision,
             time_budget=notes.get("time_budget", ""),
-            global_batch=self.fixed.get("global_batch"),
+            global_batch=fixed.get("global_batch"),
         )
-        return checkpoint.Snapshot(values, self.net.rank_state_dict(), card, config, notes or None)
+        return checkpoint.Snapshot(values, self.opt.net.rank_state_dict(), card, config, notes or None)
+
+    def due(self, step: int, last: bool, epoch_end: bool) -> bool:
+        return self.checkpointer.due(step, last, epoch_end)
+
+    def save(self, loop: LoopState, *, last: bool, epoch_end: bool, force: bool) -> Path | None:
+        """The checkpoint of the loop's step if one is due (or ``force``); its path, or None."""
+        return self.checkpointer.save(
+            loop.step, lambda: self.snapshot(loop), last=last, epoch_end=epoch_end, force=force
+        )
 
     def save_now(self, loop: LoopState) -> Path:
         """A checkpoint of the loop's step, due or not (a stop, a failing run, an epoch's end)."""
         return self.checkpointer.write(loop.step, lambda: self.snapshot(loop))
 
-    def end_step(self, loop: LoopState, bad: torch.Tensor, *, flush: bool) -> None:
-        """After every optimizer step: queue its flags (was it skipped; was any process asked to stop; is
-        --save-every-minutes up by rank 0's clock) and act on those due, which are the previous step's on a
-        GPU (no wait) and all of them when ``flush`` (a checkpoint follows, which must account for every
-        step it holds)."""
+
+class StepFlags:
+    """What the end of every step hears, read lagged (``signals.LaggedFlags``: the previous steps' on a GPU, no
+    host sync per step; all of them before a checkpoint): was the step skipped (non-finite), did a signal
+    reach any process (``stopped`` once its checkpoint is written), is --save-every-minutes up by rank 0's
+    clock. Skipped steps are counted and said; ``max_bad_steps`` in a row end the run with an error."""
+
+    def __init__(self, session: Session, checkpointer: checkpoint.Checkpointer, meter: Throughput, write):
+        self.device, self.precision, self.max_bad_steps = (
+            session.device,
+            session.precision,
+            session.run_cfg.max_bad_steps,
+        )
+        self.stop, self.checkpointer, self.write = session.stop, checkpointer, write
+        self.lagged = LaggedFlags(session.device, waits=meter.waits)  # the host's waits, beside those on data
+        self.skipped = 0
+        self.bad_in_a_row = 0
+        self.stopped = False  # a signal reached some process: the checkpoint is written, the loop ends
+
+    def end_step(self, step: int, bad: torch.Tensor, *, flush: bool, save: Callable[[], Path]) -> None:
+        """Queue ``step``'s flags and act on those due, which are the previous step's on a GPU (no wait) and
+        all of them when ``flush`` (a checkpoint follows, which must account for every step it holds)."""
         clock = self.checkpointer.clock()
         asked = launch.all_reduce_sum(
             torch.stack([torch.full((), float(v), device=self.device) for v in (self.stop.signum > 0, clock)])
         )
-        due = self.flags.push(loop.step, torch.cat([asked, bad.reshape(1)]))
+        due = self.lagged.push(step, torch.cat([asked, bad.reshape(1)]))
         if flush or any(values[0] or values[1] for _, values in due):
-            due += self.flags.flush()  # a checkpoint follows: it must account for every step it holds
-        self._act_on(due, loop)
+            due += self.lagged.flush()  # a checkpoint follows: it must account for every step it holds
+        self._act_on(due, save)
 
-    def flush(self, loop: LoopState) -> None:
+    def flush(self, save: Callable[[], Path]) -> None:
         """At the end of an epoch: act on every queued step's flags. A stop signal among them writes the
         checkpoint here and stops the run (resumed, it starts with this epoch's evaluation)."""
         if self.stopped:
             return
-        self._act_on(self.flags.flush(), loop)
+        self._act_on(self.lagged.flush(), save)
         if self.stopped:
-            self.save_now(loop)
+            save()
 
-    def _act_on(self, due: list[tuple[int, list[float]]], loop: LoopState) -> None:
+    def _act_on(self, due: list[tuple[int, list[float]]], save: Callable[[], Path]) -> None:
         """Note a stop signal (``stopped``) and the clock's checkpoint; count and report skipped steps, and
         after ``max_bad_steps`` in a row end the run with an error, the last good weights saved first."""
         for flag_step, (stop_flag, clock_flag, was_bad) in due:
@@ -626,9 +599,9 @@ class TrainingRun:
             self.skipped += 1
             self.bad_in_a_row += 1
             self.write(f"step {flag_step}: non-finite loss or gradient, step skipped ({self.skipped} so far)")
-            if self.precision != "fp16" and self.bad_in_a_row >= self.run_cfg.max_bad_steps:
-                self.flags.flush()  # the steps after it are skipped too: nothing is lost by not reading them
-                path = self.save_now(loop)
+            if self.precision != "fp16" and self.bad_in_a_row >= self.max_bad_steps:
+                self.lagged.flush()  # the steps after it are skipped too: nothing is lost by not reading them
+                path = save()
                 self.checkpointer.wait()
                 raise UserError(
                     f"the loss was not finite for {self.bad_in_a_row} steps in a row (up to step "
@@ -655,47 +628,115 @@ class TrainingRun:
             signum or signal.SIGTERM,
         )
 
-    def summary(self, step: int, keys: dict[str, str], where: str) -> None:
-        """The closing lines of a run (rank 0): the steps and time, each logged metric of ``keys`` from its
-        first to its last value with the best, and where the result is."""
-        if not self.is_main:
-            return
-        took = format_duration(time.perf_counter() - self.started)
-        # A resumed run's log holds the steps before (runlog.RunLog): the lines cover the whole run.
-        when = f"(this start: {self.start_step:,} -> {step:,} in {took})" if self.start_step else f"in {took}"
-        lines = [f"bertgpu {self.task}: done, steps 0 -> {step:,} {when}"]
-        lines += [f"  {line}" for line in (self.log.summary(keys) if self.log else [])]
-        lines.append(f"  {where}")
-        print("\n".join(lines), flush=True)
 
-    @contextlib.contextmanager
-    def forward_context(self, micro_batch: dict[str, torch.Tensor]):
-        """Around a micro-batch's forward pass: autocast to the run's precision, and the pass timed for
-        ``--balance auto`` (by the micro-batch's examples)."""
-        with autocast(self.precision, self.device), self.balancer.forward(len(micro_batch["input_ids"])):
-            yield
+@dataclass(frozen=True)
+class Run:
+    """A training run's parts, made by ``build_run``; the phases every loop calls after its ``train_step``."""
 
-    def peak_memory_mb(self) -> float:
-        """The largest peak memory of any process (a collective: call it at the same step everywhere)."""
-        peak = torch.full((), peak_memory_mb(self.device), dtype=torch.float64, device=self.device)
-        return launch.all_reduce_max(peak).item()
+    session: Session
+    plan: FixedSteps
+    opt: Optimization
+    records: Records
+    checkpoints: Checkpoints
+    flags: StepFlags
 
-    def stage_peak_memory_mb(self) -> list[float]:
-        """The largest peak memory of each pipeline stage's processes (a collective, as ``peak_memory_mb``)."""
-        peaks = torch.zeros(self.dims.pp, dtype=torch.float64, device=self.device)
-        peaks[self.dims.pp_rank] = peak_memory_mb(self.device)
-        return launch.all_reduce_max(peaks).tolist()
+    @property
+    def stopped(self) -> bool:
+        return self.flags.stopped
 
-    def warn(self, message: str) -> None:
-        if self.is_main:
-            print(f"bertgpu: warning: {message}", file=sys.stderr, flush=True)
+    def finished(self, step: int) -> bool:
+        """The loop's stop: its last step is done, or a signal stopped the run (its checkpoint written)."""
+        return self.plan.done(step) or self.flags.stopped
+
+    def _last(self, step: int, epoch_end: bool) -> bool:
+        return self.plan.is_last(step) and not epoch_end  # fine-tuning's last step ends its last epoch
+
+    def account(self, loop: LoopState, step_sums: torch.Tensor, bad: torch.Tensor, epoch_end: bool = False) -> None:
+        """After a step's optimizer step: count it, add its log sums, and act on the flags due (stop, skipped
+        steps, the clock), all of them when a checkpoint follows."""
+        loop.step, loop.steps_in_window = loop.step + 1, loop.steps_in_window + 1
+        loop.comm_bytes += self.opt.net.comm_bytes_per_step(loop.step)
+        self.records.add(step_sums, bad)
+        due = self.checkpoints.due(loop.step, self._last(loop.step, epoch_end), epoch_end)
+        self.flags.end_step(loop.step, bad, flush=due, save=lambda: self.checkpoints.save_now(loop))
+
+    def log(self, loop: LoopState, epoch_end: bool = False) -> None:
+        """A log line every --log-every steps, and after the run's last."""
+        if self._last(loop.step, epoch_end) or loop.step % self.session.run_cfg.log_every == 0:
+            self.records.log_window(loop, self.opt.lr, self.opt.optim.lr, self.flags.skipped)
+
+    def evaluate(self, step: int) -> None:
+        """The held-out evaluation (pretraining's) every --eval-every steps, or else with each checkpoint
+        (before it: its model card shows it); and after the run's last step."""
+        spec, last = self.records.spec, self._last(step, False)
+        if spec.evaluate is not None:
+            every = spec.eval_every
+            if last or (step % every == 0 if every else self.checkpoints.due(step, last, False)):
+                self.records.evaluate(step)
+
+    def save(self, loop: LoopState, epoch_end: bool = False) -> Path | None:
+        """The checkpoint the Checkpointer finds due (or a signal's); at an ``epoch_end`` (fine-tuning) the
+        epoch's own follows its evaluation instead. Return its path, if one."""
+        last = self._last(loop.step, epoch_end)
+        return self.checkpoints.save(loop, last=last, epoch_end=epoch_end, force=self.flags.stopped)
+
+    def rebalance(self, loop: LoopState) -> bool:
+        """After the balancer's timed steps (--balance auto): each rank's new batch size, said on the
+        console. Return whether the sizes changed (the loop then shares its batches anew)."""
+        balanced = self.opt.balancer.end_step(loop.sizes)
+        if balanced is None or balanced[0] == loop.sizes:
+            return False
+        self.records.write(describe_balance(loop.sizes, *balanced, self.records.spec.unit))
+        loop.sizes = balanced[0]
+        return True
+
+    def flush(self, loop: LoopState) -> None:
+        """At the end of an epoch: every queued step's flags acted on (a stop saves here)."""
+        self.flags.flush(lambda: self.checkpoints.save_now(loop))
+
+    def interrupted(self, step: int) -> launch.Interrupted:
+        return self.flags.interrupted(step)
 
     def close(self) -> None:
         try:
-            self.checkpointer.close()  # the last checkpoint is written before the run ends
+            self.checkpoints.checkpointer.close()  # the last checkpoint is written before the run ends
         finally:
-            self.stop.restore()
-            if self.bar is not None:
-                self.bar.close()
-            if self.log is not None:
-                self.log.close()
+            self.session.stop.restore()
+            self.records.close()
+
+
+def build_run(
+    session: Session,
+    model: torch.nn.Module,
+    loop: LoopState,
+    *,
+    plan: FixedSteps,
+    optim: OptimConfig,
+    spec: LogSpec | Callable[[ParallelModel], LogSpec],
+    sums: tuple[tuple[str, ...], tuple[str, ...]],
+    meter: Throughput,
+    contents: Contents,
+    start_line: Callable[[ParallelModel], str],
+    sample_batch: Callable[[], dict[str, torch.Tensor]],
+    total_steps: int,
+    compile: bool = False,
+    seq_length: int | None = None,
+    same_batches: bool = True,
+    warnings: tuple[str, ...] | list[str] = (),
+) -> Run:
+    """The parts of a run, in order: ``model`` spread (``total_steps``: PowerSGD's warm-up), ``loop`` where the
+    checkpoint left it, the optimization, the start line (``start_line`` of the spread model) with the task's
+    ``warnings`` before it, the records (``sums``: the names summed and the checkpoint keys they are kept
+    under; ``spec`` or the spec of the spread model), the checkpoints and the step flags."""
+    net = spread(session, model, total_steps, compile=compile, seq_length=seq_length)
+    balance = session.resume_loop(loop, same_batches=same_batches)
+    opt = Optimization(session, net, optim, plan, sample_forward=lambda: net(**sample_batch()), balance=balance)
+    for warning in warnings:
+        session.warn(warning)
+    line = start_line(net)  # on every process: the parameter count is a collective under pipeline parallelism
+    if session.is_main:
+        print(line, flush=True)
+    records = Records(session, plan, spec(net) if callable(spec) else spec, *sums, meter, loop)
+    checkpoints = Checkpoints(session, plan, opt, records, contents)
+    flags = StepFlags(session, checkpoints.checkpointer, meter, records.write)
+    return Run(session, plan, opt, records, checkpoints, flags)

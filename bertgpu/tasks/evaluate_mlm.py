@@ -25,8 +25,8 @@ from ..errors import UserError
 from ..parallel import ParallelDims, launch
 from ..paths import refuse_clobbering
 from ..precision import resolve_precision
-from .common import run_local_workers
 from .model_dirs import load_masked_lm, model_directory
+from .prelaunch import run_local_workers
 
 DEFAULT_LENGTH = 128  # --max-seq-length 0 on prepared data: BERT's pretraining length
 

@@ -2,11 +2,11 @@
 
 ``run_finetune`` checks everything a user can get wrong before any process starts, then works in
 this process or in ``nproc`` workers. ``train`` is the whole fine-tuning loop of one worker, top to
-bottom: data-parallel steps (``train_step``: spread over the processes by ``bertgpu.parallel``, as
-pretraining is), an evaluation after every epoch (``end_epoch``, with ``tasks.predict``), checkpoints
-kept by the chosen metric, and the best one as the final output. What every training task does
-around its loop (resume, checkpoints, stop signals, skipped steps, the tail of every step) is
-``tasks.common.TrainingRun``'s.
+bottom (``build`` makes its parts first): data-parallel steps (``train_step``: forward, backward and the
+optimizer step, spread over the processes by ``bertgpu.parallel``, as pretraining is), an evaluation after
+every epoch (``end_epoch``, with ``tasks.sharded_eval``), checkpoints kept by the chosen metric, and the best
+one as the final output. What every training task does around its loop (resume, checkpoints, stop signals,
+skipped steps, records) is ``tasks.common``'s parts.
 """
 
 from __future__ import annotations
@@ -38,25 +38,18 @@ from ..data.classification import (
 from ..data.sharing import shares_of
 from ..data.tokenizer import Tokenizer, fragmentation_warning, load_vocab, vocab_is_cased
 from ..errors import UserError, did_you_mean
-from ..metrics import Sums, Throughput
+from ..metrics import Throughput
 from ..model import BertForSequenceClassification
 from ..optim import describe_lr
 from ..parallel import launch
 from ..parallel.dims import ParallelDims
 from ..parallel.layout import check_layout
 from ..paths import refuse_clobbering
+from ..plan import FixedSteps
 from ..runlog import describe_batch, format_duration, format_rate
-from .common import (
-    LoopState,
-    Records,
-    TrainingRun,
-    announce_resume,
-    check_out_dir,
-    resolve_device,
-    run_workers,
-    warn_before_start,
-)
+from .common import Contents, LogSpec, LoopState, Run, Session, build_run, warn_if_batch_too_big
 from .model_dirs import check_model_dir
+from .prelaunch import announce_resume, check_out_dir, resolve_device, run_workers, warn_before_start
 from .sharded_eval import compute_metrics, describe_f1, per_class_table, predict_logits
 
 # transformers' Trainer defaults that have no flag here (its Adam epsilon and gradient clipping are
@@ -332,16 +325,52 @@ def train(cfg: FinetuneConfig) -> Path:
         dropout=plan.model_config.hidden_dropout_prob,
         pooling=architectures.pooling_of(plan.model_config),
     )
-    run = TrainingRun(cfg, plan.model_config, "finetune", adapter=cfg.adapter)
-    dims, device, out = run.dims, run.device, run.out
-    sizes, accum = accumulation(cfg.run, dims.dp)  # --grad-accum, or what makes --global-batch on this layout
+    session = Session(cfg, plan.model_config, "finetune", adapter=cfg.adapter)
+    run, loop, train_set, eval_set, accum = build(cfg, plan, session)
+    dims = session.dims
+    try:
+        while loop.epoch <= cfg.epochs and not run.stopped:
+            run.opt.net.train()
+            batches = epoch_batches(cfg, train_set, loop.sizes, accum, dims, loop.epoch)
+            while loop.step_in_epoch < len(batches) and not run.stopped:  # on resume: straight to the next batch
+                indices, global_size = batches[loop.step_in_epoch]
+                micro = micro_batches(indices, global_size, [s * accum for s in loop.sizes], accum)
+                step_sums, bad = train_step(run, train_set, micro, global_size)  # forward, backward, optimizer
+                loop.step_in_epoch += 1
+                epoch_end = loop.step_in_epoch == len(batches)
+                run.account(loop, step_sums, bad, epoch_end)  # counted and recorded; its flags read
+                run.log(loop, epoch_end)  # every --log-every steps
+                run.save(loop, epoch_end)  # when due (an epoch's own follows its evaluation), and on a stop signal
+                if run.rebalance(loop):  # the same global batches, shared anew
+                    batches = epoch_batches(cfg, train_set, loop.sizes, accum, dims, loop.epoch)
+            run.flush(loop)  # the epoch's last flags: a stop signal saves here, resumed at this evaluation
+            if not run.stopped:
+                end_epoch(cfg, run, loop, plan, eval_set, len(train_set))
+    finally:
+        run.close()
+    if run.stopped:
+        raise run.interrupted(loop.step)  # the process exits with the signal's status, the checkpoint written
+    run.records.summary(
+        loop.step,
+        {"loss": "min", "accuracy": "max", "eval_loss": "min", "eval_accuracy": "max", "eval_f1": "max"},
+        summary_where(cfg, plan, loop.best, session.out),
+    )
+    return session.out / "best"
 
+
+def build(
+    cfg: FinetuneConfig, plan: Plan, session: Session
+) -> tuple[Run, Loop, ClassificationDataset, ClassificationDataset, int]:
+    """The run's data (encoded once), its model and its parts (``common.build_run``); with the loop where it
+    starts and the micro-batches a step accumulates."""
+    dims, device = session.dims, session.device
+    sizes, accum = accumulation(cfg.run, dims.dp)  # --grad-accum, or what makes --global-batch on this layout
     # Data: encoded once; every epoch a fresh order, cut into global batches shared by the data-parallel ranks.
     tokenizer = Tokenizer(plan.vocab, plan.lowercase)
     label2id = {name: i for i, name in plan.model_config.id2label.items()}
     train_set = ClassificationDataset(plan.train, tokenizer, cfg.max_seq_length, label2id)
     eval_set = ClassificationDataset(plan.eval, tokenizer, cfg.max_seq_length, label2id)
-    loop = Loop(sizes, out=out)  # the batch sizes per data-parallel rank
+    loop = Loop(sizes, out=session.out)  # the batch sizes per data-parallel rank
     global_batch = sum(loop.sizes) * accum
     steps_per_epoch = len(epoch_batches(cfg, train_set, loop.sizes, accum, dims, 1))
     if steps_per_epoch == 0:
@@ -354,57 +383,44 @@ def train(cfg: FinetuneConfig) -> Path:
         "group_by_length": cfg.group_by_length,
         "adapter": _adapter_record(cfg, plan),
     }
-    if run.state is not None:
-        _check_resumable(run.state, run.resume_from, **fixed)
+    if session.state is not None:
+        _check_resumable(session.state, session.resume_from, **fixed)
 
-    model = build_model(cfg, plan, run)
+    model = build_model(cfg, plan, session)
     trainable, n_params = lora.parameter_counts(model)
     # Batches are padded to their longest example and hold at most the data there is: a --batch-size larger
     # than the training set, or a --max-seq-length longer than any example, costs no memory.
     longest = int(train_set.lengths.max()) if len(train_set) else cfg.max_seq_length
-    run.warn_if_batch_too_big(model, plan.model_config, longest, examples=len(train_set))
-    net = run.parallelize(model, optim.steps, seq_length=cfg.max_seq_length)
-    run.build_optimizer(optim, sample_forward=lambda: net(**_sample_batch(train_set, device)))
-    window = run.track(LOG_SUMS, "window", "epoch_sums")[0]  # since the last log line, and in the epoch
-    run.resume_loop(loop)
-    run.checkpoints(
-        plan.model_config,
-        vocab_path=plan.vocab,
-        do_lower_case=plan.lowercase,
-        fixed=fixed,
-        architecture=architectures.class_names(plan.model_config)[1],
-    )
-    for warning in plan.warnings:
-        run.warn(warning)
-    run.start(
-        start_line(cfg, run, loop, accum, optim, len(train_set), len(eval_set), trainable, n_params),
-        optim.steps,
-        Throughput(None, None, dims.world_size),
-        Records(values=log_values, line=functools.partial(log_line, steps=optim.steps), unit="example"),
+    warn_if_batch_too_big(session, model, plan.model_config, longest, examples=len(train_set))
+    run = build_run(
+        session,
+        model,
         loop,
+        plan=FixedSteps(optim),
+        optim=optim,
+        spec=LogSpec(values=log_values, line=functools.partial(log_line, steps=optim.steps), unit="example"),
+        sums=(LOG_SUMS, ("window", "epoch_sums")),  # since the last log line, and in the epoch
+        meter=Throughput(None, None, dims.world_size),
+        contents=Contents(
+            plan.model_config,
+            plan.vocab,
+            plan.lowercase,
+            fixed,
+            architecture=architectures.class_names(plan.model_config)[1],
+        ),
+        start_line=lambda net: start_line(
+            cfg, session, plan, loop, accum, optim, len(train_set), len(eval_set), trainable, n_params
+        ),
+        sample_batch=lambda: _sample_batch(train_set, device),
+        total_steps=optim.steps,
+        seq_length=cfg.max_seq_length,
+        warnings=plan.warnings,
     )
+    return run, loop, train_set, eval_set, accum
 
-    try:
-        while loop.epoch <= cfg.epochs and not run.stopped:
-            net.train()
-            batches = epoch_batches(cfg, train_set, loop.sizes, accum, dims, loop.epoch)
-            while loop.step_in_epoch < len(batches) and not run.stopped:  # on resume: straight to the next batch
-                indices, global_size = batches[loop.step_in_epoch]
-                micro = micro_batches(indices, global_size, [s * accum for s in loop.sizes], accum)
-                step_sums = train_step(run, train_set, micro, global_size, window)
-                loop.step_in_epoch += 1
-                # The optimizer step, then log and save when due (and on a stop signal).
-                run.after_step(loop, step_sums, epoch_end=loop.step_in_epoch == len(batches))
-                if run.rebalance(loop):  # the same global batches, shared anew
-                    batches = epoch_batches(cfg, train_set, loop.sizes, accum, dims, loop.epoch)
-            run.flush(loop)  # the epoch's last flags: a stop signal saves here, resumed at this evaluation
-            if not run.stopped:
-                end_epoch(cfg, run, loop, plan, eval_set, len(train_set))
-    finally:
-        run.close()
-    if run.stopped:
-        raise run.interrupted(loop.step)  # the process exits with the signal's status, the checkpoint written
-    best = loop.best
+
+def summary_where(cfg: FinetuneConfig, plan: Plan, best: dict[str, Any], out: Path) -> str:
+    """The closing lines' last: the best epoch, where it is and how to use it, and its evaluation by label."""
     where = f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  " + (
         f"(bertgpu predict --model {out / 'best'} TEXT; mean pooling, which transformers' "
         "BertForSequenceClassification does not read: --pooling pooler for that)"
@@ -417,12 +433,7 @@ def train(cfg: FinetuneConfig) -> Path:
         f1 = describe_f1({"f1_labels": best["eval_f1_labels"]}, names)
         table = per_class_table({"per_class": best["eval_per_class"]})
         where += f"\n  epoch {best['epoch']} on the evaluation data by label (f1: {f1}):\n    " + "\n    ".join(table)
-    run.summary(
-        loop.step,
-        {"loss": "min", "accuracy": "max", "eval_loss": "min", "eval_accuracy": "max", "eval_f1": "max"},
-        where,
-    )
-    return out / "best"
+    return where
 
 
 def epoch_batches(
@@ -434,27 +445,28 @@ def epoch_batches(
     return train_batches(len(train_set), shares, dims.dp, dims.dp_rank, cfg.run.seed, epoch, lengths)
 
 
-def build_model(cfg: FinetuneConfig, plan: Plan, run: TrainingRun) -> BertForSequenceClassification:
+def build_model(cfg: FinetuneConfig, plan: Plan, session: Session) -> BertForSequenceClassification:
     """The pretrained encoder; a fresh head unless the directory has one for these very labels. On
     resume, the checkpoint's whole classifier; with LoRA, the frozen base from --model again and the
     checkpoint's adapter and head."""
     torch.manual_seed(cfg.run.seed)
     model = architectures.classification_model(plan.model_config)
-    if run.resume_from is not None and not cfg.adapter.enabled:
-        hf_dir.load_weights(model, run.resume_from)
+    if session.resume_from is not None and not cfg.adapter.enabled:
+        hf_dir.load_weights(model, session.resume_from)
     elif plan.model_dir is not None:  # else a preset: the seeded random initialisation
         hf_dir.load_weights(model if plan.keep_head else architectures.encoder(model), plan.model_dir)
     model.freeze_unread()  # a pooler unread under mean pooling: no gradient, so no process may wait for one
     if cfg.adapter.enabled:
-        lora.apply(model, cfg.adapter, run.device, run.precision, base_model=plan.model_dir)
-        if run.resume_from is not None:
-            lora.load_adapter(model, run.resume_from / lora.ADAPTER_DIR)
+        lora.apply(model, cfg.adapter, session.device, session.precision, base_model=plan.model_dir)
+        if session.resume_from is not None:
+            lora.load_adapter(model, session.resume_from / lora.ADAPTER_DIR)
     return model
 
 
 def start_line(
     cfg: FinetuneConfig,
-    run: TrainingRun,
+    session: Session,
+    plan: Plan,
     loop: Loop,
     accum: int,
     optim: OptimConfig,
@@ -463,7 +475,11 @@ def start_line(
     trainable: int,
     n_params: int,
 ) -> str:
-    how = f"; resuming from {run.resume_from} at step {loop.step}{run.layout_change()}" if run.resume_from else ""
+    how = (
+        f"; resuming from {session.resume_from} at step {loop.step}{session.layout_change()}"
+        if session.resume_from
+        else ""
+    )
     what = (
         f"{lora.describe(cfg.adapter)}: {trainable:,} of {n_params:,} parameters trainable "
         f"({100 * trainable / n_params:.2f}%)"
@@ -473,9 +489,9 @@ def start_line(
     global_batch = sum(loop.sizes) * accum
     o = cfg.optim
     return (
-        f"bertgpu finetune: {what}, {run.dims.describe()}, on {run.device.type}, "
-        f"{run.precision}, {train_examples:,} training and {eval_examples:,} evaluation examples, "
-        f"labels {', '.join(run.model_config.id2label.values())}, global batch {global_batch} = "
+        f"bertgpu finetune: {what}, {session.dims.describe()}, on {session.device.type}, "
+        f"{session.precision}, {train_examples:,} training and {eval_examples:,} evaluation examples, "
+        f"labels {', '.join(plan.model_config.id2label.values())}, global batch {global_batch} = "
         f"{describe_batch(loop.sizes, accum)}, "
         f"{describe_lr(o.lr, optim.lr, o.lr_scaling, global_batch, o.reference_batch)}, "
         f"dropout {cfg.dropout:g}, pooling {cfg.pooling}, "
@@ -484,12 +500,14 @@ def start_line(
 
 
 def train_step(
-    run: TrainingRun, dataset: ClassificationDataset, micro: list[list[int]], global_size: int, sums: Sums
-) -> torch.Tensor:
-    """The forward and backward passes of one optimizer step over this rank's micro-batches (example
-    indices) of a global batch of ``global_size`` examples; return the step's log sums (``LOG_SUMS``
-    order), still on the device. The loss is the global batch's mean cross-entropy."""
-    net, device = run.net, run.device
+    run: Run, dataset: ClassificationDataset, micro: list[list[int]], global_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step over this rank's micro-batches (example indices) of a global batch of
+    ``global_size`` examples: the forward and backward passes, then the optimizer step (clipped; a non-finite
+    one skipped on the device; the scaler; the schedule moved on). Return the step's log sums (``LOG_SUMS``
+    order) and its skipped flag, both still on the device. The loss is the global batch's mean cross-entropy."""
+    opt, sums = run.opt, run.records.window
+    net, device = opt.net, run.session.device
 
     def loss_fn(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return F.cross_entropy(logits.float(), batch["labels"], reduction="sum") / global_size
@@ -503,15 +521,16 @@ def train_step(
         )
 
     batches = [{k: v.to(device, non_blocking=True) for k, v in dataset.batch(part).items()} for part in micro]
-    return net.forward_backward(
+    step_sums = net.forward_backward(
         batches,
         ("input_ids", "token_type_ids", "attention_mask"),
         loss_fn,
         record,
         torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device),
-        context=run.forward_context,
-        scale=run.scaler.scale,
+        context=opt.forward_context,
+        scale=opt.scaler.scale,
     )
+    return step_sums, opt.step()
 
 
 def log_values(s: dict[str, float]) -> dict[str, float]:
@@ -530,15 +549,16 @@ def log_line(step: int, values: dict[str, Any], steps: int) -> str:
 
 
 def end_epoch(
-    cfg: FinetuneConfig, run: TrainingRun, loop: Loop, plan: Plan, eval_set: ClassificationDataset, train_examples: int
+    cfg: FinetuneConfig, run: Run, loop: Loop, plan: Plan, eval_set: ClassificationDataset, train_examples: int
 ) -> None:
     """After an epoch: evaluate, record, save the epoch's checkpoint and keep the best; then the resumable
     checkpoint at the start of the next epoch."""
-    dims, sizes, epoch = run.dims, loop.sizes, loop.epoch
-    run.meter.pause()
-    s = run.sums["epoch_sums"].read(dims)
+    session, records, net = run.session, run.records, run.opt.net
+    dims, sizes, epoch, out = session.dims, loop.sizes, loop.epoch, session.out
+    records.meter.pause()
+    s = records.sums["epoch_sums"].read(dims)
     metrics = compute_metrics(
-        predict_logits(run.net, eval_set, max(sizes), dims, run.device, run.precision, sizes),
+        predict_logits(net, eval_set, max(sizes), dims, session.device, session.precision, sizes),
         eval_set.labels,
         list(plan.model_config.id2label.values()),
     )
@@ -556,24 +576,24 @@ def end_epoch(
         f"epoch {epoch} eval | loss {metrics['loss']:.4f} | accuracy {metrics['accuracy']:.4f} | "
         f"f1 {metrics['f1']:.4f} | {metrics['examples']} examples{' | best so far' if is_best else ''}"
     )
-    run.log.log(loop.step, {k: v for k, v in record.items() if k != "step"}, line, write=run.write)
+    records.log.log(loop.step, {k: v for k, v in record.items() if k != "step"}, line, write=records.write)
     loop.kept = save_epoch(
-        run.out,
+        out,
         epoch,
-        run.net.model,
+        net.model,
         plan,
         cfg,
         record,
         loop.kept,
         best,
         is_best,
-        run.is_main,
+        session.is_main,
         dims.describe(),
-        run.precision,
+        session.precision,
     )
-    if run.is_main:
+    if session.is_main:
         atomic.write_json(
-            run.out / METRICS_NAME,
+            out / METRICS_NAME,
             {
                 "metric": cfg.metric,
                 "best_epoch": best["epoch"],
@@ -586,9 +606,9 @@ def end_epoch(
             },
         )
     loop.epoch, loop.step_in_epoch = epoch + 1, 0
-    run.save_now(loop)
-    run.meter.resume()  # the rate covers training steps only, not this evaluation
-    run.stop_requested()  # a signal during the evaluation stops the run here: all of it is saved
+    run.checkpoints.save_now(loop)
+    records.meter.resume()  # the rate covers training steps only, not this evaluation
+    run.flags.stop_requested()  # a signal during the evaluation stops the run here: all of it is saved
 
 
 def _sample_batch(dataset: ClassificationDataset, device: torch.device) -> dict[str, torch.Tensor]:

@@ -36,8 +36,8 @@ from ..parallel import ParallelDims, launch
 from ..paths import refuse_clobbering
 from ..precision import resolve_precision
 from ..runlog import console_is_tty
-from .common import run_local_workers
 from .model_dirs import check_model_dir
+from .prelaunch import run_local_workers
 from .sharded_eval import compute_metrics, describe_f1, missing_labels_warning, per_class_table, predict_logits
 
 

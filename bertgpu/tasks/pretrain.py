@@ -1,11 +1,11 @@
 """`bertgpu pretrain`: masked LM + next-sentence prediction, spread over processes.
 
 ``run`` checks everything a user can get wrong before any process starts, then trains in this
-process or in ``nproc`` workers. ``train`` is the training loop of one worker, top to bottom;
-``train_step`` is the forward and backward passes of one optimizer step, ``log_line`` a line of
-the log. How the model is spread over the processes (data parallel, FSDP, tensor and pipeline parallel) is
-``bertgpu.parallel``'s business, and what every training task does around its loop (resume,
-checkpoints, stop signals, skipped steps) is ``tasks.common.TrainingRun``'s.
+process or in ``nproc`` workers. ``train`` is the training loop of one worker, top to bottom (``build``
+makes its parts first); ``train_step`` is one optimizer step (forward, backward, the optimizer step),
+``log_line`` a line of the log. How the model is spread over the processes (data parallel, FSDP, tensor
+and pipeline parallel) is ``bertgpu.parallel``'s business, and what every training task does around its loop (resume,
+checkpoints, stop signals, skipped steps, records) is ``tasks.common``'s parts.
 
 Nothing is lost: checkpoints are atomic; ``--resume`` (or a restart by torchrun/our launcher)
 continues from the latest complete checkpoint with the model, optimizer, schedule, scaler, every
@@ -29,7 +29,6 @@ import numpy as np
 import torch
 
 from .. import architectures, checkpoint, evaluation, hf_dir, recipe
-from ..budget import TimeBudget
 from ..config import ModelConfig, OptimConfig, PretrainConfig, accumulation, parse_duration, parse_nnodes
 from ..data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
 from ..data.loader import run_loader
@@ -43,27 +42,20 @@ from ..data.pretraining import (
 from ..data.shards import ShardedCorpus, warn_if_unknown
 from ..data.tokenizer import load_vocab, vocab_sha256
 from ..errors import UserError, did_you_mean
-from ..metrics import Sums, Throughput, describe_waits
+from ..metrics import Throughput, describe_waits
 from ..model import BertForPreTraining, use_fused_qkv, use_varlen_attention
 from ..optim import describe_lr
-from ..parallel import launch
+from ..parallel import ParallelModel, launch
 from ..parallel.compression import describe as describe_compression
 from ..parallel.layout import check_layout
 from ..paths import refuse_clobbering
+from ..plan import BudgetSteps, FixedSteps
 from ..precision import peak_flops
 from ..runlog import describe_batch, format_duration, format_rate
 from ..step import LOG_SUMS, MODEL_INPUTS, drop_full_mask, pretraining_loss, pretraining_objective, real_tokens
-from .common import (
-    LoopState,
-    Records,
-    TrainingRun,
-    announce_resume,
-    check_out_dir,
-    resolve_device,
-    run_workers,
-    warn_before_start,
-)
+from .common import Contents, LogSpec, LoopState, Run, Session, build_run, warn_if_batch_too_big
 from .model_dirs import model_directory
+from .prelaunch import announce_resume, check_out_dir, resolve_device, run_workers, warn_before_start
 
 
 @dataclass
@@ -221,13 +213,13 @@ def run(cfg: PretrainConfig) -> None:
     run_workers(train, cfg)
 
 
-def settle(cfg: PretrainConfig, chosen: OptimConfig, run: TrainingRun) -> tuple[PretrainConfig, dict[str, Any]]:
+def settle(cfg: PretrainConfig, chosen: OptimConfig, steps: FixedSteps) -> tuple[PretrainConfig, dict[str, Any]]:
     """The run as it runs, for its checkpoints: the learning rate and warmup --recipe fast chose (``chosen``,
     before --lr-scaling), and the steps planned (--steps, or what --time-budget has planned so far: at the last
     checkpoint the steps taken). A budgeted run is recorded as a run of those steps, its budget beside the config
     (bertgpu.json's ``time_budget``), so that ``--config bertgpu.json`` repeats it step for step, with the same
     warmup share and decay to zero by steps rather than by the clock (docs/runs.md: Config files)."""
-    optim = dataclasses.replace(chosen, steps=run.total_steps)
+    optim = dataclasses.replace(chosen, steps=steps.total)
     if not cfg.time_budget:
         return dataclasses.replace(cfg, optim=optim), {}
     return dataclasses.replace(cfg, optim=optim, time_budget=""), {"time_budget": cfg.time_budget}
@@ -247,15 +239,12 @@ def _saved_budget(saved: dict) -> int | None:
 
 @dataclass
 class Loop(LoopState):
-    """Where pretraining is: the epoch and how many of its instances are trained (its data position), and
-    with --time-budget the training time so far."""
+    """Where pretraining is: the epoch and how many of its instances are trained (its data position)."""
 
     instance: int = 0
-    budget: TimeBudget | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        budget = {"budget": self.budget.state_dict(self.step)} if self.budget is not None else {}
-        return {"position": {"epoch": self.epoch, "instance": self.instance}, **budget, **super().state_dict()}
+        return {"position": {"epoch": self.epoch, "instance": self.instance}, **super().state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
@@ -264,90 +253,16 @@ class Loop(LoopState):
 
 def train(cfg: PretrainConfig) -> Path:
     plan = check(cfg)
-    run = TrainingRun(cfg, plan.model_config, "pretrain", cpu_bf16=recipe.cpu_bf16(cfg))
-    corpus, dims, device, seed = plan.corpus, run.dims, run.device, cfg.run.seed
-    if run.resume_from is not None:
-        _check_same_vocab(run.resume_from, corpus, cfg.data.data)
-
-    # Data: one global order per epoch; each data-parallel rank reads only its share of each global batch.
-    # Held-out text (--eval-fraction, --eval-data) becomes a fixed evaluation set, never trained on.
-    train_text, eval_set, heldout = heldout_split(cfg, corpus, run.state, dims.dp)
-    dataset = PretrainingDataset(train_text, cfg.data, seed, load_vocab(corpus.vocab_path))
-    sizes, accum = accumulation(cfg.run, dims.dp)  # --grad-accum, or what makes --global-batch on this layout
-    loop = Loop(sizes)  # the batch sizes per data-parallel rank
-    global_batch = sum(loop.sizes) * accum
-    if len(dataset) < global_batch:
-        raise UserError(
-            f"{cfg.data.data} gives {len(dataset)} instances per epoch, fewer than one global batch "
-            f"of {global_batch} ({describe_batch(loop.sizes, accum)})"
-        )
-
-    # Model: the same initial weights on every process (same seed, or the checkpoint's), then spread.
-    model = build_model(cfg, plan, run.resume_from)
-    if device.type == "cuda":
-        use_varlen_attention(model)  # padded rows through flash attention's variable-length kernel
-    use_fused_qkv(model, cfg.fused_qkv)  # Q, K and V as one matmul (a BERT's; ModernBERT's Wqkv is one weight)
-    if cfg.run.fp8:
-        from ..fp8 import apply_fp8
-
-        float8_layers = apply_fp8(model, device)
-        if run.is_main:
-            print(
-                f"--fp8: {len(float8_layers)} linear layers in float8 (torchao), the rest in {run.precision}",
-                flush=True,
-            )
-    run.warn_if_batch_too_big(model, plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions)
-    net = run.parallelize(model, cfg.optim.steps, compile=cfg.run.compile)
-    chosen, why = recipe.choose(cfg, plan.model_config)  # --recipe fast: the lr and warmup for this size
-    optim = dataclasses.replace(chosen, lr=chosen.peak_lr(global_batch))
-    run.build_optimizer(optim, sample_forward=lambda: net(**_sample_batch(dataset, device)))
-    budget = None
-    if cfg.time_budget:  # the steps and the learning rate follow the clock (bertgpu.budget)
-        eval_steps = 0 if eval_set is None else len(eval_set) / global_batch / 3  # a forward pass: ~1/3 of a step
-        budget = TimeBudget(parse_duration(cfg.time_budget), optim.warmup, device, run.is_main, eval_cost=eval_steps)
-        budget.load_state_dict(run.state.get("budget") if run.state else None)
-        run.schedule = budget.schedule(run.optimizer, optim.lr, run.start_step)
-        loop.budget = budget
-    sums = run.track(LOG_SUMS, "log_sums")[0]
-    # Another global batch continues at the same instance, with the sizes it gives (not --balance auto's).
-    same_batch = run.state is None or run.state["global_batch"] == global_batch
-    run.resume_loop(loop, same_batches=same_batch)
-    run.checkpoints(
-        plan.model_config,
-        vocab_path=corpus.vocab_path,
-        do_lower_case=plan.lowercase,
-        fixed={
-            "global_batch": global_batch,
-            "heldout_documents": None if heldout is None else torch.from_numpy(heldout),
-            # Which prepared data the run trained and evaluated on: `bertgpu evaluate` says whether its --data is.
-            "data_identity": corpus.identity,
-            "eval_data_identity": (
-                ShardedCorpus(cfg.heldout.eval_data).identity if eval_set is not None and heldout is None else None
-            ),
-        },
-        settle=functools.partial(settle, chosen=chosen, run=run),
-    )
-    # MFU on the real tokens (padding is no work), against the card's own data-sheet peak or --peak-tflops.
-    peak, peak_note = peak_flops(device, run.precision, cfg.peak_tflops)
-    line = start_line(cfg, run, plan, eval_set, loop, global_batch, chosen, why, budget, len(dataset))
-    run.start(
-        line + (f"; MFU on real tokens, {peak_note}" if device.type == "cuda" or cfg.peak_tflops else ""),
-        cfg.optim.steps if budget is None else budget.plan_guess(loop.step),
-        Throughput(functools.partial(architectures.training_flops, plan.model_config), peak, dims.world_size),
-        records(cfg, run, eval_set, global_batch, max(loop.sizes), budget),
-        loop,
-    )
-
-    if eval_set is not None and run.resume_from is None:  # the held-out curve starts from the untrained model
-        run.meter.pause()
-        run.records.evaluate(0)
-        run.meter.resume()
-    saved, batches = run.resume_from, None
-    if budget is not None:
-        budget.begin(loop.step)
+    session = Session(cfg, plan.model_config, "pretrain", cpu_bf16=recipe.cpu_bf16(cfg))
+    run, loop, dataset, accum, global_batch = build(cfg, plan, session)
+    device, dims, seed = session.device, session.dims, cfg.run.seed
+    if run.records.spec.evaluate is not None and session.resume_from is None:
+        run.records.evaluate(0)  # the held-out curve starts from the untrained model
+    saved, batches = session.resume_from, None
+    run.plan.begin(loop.step)
     # One loader for the run: its workers live from the first epoch to the last (data.loader).
     loader, run_batches = run_loader(dataset, cfg.data.loader_workers, device.type == "cuda", seed)
-    waits = run.meter.waits
+    waits = run.records.meter.waits
     # A batch without any padding (packed sequences that all came out full) goes without its attention mask: SDPA's
     # fastest kernel. The pipeline's stages take a fixed set of tensors: they keep the mask.
     unmask = drop_full_mask if dims.pp == 1 else (lambda batch: batch)
@@ -358,19 +273,18 @@ def train(cfg: PretrainConfig) -> Path:
             run_batches.set(sampler, loop.epoch)
             batches = iter(loader)
             for _ in range(sampler.steps):
-                if budget is not None:  # the clock says how many steps fit (the last one: this one)
-                    run.total_steps = budget.plan(loop.step)
-                    if run.bar is not None:
-                        run.bar.total = run.total_steps
+                run.plan.next(loop.step)  # --time-budget: how many steps fit by the clock (the last: this one)
                 if run.finished(loop.step):  # the last step is done, or a signal stopped the run
                     break
                 with waits.on("data"):
                     host = [unmask(next(batches)) for _ in range(accum)]
                 micro = [{k: v if v is None else v.to(device, non_blocking=True) for k, v in mb.items()} for mb in host]
-                step_sums = train_step(run, micro, global_batch, cfg.data.nsp, sums)
+                step_sums, bad = train_step(run, micro, global_batch, cfg.data.nsp)  # forward, backward, optimizer
                 loop.instance += global_batch
-                # The optimizer step, then log, evaluate and save when due (and on a stop signal).
-                saved = run.after_step(loop, step_sums) or saved
+                run.account(loop, step_sums, bad)  # counted and recorded; its flags (stop, skipped, clock) read
+                run.log(loop)  # every --log-every steps
+                run.evaluate(loop.step)  # every --eval-every steps, or with each checkpoint
+                saved = run.save(loop) or saved  # when due, and on a stop signal
                 if run.rebalance(loop):
                     break  # a new sampler, from this instance on, with the new sizes
             if len(dataset) - loop.instance < global_batch:
@@ -381,20 +295,122 @@ def train(cfg: PretrainConfig) -> Path:
         run.close()
     if run.stopped:
         raise run.interrupted(loop.step)  # the process exits with the signal's status, the checkpoint written
-    keys = {
-        "mlm_loss": "min",
-        "mlm_acc": "max",
-        **({"nsp_loss": "min", "nsp_acc": "max"} if cfg.data.nsp else {}),
-        **evaluation.SUMMARY_KEYS,
-    }
-    hf_class = architectures.class_names(plan.model_config)[0]
-    run.summary(
-        loop.step,
-        keys,
-        f"checkpoint: {saved}  (a Hugging Face directory: "
-        f"transformers.{hf_class}.from_pretrained('{saved}'); bertgpu fill-mask {saved} TEXT)",
-    )
+    run.records.summary(loop.step, summary_keys(cfg), summary_where(plan, saved))
     return saved
+
+
+def build(cfg: PretrainConfig, plan: Plan, session: Session) -> tuple[Run, Loop, PretrainingDataset, int, int]:
+    """The run's data (held-out text apart), its model and its parts (``common.build_run``); with the loop
+    where it starts, the micro-batches a step accumulates and the global batch."""
+    corpus, dims, device, seed = plan.corpus, session.dims, session.device, cfg.run.seed
+    if session.resume_from is not None:
+        _check_same_vocab(session.resume_from, corpus, cfg.data.data)
+    # Data: one global order per epoch; each data-parallel rank reads only its share of each global batch.
+    # Held-out text (--eval-fraction, --eval-data) becomes a fixed evaluation set, never trained on.
+    train_text, eval_set, heldout = heldout_split(cfg, corpus, session.state, dims.dp)
+    dataset = PretrainingDataset(train_text, cfg.data, seed, load_vocab(corpus.vocab_path))
+    sizes, accum = accumulation(cfg.run, dims.dp)  # --grad-accum, or what makes --global-batch on this layout
+    loop = Loop(sizes)  # the batch sizes per data-parallel rank
+    global_batch = sum(loop.sizes) * accum
+    if len(dataset) < global_batch:
+        raise UserError(
+            f"{cfg.data.data} gives {len(dataset)} instances per epoch, fewer than one global batch "
+            f"of {global_batch} ({describe_batch(loop.sizes, accum)})"
+        )
+    model = model_for(cfg, plan, session)
+    chosen, why = recipe.choose(cfg, plan.model_config)  # --recipe fast: the lr and warmup for this size
+    optim = dataclasses.replace(chosen, lr=chosen.peak_lr(global_batch))
+    steps = step_plan(cfg, session, optim, eval_set, global_batch)
+    # MFU on the real tokens (padding is no work), against the card's own data-sheet peak or --peak-tflops.
+    peak, peak_note = peak_flops(device, session.precision, cfg.peak_tflops)
+    mfu = f"; MFU on real tokens, {peak_note}" if device.type == "cuda" or cfg.peak_tflops else ""
+    fixed = {
+        "global_batch": global_batch,
+        "heldout_documents": None if heldout is None else torch.from_numpy(heldout),
+        # Which prepared data the run trained and evaluated on: `bertgpu evaluate` says whether its --data is.
+        "data_identity": corpus.identity,
+        "eval_data_identity": (
+            ShardedCorpus(cfg.heldout.eval_data).identity if eval_set is not None and heldout is None else None
+        ),
+    }
+    run = build_run(
+        session,
+        model,
+        loop,
+        plan=steps,
+        optim=optim,
+        spec=lambda net: log_spec(cfg, session, net, steps, eval_set, global_batch, max(loop.sizes)),
+        sums=(LOG_SUMS, ("log_sums",)),
+        meter=Throughput(functools.partial(architectures.training_flops, plan.model_config), peak, dims.world_size),
+        contents=Contents(
+            plan.model_config,
+            corpus.vocab_path,
+            plan.lowercase,
+            fixed,
+            settle=functools.partial(settle, chosen=chosen, steps=steps),
+        ),
+        start_line=lambda net: (
+            start_line(cfg, session, net, plan, eval_set, loop, global_batch, chosen, why, steps, len(dataset)) + mfu
+        ),
+        sample_batch=lambda: _sample_batch(dataset, device),
+        total_steps=cfg.optim.steps,
+        compile=cfg.run.compile,
+        # Another global batch continues at the same instance, with the sizes it gives (not --balance auto's).
+        same_batches=session.state is None or session.state["global_batch"] == global_batch,
+    )
+    return run, loop, dataset, accum, global_batch
+
+
+def step_plan(
+    cfg: PretrainConfig, session: Session, optim: OptimConfig, eval_set: EvalSet | None, global_batch: int
+) -> FixedSteps:
+    """--steps, or --time-budget: the steps and the learning rate follow the clock (``plan.BudgetSteps``)."""
+    if not cfg.time_budget:
+        return FixedSteps(optim)
+    eval_steps = 0 if eval_set is None else len(eval_set) / global_batch / 3  # a forward pass: ~1/3 of a step
+    return BudgetSteps(
+        parse_duration(cfg.time_budget),
+        optim,
+        session.device,
+        session.is_main,
+        eval_cost=eval_steps,
+        state=session.state,
+        start_step=session.start_step,
+    )
+
+
+def summary_keys(cfg: PretrainConfig) -> dict[str, str]:
+    """The logged values the closing lines show, and which way is better."""
+    nsp = {"nsp_loss": "min", "nsp_acc": "max"} if cfg.data.nsp else {}
+    return {"mlm_loss": "min", "mlm_acc": "max", **nsp, **evaluation.SUMMARY_KEYS}
+
+
+def summary_where(plan: Plan, saved: Path) -> str:
+    hf_class = architectures.class_names(plan.model_config)[0]
+    return (
+        f"checkpoint: {saved}  (a Hugging Face directory: "
+        f"transformers.{hf_class}.from_pretrained('{saved}'); bertgpu fill-mask {saved} TEXT)"
+    )
+
+
+def model_for(cfg: PretrainConfig, plan: Plan, session: Session) -> BertForPreTraining:
+    """``build_model``, then its kernels (flash attention's variable-length one on a GPU, the fused QKV,
+    --fp8), and one line where a step looks too big for the device's memory."""
+    model = build_model(cfg, plan, session.resume_from)
+    if session.device.type == "cuda":
+        use_varlen_attention(model)  # padded rows through flash attention's variable-length kernel
+    use_fused_qkv(model, cfg.fused_qkv)  # Q, K and V as one matmul (a BERT's; ModernBERT's Wqkv is one weight)
+    if cfg.run.fp8:
+        from ..fp8 import apply_fp8
+
+        float8_layers = apply_fp8(model, session.device)
+        if session.is_main:
+            print(
+                f"--fp8: {len(float8_layers)} linear layers in float8 (torchao), the rest in {session.precision}",
+                flush=True,
+            )
+    warn_if_batch_too_big(session, model, plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions)
+    return model
 
 
 def build_model(cfg: PretrainConfig, plan: Plan, resume_from: Path | None) -> BertForPreTraining:
@@ -417,82 +433,84 @@ def build_model(cfg: PretrainConfig, plan: Plan, resume_from: Path | None) -> Be
 
 def start_line(
     cfg: PretrainConfig,
-    run: TrainingRun,
+    session: Session,
+    net: ParallelModel,
     plan: Plan,
     eval_set: EvalSet | None,
     loop: Loop,
     global_batch: int,
     o: OptimConfig,
     why: str,
-    budget: TimeBudget | None,
+    steps: FixedSteps,
     instances: int,
 ) -> str:
     """The first line of a run: the model, layout, batch, learning rate (and, where --recipe fast chose it,
     why), length and data."""
-    dims, net = run.dims, run.net
+    dims, state = session.dims, session.state
     n_params = net.num_parameters()
     moved = ""
-    if run.state is not None and run.state["global_batch"] != global_batch:
+    if state is not None and state["global_batch"] != global_batch:
         moved = (
-            f"; the global batch changed from {run.state['global_batch']} to {global_batch}: continuing at "
+            f"; the global batch changed from {state['global_batch']} to {global_batch}: continuing at "
             f"instance {loop.instance:,} of epoch {loop.epoch}"
         )
     how = "starting" if plan.init_from is None else f"starting from the weights of {plan.init_from}"
-    if run.resume_from:
-        how = f"resuming from {run.resume_from} at step {loop.step}{run.layout_change()}{moved}"
+    if session.resume_from:
+        how = f"resuming from {session.resume_from} at step {loop.step}{session.layout_change()}{moved}"
     held = f", evaluated on {len(eval_set):,} instances of {eval_set.where}" if eval_set is not None else ""
     compressed = (
         f", gradients {describe_compression(net.compression)}" if dims.dp > 1 and net.compression.kind != "none" else ""
     )
-    length = budget.describe() if budget is not None else f"{o.steps:,} steps"
     return (
-        f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {dims.describe()}{compressed}, on {run.device.type}, "
-        f"{run.precision}, global batch {global_batch} = "
+        f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {dims.describe()}{compressed}, on {session.device.type}, "
+        f"{session.precision}, global batch {global_batch} = "
         f"{describe_batch(loop.sizes, global_batch // sum(loop.sizes))}, "
         f"{describe_lr(o.lr, o.peak_lr(global_batch), o.lr_scaling, global_batch, o.reference_batch)}"
         f"{' ' + why if why else ''}, warmup {f'{o.warmup:.0%}' if o.warmup < 1 else f'{o.warmup:g} steps'}, "
-        f"{length}, "
+        f"{steps.describe()}, "
         f"{instances:,} instances in epoch {loop.epoch}{held}; {how}"
     )
 
 
-def records(
+def log_spec(
     cfg: PretrainConfig,
-    run: TrainingRun,
+    session: Session,
+    net: ParallelModel,
+    steps: FixedSteps,
     eval_set: EvalSet | None,
     global_batch: int,
     batch: int,
-    budget: TimeBudget | None = None,
-) -> Records:
+) -> LogSpec:
     """What pretraining logs: MLM (and NSP) losses and accuracies, and the held-out evaluation; with a
-    --time-budget, the training time so far, and the evaluation timed (the budget keeps time for the last)."""
+    --time-budget, the training time so far (its ``steps`` re-plans the total as it goes)."""
     nsp = cfg.data.nsp
-    timed = budget.timed if budget is not None else lambda evaluate: evaluate
-    return Records(
-        values=functools.partial(log_values, nsp=nsp, budget=budget),
-        # a --time-budget re-plans the steps as it goes
-        line=lambda step, values: log_line(step, values, run.total_steps, nsp, device=run.device.type),
+    return LogSpec(
+        values=functools.partial(log_values, nsp=nsp, budget=steps if isinstance(steps, BudgetSteps) else None),
+        line=lambda step, values: log_line(step, values, steps.total, nsp, device=session.device.type),
         unit="sequence",
         extra={"global_batch": global_batch},
         card_keys=("mlm_loss", "mlm_acc", *("nsp_loss", "nsp_acc") * nsp, *evaluation.SUMMARY_KEYS),
         evaluate=None
         if eval_set is None
-        else timed(functools.partial(evaluate, run, eval_set, cfg.heldout.eval_batch_size or batch, nsp)),
+        else functools.partial(evaluate, session, net, eval_set, cfg.heldout.eval_batch_size or batch, nsp),
         eval_every=cfg.heldout.eval_every,
     )
 
 
-def evaluate(run: TrainingRun, eval_set: EvalSet, batch: int, nsp: bool, step: int) -> None:
-    """The held-out evaluation at ``step``, logged."""
-    metrics = evaluation.evaluate_mlm(run.net, eval_set, run.dims, run.device, batch, nsp, run.precision)
-    run.log.log(step, metrics, evaluation.describe(step, metrics, len(eval_set)), write=run.write)
+def evaluate(
+    session: Session, net: ParallelModel, eval_set: EvalSet, batch: int, nsp: bool, step: int
+) -> tuple[dict[str, float], str]:
+    """The held-out evaluation at ``step``: its metrics and their log line."""
+    metrics = evaluation.evaluate_mlm(net, eval_set, session.dims, session.device, batch, nsp, session.precision)
+    return metrics, evaluation.describe(step, metrics, len(eval_set))
 
 
 def train_step(
-    run: TrainingRun, micro: list[dict[str, torch.Tensor]], global_batch: int, nsp: bool, sums: Sums
-) -> torch.Tensor:
-    """The forward and backward passes of one optimizer step over this rank's micro-batches; return
-    the step's log sums (``LOG_SUMS`` order), still on the device.
+    run: Run, micro: list[dict[str, torch.Tensor]], global_batch: int, nsp: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One optimizer step over this rank's micro-batches: the forward and backward passes, then the optimizer
+    step (clipped; a non-finite one skipped on the device; the scaler; the schedule moved on). Return the step's
+    log sums (``LOG_SUMS`` order) and its skipped flag, both still on the device.
 
     The loss is the global batch's: the MLM loss summed over the masked tokens divided by the masked
     tokens of the whole global batch (counted over the data-parallel ranks first: the one small
@@ -501,36 +519,39 @@ def train_step(
     one function (``step.pretraining_objective``: one cross-entropy, the log's value its detached
     sum), compiled as one graph under --compile with one process (``ParallelModel.step``).
     """
-    net = run.net
+    opt = run.opt
+    net = opt.net
     device, dims = micro[0]["input_ids"].device, net.dims
     n_masked = dims.dp_sum(sum((mb["mlm_labels"] != IGNORE_INDEX).sum() for mb in micro).float())
     zeros = torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device)
     if dims.pp == 1:
-        return net.step(
+        step_sums = net.step(
             micro,
             pretraining_objective,
             (*MODEL_INPUTS, "mlm_labels", "nsp_label"),
             zeros,
-            context=run.forward_context,
-            scale=run.scaler.scale,
+            context=opt.forward_context,
+            scale=opt.scaler.scale,
             n_masked=n_masked,
             global_batch=global_batch,
             nsp=nsp,
         )
+        return step_sums, opt.step()
 
     def loss_and_sums(outputs, mb: dict[str, torch.Tensor], tokens=0) -> tuple[torch.Tensor, torch.Tensor]:
         return pretraining_loss(outputs, mb["mlm_labels"], mb["nsp_label"], n_masked, global_batch, nsp, tokens)
 
     # The pipeline's schedule calls the loss on the last stage (with the targets alone), apart from the sums.
-    return net.forward_backward(
+    step_sums = net.forward_backward(
         micro,
         MODEL_INPUTS,
         lambda outputs, mb: loss_and_sums(outputs, mb)[0],
         lambda outputs, mb: loss_and_sums(outputs, mb, real_tokens(mb["attention_mask"]))[1],
         zeros,
-        context=run.forward_context,
-        scale=run.scaler.scale,
+        context=opt.forward_context,
+        scale=opt.scaler.scale,
     )
+    return step_sums, opt.step()
 
 
 def _sample_batch(dataset: PretrainingDataset, device: torch.device) -> dict[str, torch.Tensor]:
@@ -539,7 +560,7 @@ def _sample_batch(dataset: PretrainingDataset, device: torch.device) -> dict[str
     return {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask", "mlm_positions")}
 
 
-def log_values(s: dict[str, float], nsp: bool, budget: TimeBudget | None = None) -> dict[str, float]:
+def log_values(s: dict[str, float], nsp: bool, budget: BudgetSteps | None = None) -> dict[str, float]:
     """Losses and accuracies from the sums of a log window (and the training time so far of a --time-budget)."""
     mlm = s["mlm_loss"] / max(s["masked"], 1)
     values = {"loss": mlm, "mlm_loss": mlm, "mlm_acc": s["mlm_correct"] / max(s["masked"], 1)}
