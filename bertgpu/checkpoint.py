@@ -186,11 +186,12 @@ class Checkpointer:
     holds besides that state (model, optimizer, the config and vocab) is set once it exists (``set_contents``).
     """
 
-    def __init__(self, run_dir: Path, run: RunConfig) -> None:
+    def __init__(self, run_dir: Path, run: RunConfig, started: float | None = None) -> None:
         self.run_dir, self.every, self.keep = run_dir, run.save_every, run.keep
         self.every_s = 60 * run.save_every_minutes
         self.saver = BackgroundSaver() if run.async_save else None
-        self.last_save = time.monotonic()  # the run's start counts as a save for --save-every-minutes
+        # The run's start (``started``, a time.monotonic() reading) counts as a save for --save-every-minutes.
+        self.last_save = time.monotonic() if started is None else started
         self.clock_due = False  # --save-every-minutes said so, heard by every process
         self.latest: Path | None = None  # the newest checkpoint this process saved
 

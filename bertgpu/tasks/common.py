@@ -183,6 +183,7 @@ class Session:
         self.state = checkpoint.load_training_state(self.resume_from) if self.resume_from is not None else None
         self.start_step = self.state["step"] if self.state else 0
         self.stop = StopSignal()  # from here on a signal stops the run after a step, its checkpoint written
+        self.started = time.monotonic()  # --save-every-minutes counts from here, the model's set-up included
 
     @property
     def layout(self) -> tuple[int, int, int]:
@@ -483,7 +484,7 @@ class Checkpoints:
 
     def __init__(self, session: Session, plan: FixedSteps, opt: Optimization, records: Records, contents: Contents):
         self.session, self.plan, self.opt, self.records, self.contents = session, plan, opt, records, contents
-        self.checkpointer = checkpoint.Checkpointer(session.out, session.run_cfg)
+        self.checkpointer = checkpoint.Checkpointer(session.out, session.run_cfg, started=session.started)
         self.checkpointer.set_contents(
             opt.net.model,
             opt.optimizer,
