@@ -40,29 +40,36 @@ EXACT = ["--precision", "fp32", "--dropout", "0"]
 TINY_FINETUNE = ["--max-seq-length", "32", "--device", "cpu", "--precision", "fp32", "--seed", "3"]
 
 
-# The modules whose multi-process runs take most of the suite's time, heaviest first (measured with
-# --durations=0); the others follow in their own order. pytest-xdist (--dist loadscope, pyproject.toml)
+# The modules that take most of the suite's time, heaviest first (the sums of their --durations=0 lines on a
+# fresh clone, 2026-11-28: the longest first is what balances two workers); the others follow in their own
+# order. pytest-xdist (--dist loadscope, pyproject.toml)
 # hands out whole modules in this order, so that their module-scoped runs are made once and the two
 # workers finish close together. test_elastic leads: it waits on torch's rendezvous more than it computes,
 # and those waits overlap the other worker's heaviest module instead of ending the suite.
 HEAVY_FIRST = [
     "test_elastic.py",
-    "test_parallel.py",
-    "test_pipeline.py",
-    "test_modernbert_parallel.py",
-    "test_communication.py",
     "test_resume.py",
+    "test_communication.py",
     "test_finetune.py",
+    "test_time_budget.py",
     "test_finetune_resume.py",
-    "test_lora.py",
-    "test_end_to_end.py",
-    "test_zh_wwm.py",
-    "test_packing.py",
-    "test_new_user.py",
-    "test_heldout.py",
-    "test_finetune_workflow.py",
-    "test_step.py",
     "test_gpu_script.py",
+    "test_parallel.py",
+    "test_zh_wwm.py",
+    "test_pipeline.py",
+    "test_end_to_end.py",
+    "test_modernbert_parallel.py",
+    "test_lora.py",
+    "test_cli_errors.py",
+    "test_modernbert.py",
+    "test_new_user.py",
+    "test_bench.py",
+    "test_packing.py",
+    "test_metrics_and_warnings.py",
+    "test_worker_imports.py",
+    "test_prepare_formats.py",
+    "test_prepare.py",
+    "test_tokenizer.py",
 ]
 
 

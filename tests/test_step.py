@@ -6,8 +6,12 @@ the variable-length attention kernel, two-step lag) is in tests/test_cuda.py."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import sys
 import time
 
+import pytest
 import torch
 import torch.nn.functional as F
 import transformers
@@ -180,6 +184,48 @@ def test_one_loader_keeps_its_workers_across_epochs_and_draws_each_epochs_instan
         assert pids[0] == pids[1]  # the same worker process served both epochs
     finally:
         it._shutdown_workers()
+
+
+class _OpenConnections(torch.utils.data.Dataset):
+    """Each item: the TCP sockets open in the process that loads it (a loader worker)."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        count = 0
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            try:
+                sock = socket.socket(fileno=fd)
+            except OSError:
+                continue
+            count += sock.family in (socket.AF_INET, socket.AF_INET6)
+            sock.detach()
+        return torch.tensor(count)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="loader workers are forked on Linux")
+def test_a_loader_worker_keeps_no_connection_of_its_training_process():
+    """A forked worker that held gloo's sockets would keep a killed rank's connections open until it noticed its
+    parent gone (up to 5 s): its peers would wait that long to learn of the death. The training process's own
+    connection still works."""
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    loader, batches = run_loader(_OpenConnections(), workers=1, pin_memory=False, seed=0)
+    batches.set(GlobalBatchSampler(4, [4], 0, 1, 0, 0), 0)
+    it = iter(loader)
+    try:
+        assert next(it).tolist() == [0, 0, 0, 0]
+        client.sendall(b"still open")
+        assert peer.recv(16) == b"still open"
+    finally:
+        it._shutdown_workers()
+        for s in (client, peer, server):
+            s.close()
 
 
 def test_waits_are_shares_of_the_window_with_a_hint_when_data_starves_the_device():

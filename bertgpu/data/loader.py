@@ -9,6 +9,9 @@ copy of the dataset made when it started, draws the instances of the epoch the l
 
 from __future__ import annotations
 
+import os
+import socket
+import stat
 import sys
 from collections.abc import Iterator
 
@@ -51,6 +54,28 @@ class RunBatches(torch.utils.data.Sampler):
             yield [(epoch, i) for i in batch]
 
 
+def _loader_worker_init(worker_id: int) -> None:
+    """A forked loader worker leaves stop signals to its training process and closes the TCP connections it
+    inherited (gloo's, the rendezvous store's): held open here, a killed rank's peers would learn of its death
+    only when this worker notices its parent is gone (torch checks every 5 s), not at once."""
+    ignore_stop_signals(worker_id)
+    try:
+        fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: nothing inherited is closed, the peers learn of a death later
+        return
+    for fd in fds:
+        try:
+            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
+                continue
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue
+        family = sock.family
+        sock.detach()  # the fd stays open until closed below: detach only stops this object owning it
+        if family in (socket.AF_INET, socket.AF_INET6):
+            os.close(fd)  # this process's copy only: the training process's connection stays open
+
+
 def run_loader(dataset, workers: int, pin_memory: bool, seed: int) -> tuple[torch.utils.data.DataLoader, RunBatches]:
     """The run's DataLoader over ``dataset`` and the batch sampler to ``set`` before each ``iter(loader)``."""
     batches = RunBatches()
@@ -61,7 +86,7 @@ def run_loader(dataset, workers: int, pin_memory: bool, seed: int) -> tuple[torc
         pin_memory=pin_memory,
         prefetch_factor=4 if workers else None,
         persistent_workers=workers > 0,
-        worker_init_fn=ignore_stop_signals if workers else None,
+        worker_init_fn=_loader_worker_init if workers else None,
         # Forked, as under torchrun: our own launcher spawns the training processes, whose children would
         # otherwise be spawned too and import torch afresh (2-3 s per start on 2 cores).
         multiprocessing_context="fork" if workers and sys.platform == "linux" else None,
