@@ -24,8 +24,9 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())}
 
 
-def start(args: list, *, torchrun: bool = False) -> subprocess.Popen:
-    """Start a run in a session of its own, so that killing the group kills launcher and workers."""
+def start(args: list, *, torchrun: bool = False, slow: dict | None = None) -> subprocess.Popen:
+    """Start a run in a session of its own, so that killing the group kills launcher and workers. ``slow``: the
+    environment of tests/slow_rank.py (SLOW_RANK, SLOW_SECONDS), which then runs the command."""
     cmd = (
         [
             str(Path(sys.executable).with_name("torchrun")),
@@ -38,6 +39,8 @@ def start(args: list, *, torchrun: bool = False) -> subprocess.Popen:
             "bertgpu",
         ]
         if torchrun
+        else [sys.executable, str(ROOT / "tests" / "slow_rank.py")]
+        if slow
         else [sys.executable, "-m", "bertgpu"]
     )
     return subprocess.Popen(
@@ -47,7 +50,7 @@ def start(args: list, *, torchrun: bool = False) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(slow or {})},
     )
 
 

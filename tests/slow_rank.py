@@ -10,29 +10,13 @@ module once (conftest.workers_from_a_fork_server) and a run from the test proces
 environment names (``run_cli(..., env={"SLOW_RANK": "1", ...})``); a run without SLOW_RANK is untouched.
 """
 
-import functools
-import os
 import sys
-import time
+
+from slowing import slow_down
 
 from bertgpu.cli import main
-from bertgpu.model import BertForPreTraining, BertForSequenceClassification
 
-
-def slowed(forward):
-    @functools.wraps(forward)  # the same signature for whatever inspects it (peft)
-    def slow_forward(self, input_ids, *args, **kwargs):
-        if os.environ.get("SLOW_RANK") in (os.environ.get("RANK"), "any"):
-            time.sleep(float(os.environ["SLOW_SECONDS"]) * input_ids.shape[0])
-        return forward(self, input_ids, *args, **kwargs)
-
-    slow_forward.slowed = True
-    return slow_forward
-
-
-for model in (BertForPreTraining, BertForSequenceClassification):
-    if not getattr(model.forward, "slowed", False):  # once, even if imported under two names
-        model.forward = slowed(model.forward)
+slow_down()
 
 if __name__ == "__main__":
     sys.argv[0] = "bertgpu"

@@ -12,12 +12,14 @@ import pytest
 import torch
 from conftest import TINY_RUN, run_cli
 from procs import start
+from slowing import slowed
 
 from bertgpu import checkpoint, recipe
 from bertgpu.budget import TimeBudget
 from bertgpu.cli import COMMANDS, build_config, build_parser, given_fields
 from bertgpu.config import ModelConfig, parse_duration
 from bertgpu.errors import UserError
+from bertgpu.model import BertForPreTraining
 
 # -- the recipe's learning rate -------------------------------------------------------------------------
 
@@ -177,6 +179,15 @@ def test_durations():
 
 ARGS = [*TINY_RUN, "--recipe", "fast", "--no-nsp", "--batch-size", "8", "--eval-fraction", "0.1"]
 ARGS += ["--eval-instances", "32", "--log-every", "1"]
+# Steps that wait instead of computing (tests/slow_rank.py: 20 ms a sequence before each forward pass): a budget
+# of 15 s is still 15 s of steps, but it leaves the cores to the rest of the suite.
+SLOW = {"SLOW_RANK": "any", "SLOW_SECONDS": "0.02"}
+
+
+@pytest.fixture
+def slow_steps(monkeypatch):
+    """SLOW's steps in this process too (a one-process run trains here); its workers' fork server has them."""
+    monkeypatch.setattr(BertForPreTraining, "forward", slowed(BertForPreTraining.forward))
 
 
 def _finished(out: Path) -> tuple[dict, list[dict]]:
@@ -185,11 +196,11 @@ def _finished(out: Path) -> tuple[dict, list[dict]]:
     return checkpoint.load_training_state(latest)["budget"], [r for r in log if "lr" in r]
 
 
-def test_a_budget_run_ends_at_the_budget_with_the_rate_at_zero(tmp_path, small_english_data):
+def test_a_budget_run_ends_at_the_budget_with_the_rate_at_zero(tmp_path, small_english_data, slow_steps):
     out = tmp_path / "run"
     t0 = time.monotonic()
     done = run_cli(
-        "pretrain", "--data", small_english_data, "--out", out, "--nproc", "1", "--time-budget", "15s", *ARGS
+        "pretrain", "--data", small_english_data, "--out", out, "--nproc", "1", "--time-budget", "15s", *ARGS, env=SLOW
     )
     wall = time.monotonic() - t0
     state, log = _finished(out)
@@ -206,7 +217,7 @@ def test_a_budget_run_ends_at_the_budget_with_the_rate_at_zero(tmp_path, small_e
 def test_a_budget_run_stopped_half_way_resumes_to_the_same_end(tmp_path, small_english_data):
     out = tmp_path / "run"
     args = ["pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", "--time-budget", "16s", *ARGS]
-    proc = start(args)
+    proc = start(args, slow=SLOW)
     log = out / "log.jsonl"
     while proc.poll() is None and not (
         log.exists() and any(json.loads(line).get("train_seconds", 0) >= 6 for line in log.read_text().splitlines())
@@ -218,7 +229,7 @@ def test_a_budget_run_stopped_half_way_resumes_to_the_same_end(tmp_path, small_e
     half = checkpoint.load_training_state(checkpoint.latest_checkpoint(out))["budget"]
     assert not half["done"] and 6 <= half["elapsed"] < 13, half
 
-    done = run_cli(*args, "--resume")
+    done = run_cli(*args, "--resume", env=SLOW)
     first = next(line for line in done.stdout.splitlines() if line.startswith("bertgpu pretrain:"))
     assert "resuming from" in first and "left)" in first, first
     state, records = _finished(out)
@@ -246,13 +257,13 @@ def test_time_budget_and_steps_contradict(tmp_path, small_english_data, steps):
 
 
 def test_a_budget_run_records_the_recipes_choices_and_the_steps_it_ran_and_a_rerun_repeats_them(
-    tmp_path, small_english_data
+    tmp_path, small_english_data, slow_steps
 ):
     """bertgpu.json and the model card hold the lr and warmup --recipe fast chose, the steps --time-budget
     planned and ran, and the precision used; `--config bertgpu.json` trains those steps with that lr and warmup."""
     first, again = tmp_path / "first", tmp_path / "again"
     done = run_cli(
-        "pretrain", "--data", small_english_data, "--out", first, "--nproc", "1", "--time-budget", "4s", *ARGS
+        "pretrain", "--data", small_english_data, "--out", first, "--nproc", "1", "--time-budget", "4s", *ARGS, env=SLOW
     )
     steps = _finished(first)[1][-1]["step"]
     ckpt = checkpoint.latest_checkpoint(first)
