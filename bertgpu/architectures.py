@@ -93,8 +93,6 @@ class Architecture:
     hf_reads_mean_pooling: bool  # transformers' classifier reads classifier_pooling "mean" from config.json
     # The model card's words for what the classifier reads: with --pooling pooler, with --pooling mean.
     pooling_words: tuple[str, str]
-    # --recipe fast's peak rate as a multiple of BERT's swept one at the same size (recipe.choose; BENCHMARKS.md)
-    fast_lr_factor: float = 1.0
 
     @property
     def title(self) -> str:
@@ -159,9 +157,6 @@ ARCHITECTURES: dict[str, Architecture] = {
             "[CLS] through the head",
             "mean of the last hidden states (classifier_pooling mean, as transformers reads it)",
         ),
-        # mini at batch 32, 8 minutes on the Python docs: held-out 3.210 at 1e-3, 3.031 at 2e-3, 3.125 at 3e-3
-        # (BENCHMARKS.md: ModernBERT's rate)
-        fast_lr_factor=2.0,
     ),
 }
 ARCHS = tuple(ARCHITECTURES)

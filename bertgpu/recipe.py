@@ -92,25 +92,19 @@ def _default(optim: Any, name: str) -> Any:
     return next(f.default for f in dataclasses.fields(optim) if f.name == name)
 
 
-def choose(cfg: Any, model: Any, arch: Any = None) -> tuple[Any, str]:
+def choose(cfg: Any, model: Any) -> tuple[Any, str]:
     """The optimizer settings (an OptimConfig) of the pretraining run ``cfg`` (a PretrainConfig) of ``model`` (a
-    model config of the architecture ``arch``, an architectures.Architecture; BERT's when none): its --lr before
-    --lr-scaling, and, where --recipe fast chose the learning rate or warmup, why (for the start line; empty
-    otherwise)."""
+    ModelConfig): its --lr before --lr-scaling, and, where --recipe fast chose the learning rate or warmup, why
+    (for the start line; empty otherwise)."""
     optim = cfg.optim
     if not fast_recipe(cfg):
         return optim, ""
     chose = []
     if not cfg.gave("lr", optim.lr, _default(optim, "lr")):
         lr, where = swept_lr(model)
-        why = f"{where} best at batch {SWEEP_BATCH} in the lr sweep of BENCHMARKS.md"
-        factor = arch.fast_lr_factor if arch is not None else 1.0
-        if factor != 1.0:  # the sweep was BERT's: another architecture's measured multiple of it
-            lr = float(f"{lr * factor:.2g}")
-            why = f"{factor:g} x {why}, as {arch.title}'s own runs there measured"
         scaling = optim.lr_scaling if optim.lr_scaling != "none" else "sqrt"
         optim = dataclasses.replace(optim, lr=lr, lr_scaling=scaling, reference_batch=SWEEP_BATCH)
-        chose.append(f"lr {lr:g}, {why}")
+        chose.append(f"lr {lr:g}, {where} best at batch {SWEEP_BATCH} in the lr sweep of BENCHMARKS.md")
     if not cfg.gave("warmup", optim.warmup, _default(optim, "warmup")):
         optim = dataclasses.replace(optim, warmup=WARMUP)
         chose.append("the warmup")

@@ -318,8 +318,7 @@ def build(cfg: PretrainConfig, plan: Plan, session: Session) -> tuple[Run, Loop,
             f"of {global_batch} ({describe_batch(loop.sizes, accum)})"
         )
     model = model_for(cfg, plan, session)
-    # --recipe fast: the lr and warmup for this size and architecture
-    chosen, why = recipe.choose(cfg, plan.model_config, architectures.of(plan.model_config))
+    chosen, why = recipe.choose(cfg, plan.model_config)  # --recipe fast: the lr and warmup for this size
     optim = dataclasses.replace(chosen, lr=chosen.peak_lr(global_batch))
     steps = step_plan(cfg, session, optim, eval_set, global_batch)
     # MFU on the real tokens (padding is no work), against the card's own data-sheet peak or --peak-tflops.
