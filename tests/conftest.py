@@ -42,10 +42,10 @@ TINY_FINETUNE = ["--max-seq-length", "32", "--device", "cpu", "--precision", "fp
 
 # The modules that take most of the suite's time, heaviest first (the sums of their --durations=0 lines on a
 # fresh clone, 2026-11-28: the longest first is what balances two workers); the others follow in their own
-# order. pytest-xdist (--dist loadscope, pyproject.toml)
-# hands out whole modules in this order, so that their module-scoped runs are made once and the two
-# workers finish close together. test_elastic leads: it waits on torch's rendezvous more than it computes,
-# and those waits overlap the other worker's heaviest module instead of ending the suite.
+# order. pytest-xdist (--dist loadscope, pyproject.toml) hands out whole modules in this order, so that their
+# module-scoped runs are made once and the two workers finish close together. test_elastic leads: it waits on
+# torch's rendezvous more than it computes, and those waits overlap the other worker's heaviest module instead
+# of ending the suite.
 HEAVY_FIRST = [
     "test_elastic.py",
     "test_resume.py",

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import socket
-import stat
 import sys
 from collections.abc import Iterator
 
@@ -65,10 +64,8 @@ def _loader_worker_init(worker_id: int) -> None:
         return
     for fd in fds:
         try:
-            if not stat.S_ISSOCK(os.fstat(fd).st_mode):
-                continue
             sock = socket.socket(fileno=fd)
-        except OSError:
+        except OSError:  # not a socket (or the listing's own, already closed)
             continue
         family = sock.family
         sock.detach()  # the fd stays open until closed below: detach only stops this object owning it
