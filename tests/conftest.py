@@ -243,15 +243,16 @@ def workers_from_a_fork_server(fn, args) -> str:
     """launch._start_method for runs from the test process: the fork server `python -m bertgpu` uses (the
     test process is not bertgpu's command line, so the product would spawn). multiprocessing keeps one
     fork server per process, so every run of a test worker after the first skips its torch import too.
-    It also imports peft (with transformers), which each worker of a LoRA run would import (2.7 s), and
-    tests/slow_rank.py, which slows the forward pass of a rank that a run's SLOW_RANK names (none without it)."""
-    import multiprocessing
+    It also imports what tests/fork_server.py preloads, peft (with transformers), which each worker of a LoRA run
+    would import (2.7 s), and tests/slow_rank.py, which slows the forward pass of a rank that a run's SLOW_RANK names
+    (none without it)."""
     from multiprocessing import forkserver
+
+    from fork_server import start_method
 
     from bertgpu.parallel import launch
 
-    modules = {f.__module__ for f in (fn, *args) if callable(f) and getattr(f, "__module__", "").startswith("bertgpu")}
-    multiprocessing.set_forkserver_preload([*sorted(modules), "peft", "slow_rank"])  # one that is missing is skipped
+    start_method(fn, args, "peft")
     # Started here (once per test worker) with this folder on its path too, so that it finds slow_rank; launch would
     # start it on first use with bertgpu's path alone (launch.worker_import_env).
     saved = {name: os.environ.get(name) for name in launch.WORKER_IMPORT_ENV}

@@ -12,12 +12,17 @@ environment names (``run_cli(..., env={"SLOW_RANK": "1", ...})``); a run without
 
 import sys
 
+from fork_server import start_method
 from slowing import slow_down
 
 from bertgpu.cli import main
+from bertgpu.parallel import launch
 
 slow_down()
 
 if __name__ == "__main__":
+    # Its workers come from a fork server that imports this module (tests/fork_server.py), as `python -m bertgpu`'s
+    # do, instead of spawned interpreters that each import torch (and again at every elastic restart).
+    launch._start_method = start_method
     sys.argv[0] = "bertgpu"
     main()
