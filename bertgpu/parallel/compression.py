@@ -18,11 +18,11 @@ bucket; ``state_tensors``/``load_state_tensors`` turn it into tensors for a chec
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.distributed.tensor import DTensor
 
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 MIN_COMPRESSION_RATE = 2  # torch's default: a matrix is compressed when that divides its bytes by 2 or more
@@ -96,6 +96,13 @@ def register(
     return state, mute
 
 
+def is_dtensor(t: object) -> bool:
+    """Whether ``t`` is a DTensor, without importing DTensor (0.5 s of CPU) into a process that has none, such as
+    the launcher: none exists before torch.distributed.tensor is imported."""
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(t, module.DTensor)
+
+
 def bytes_per_step(parameters: list[torch.Tensor], compression: Compression, *, fsdp: bool, step: int, dp: int) -> int:
     """The bytes of gradient each process hands to the data-parallel collective in one optimizer step
     (the all-reduce's or reduce-scatter's input; a ring moves about twice that over each link).
@@ -109,7 +116,7 @@ def bytes_per_step(parameters: list[torch.Tensor], compression: Compression, *, 
     total = 0
     powersgd_on = compression.kind == "powersgd" and step > max(2, compression.warmup)
     for p in parameters:
-        shape = p.to_local().shape if isinstance(p, DTensor) and not fsdp else p.shape
+        shape = p.to_local().shape if is_dtensor(p) and not fsdp else p.shape
         numel = int(np.prod(shape)) if len(shape) else 1
         if compression.dtype is not None:
             total += numel * 2

@@ -278,8 +278,9 @@ def _start_method(fn: Callable[..., Any], args: tuple) -> str:
     if not ours or "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
     modules = {f.__module__ for f in (fn, *args) if callable(f) and getattr(f, "__module__", "").startswith("bertgpu")}
-    # torch._dynamo too: every worker's optimizer imports it (torch.optim wraps its methods), 0.5 s of CPU each.
-    multiprocessing.set_forkserver_preload([*sorted(modules), "torch._dynamo"])
+    # What every worker imports besides, 1 s of CPU each: torch._dynamo (torch.optim wraps an optimizer's methods in
+    # it) and distributed checkpoints (with DTensor), which the launcher leaves out.
+    multiprocessing.set_forkserver_preload([*sorted(modules), "torch._dynamo", "torch.distributed.checkpoint"])
     return "forkserver"
 
 

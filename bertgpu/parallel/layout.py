@@ -14,7 +14,7 @@ from .. import architectures
 from ..config import AdapterConfig, ModelConfig, TrainingConfig, accumulation
 from ..errors import UserError
 from ..precision import resolve_precision
-from . import launch, modernbert_tp
+from . import launch
 from .dims import ParallelDims
 from .pipeline import check_stages
 
@@ -30,6 +30,8 @@ def check_layout(
     dims.check_model(model_config)
     arch = architectures.of(model_config)
     if arch.tp_fused:
+        from . import modernbert_tp  # here: it imports DTensor (0.5 s), which a launcher never needs
+
         modernbert_tp.check_layout(dims, model_config, f"a {arch.title}'s {arch.tp_fused}")
     precision = resolve_precision(cfg.run.precision, torch.device(cfg.run.device), cpu_bf16=cpu_bf16)
     if dims.pp > 1:

@@ -36,7 +36,6 @@ from torch import nn
 
 from .. import architectures
 from ..errors import UserError
-from . import modernbert_tp
 from .compression import Compression
 from .dims import ParallelDims
 from .wrap import (
@@ -107,6 +106,8 @@ def parallelize_pipeline(
     stages = [cut.Stage(model, [str(i) for i in split[s]], s == 0, s == n_stages - 1) for s in ids]
     if dims.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        from . import modernbert_tp
 
         mp = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if precision == "bf16" else None,

@@ -14,10 +14,9 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from .. import architectures
-from .compression import Compression, bytes_per_step, load_state_tensors, state_tensors
+from .compression import Compression, bytes_per_step, is_dtensor, load_state_tensors, state_tensors
 from .dims import ParallelDims
 
 
@@ -196,7 +195,7 @@ def _grad_groups(parameters: list[torch.Tensor]) -> list[list[torch.Tensor]]:
     groups: dict[object, list[torch.Tensor]] = {}
     for p in parameters:
         if p.grad is not None:
-            key = (p.grad.device_mesh, tuple(p.grad.placements)) if isinstance(p.grad, DTensor) else None
+            key = (p.grad.device_mesh, tuple(p.grad.placements)) if is_dtensor(p.grad) else None
             groups.setdefault(key, []).append(p)
     return list(groups.values())
 
@@ -207,7 +206,7 @@ def grad_norm(parameters: list[torch.Tensor]) -> torch.Tensor | None:
     norms = []
     for params in _grad_groups(parameters):
         norm = torch.nn.utils.get_total_norm([p.grad for p in params], 2.0)
-        norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        norms.append(norm.full_tensor() if is_dtensor(norm) else norm)
     if not norms:
         return None
     return norms[0] if len(norms) == 1 else torch.linalg.vector_norm(torch.stack(norms))
