@@ -8,6 +8,7 @@ logits. Quantisation runs bitsandbytes' CPU kernels.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import signal
 from pathlib import Path
@@ -21,7 +22,8 @@ from safetensors.torch import load_file
 from bertgpu.config import AdapterConfig, ModelConfig
 from bertgpu.model import BertForSequenceClassification
 
-peft = pytest.importorskip("peft")
+# peft is imported by the test that loads an adapter, not at collection (2.5 s with bitsandbytes, in every worker).
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft: pip install -e '.[lora]'")
 transformers = pytest.importorskip("transformers")
 
 # 120 real reviews, 10% held out: 108 training examples, 7 steps of global batch 16 per epoch, 14 in all.
@@ -107,6 +109,8 @@ def test_best_is_the_merged_classifier_and_the_adapter_loads_in_peft(lora_run, s
     base = transformers.BertForSequenceClassification.from_pretrained(
         setup[0], config=transformers.BertConfig.from_pretrained(best)
     )
+    import peft
+
     adapted = peft.PeftModel.from_pretrained(base, best / "adapter").eval()
     torch.testing.assert_close(logits_of(adapted, tokenizer), logits_of(merged, tokenizer), atol=1e-5, rtol=0)
 
