@@ -80,6 +80,18 @@ def test_ids_match_transformers(request, texts, vocab_name, lowercase):
         assert ids == legacy.convert_tokens_to_ids(legacy.tokenize(text)), text
 
 
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_a_long_text_encoded_in_pieces_gives_the_ids_of_the_whole(uncased_vocab, texts, lowercase):
+    """A text past ``piece`` characters is cut at spaces and encoded in pieces (faster on long lines): the ids are
+    those of the text encoded whole, for real English and Chinese lines, accents, punctuation and runs of spaces,
+    and a text without spaces stays one piece."""
+    tok = Tokenizer(uncased_vocab, lowercase=lowercase)
+    long = ["  ".join(texts), " ".join(texts[::-1]) + " ", "x" * 5000, "é" * 300 + " " + "ü" * 300, ""]
+    whole = [e.ids for e in tok.backend.encode_batch(long, add_special_tokens=False)]
+    assert tok.encode_batch(long, piece=97) == whole and sum(map(len, whole)) > 20_000
+    assert tok.encode_batch(long) == whole  # the default size: each text in one piece or a few
+
+
 def test_uncased_strips_accents_and_cased_keeps_them(uncased_vocab, cased_vocab):
     uncased = Tokenizer(uncased_vocab)
     tokens = [uncased.vocab[i] for i in uncased.encode_batch(["Café Münchner Straße naïve résumé"])[0]]
