@@ -157,11 +157,10 @@ def _shard_files(directory: Path, kinds=("tokens", "sentences", "documents", "wo
     return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.suffix[1:] in kinds}
 
 
-def reference_word_starts(tokenizer, vocab: list[str], text: str) -> tuple[list[int], list[bool]]:
-    """One token at a time: a token continues the word before it when it is a ## piece, or when one jieba
-    word holding a CJK character covers the last character of the token before and its first character."""
-    encoding = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-    ids, offsets = encoding["input_ids"], encoding["offset_mapping"]
+def reference_word_starts(vocab: list[str], text: str, ids: list[int], offsets: list[tuple[int, int]]):
+    """One token at a time (``ids`` and ``offsets``: transformers' tokenizer's of ``text``): a token continues the word
+    before it when it is a ## piece, or when one jieba word holding a CJK character covers the last character of the
+    token before and its first character. Returns the ids and the word starts."""
     word_of, chinese = [], []
     for k, word in enumerate(rjieba.cut(text)):
         word_of += [k] * len(word)
@@ -181,7 +180,12 @@ def _check_against_reference(data: Path, vocab_path: Path, documents: list[list[
     tokenizer = BertTokenizerFast(vocab=str(vocab_path), do_lower_case=lowercase, strip_accents=lowercase)
     vocab = load_vocab(vocab_path)
     corpus = ShardedCorpus(data)
-    expected = [reference_word_starts(tokenizer, vocab, s) for doc in documents for s in doc]
+    texts = [s for doc in documents for s in doc]
+    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)  # one call: many threads
+    expected = [
+        reference_word_starts(vocab, text, ids, offsets)
+        for text, ids, offsets in zip(texts, encoded["input_ids"], encoded["offset_mapping"])
+    ]
     expected = [e for e in expected if e[0]]  # a sentence without tokens is dropped
     assert corpus.num_sentences == len(expected)
     chinese_words = 0
