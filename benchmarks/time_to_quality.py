@@ -263,7 +263,7 @@ def main() -> None:
         (work / "kinds.json").write_text(json.dumps(kinds, indent=1))
 
     hf_lrs = [float(x) for x in args.hf_lr.split(",")] if args.hf_lr else [args.lr]
-    for variant in args.variants.split(","):
+    for variant in filter(None, args.variants.split(",")):  # --variants "" with --reuse: report what was measured
         for arch in archs:
             if variant.startswith("transformers"):
                 precision = variant.partition(":")[2] or bertgpu_precision()
@@ -287,8 +287,10 @@ def report(curves: dict[str, list[tuple[float, float]]], kinds: dict[str, list[s
     below the peer's it ends, and the time it needs to reach the peer's final loss."""
     kind = {name: kinds.get(name, ["bert", "transformers" if name.startswith("transformers") else "bertgpu"])
             for name in curves}  # fmt: skip
+    archs = args.arch.split(",")  # the architectures asked for: their tables, and their curves in the plot
+    curves = {name: points for name, points in curves.items() if kind[name][0] in archs}
     hlines = []
-    for arch in dict.fromkeys(k[0] for k in kind.values()):
+    for arch in dict.fromkeys(kind[name][0] for name in curves):
         runs = [name for name in curves if kind[name][0] == arch]
         sides = sorted({kind[n][1] for n in runs if kind[n][1].startswith("transformers")}, key=lambda s: "fp32" in s)
         for side in sides or [None]:
