@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -196,25 +197,23 @@ def _finished(out: Path) -> tuple[dict, list[dict]]:
     return checkpoint.load_training_state(latest)["budget"], [r for r in log if "lr" in r]
 
 
-def test_a_budget_run_ends_at_the_budget_with_the_rate_at_zero(tmp_path, small_english_data, slow_steps):
-    out = tmp_path / "run"
-    t0 = time.monotonic()
-    done = run_cli(
-        "pretrain", "--data", small_english_data, "--out", out, "--nproc", "1", "--time-budget", "15s", *ARGS, env=SLOW
-    )
-    wall = time.monotonic() - t0
-    state, log = _finished(out)
-    assert "time budget 15s" in done.stdout.splitlines()[0]
-    assert state["done"] and log[-1]["lr"] == 0.0 and log[-1]["step"] == len(log) >= 5
-    step_s = state["step_s"]
-    # The training clock ends within a step of the budget less the final evaluation (timed, or estimated as at
-    # most 2 steps of these 32 instances); then the save.
-    assert 15 - 2 * step_s - (state["eval_s"] or 2 * step_s) <= state["elapsed"] <= 15 + step_s, state
-    assert log[-1]["train_seconds"] <= 15 + step_s
-    assert wall < 15 + 30, wall  # setup, a step and the save: never a second budget
+@pytest.fixture(scope="module")
+def budget_run_15s(tmp_path_factory, small_english_data):
+    """`pretrain --time-budget 15s` on one process, started in the background (a process of its own, its steps
+    slowed by tests/slow_rank.py) by the first test that asks for it, so that its 15 s of sleeping steps pass while
+    that test runs: (the process, its --out, when it started)."""
+    out = tmp_path_factory.mktemp("budget") / "run"
+    args = ["pretrain", "--data", small_english_data, "--out", out, "--nproc", "1", "--time-budget", "15s", *ARGS]
+    started = time.monotonic()
+    proc = start(args, slow=SLOW)
+    yield proc, out, started
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
-def test_a_budget_run_stopped_half_way_resumes_to_the_same_end(tmp_path, small_english_data):
+def test_a_budget_run_stopped_half_way_resumes_to_the_same_end(tmp_path, small_english_data, budget_run_15s):
+    # budget_run_15s: the next test's 15 s run starts now, beside this one's two (all sleep more than they compute)
     out = tmp_path / "run"
     args = ["pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", "--time-budget", "16s", *ARGS]
     proc = start(args, slow=SLOW)
@@ -240,6 +239,23 @@ def test_a_budget_run_stopped_half_way_resumes_to_the_same_end(tmp_path, small_e
     # Resumed once more, the run is finished: nothing to train.
     again = run_cli(*args, "--resume")
     assert "is finished" in again.stdout, again.stdout
+
+
+def test_a_budget_run_ends_at_the_budget_with_the_rate_at_zero(budget_run_15s):
+    proc, out, t0 = budget_run_15s
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+    wall = time.monotonic() - t0
+    state, log = _finished(out)
+    assert "time budget 15s" in done.stdout.splitlines()[0]
+    assert state["done"] and log[-1]["lr"] == 0.0 and log[-1]["step"] == len(log) >= 5
+    step_s = state["step_s"]
+    # The training clock ends within a step of the budget less the final evaluation (timed, or estimated as at
+    # most 2 steps of these 32 instances); then the save.
+    assert 15 - 2 * step_s - (state["eval_s"] or 2 * step_s) <= state["elapsed"] <= 15 + step_s, state
+    assert log[-1]["train_seconds"] <= 15 + step_s
+    assert wall < 15 + 30, wall  # setup, a step and the save: never a second budget
 
 
 @pytest.mark.parametrize("steps", ["50", "1000"])  # 1000: the default value, still given
