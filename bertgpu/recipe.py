@@ -1,4 +1,5 @@
-"""`--recipe fast`: the values it sets, bf16 on CPUs, and its learning rate and warmup for the model's size and batch.
+"""`--recipe fast`: the values it sets, bf16 on CPUs, and its learning rate and warmup for the model's size and batch
+(and its architecture: the model config's ``fast_lr_factor`` and ``fast_adam_beta2``).
 
 BERT's default peak rate, 1e-4, is right for `base` at BERT's batch of 256 and far too low for the small
 models and batches a short run uses. The fast recipe takes the rate that reached the lowest held-out loss in
@@ -94,20 +95,27 @@ def _default(optim: Any, name: str) -> Any:
 
 def choose(cfg: Any, model: Any) -> tuple[Any, str]:
     """The optimizer settings (an OptimConfig) of the pretraining run ``cfg`` (a PretrainConfig) of ``model`` (a
-    ModelConfig): its --lr before --lr-scaling, and, where --recipe fast chose the learning rate or warmup, why
-    (for the start line; empty otherwise)."""
+    ModelConfig): its --lr before --lr-scaling, and, where --recipe fast chose the learning rate, Adam's beta2 (the
+    architecture's) or the warmup, why (for the start line; empty otherwise)."""
     optim = cfg.optim
     if not fast_recipe(cfg):
         return optim, ""
+    factor, beta2 = model.fast_lr_factor, model.fast_adam_beta2  # the architecture's (its config class's)
     chose = []
     if not cfg.gave("lr", optim.lr, _default(optim, "lr")):
         lr, where = swept_lr(model)
         scaling = optim.lr_scaling if optim.lr_scaling != "none" else "sqrt"
+        if factor != 1:
+            lr, where = float(f"{lr * factor:.2g}"), f"{factor:g} x {where}"
         optim = dataclasses.replace(optim, lr=lr, lr_scaling=scaling, reference_batch=SWEEP_BATCH)
         chose.append(f"lr {lr:g}, {where} best at batch {SWEEP_BATCH} in the lr sweep of BENCHMARKS.md")
+    if beta2 != optim.adam_beta2 and not cfg.gave("adam_beta2", optim.adam_beta2, _default(optim, "adam_beta2")):
+        optim = dataclasses.replace(optim, adam_beta2=beta2)
+        chose.append(f"Adam beta2 {beta2:g} ({model.title}'s)")
     if not cfg.gave("warmup", optim.warmup, _default(optim, "warmup")):
         optim = dataclasses.replace(optim, warmup=WARMUP)
         chose.append("the warmup")
     if not chose:
         return optim, ""
-    return optim, f"(--recipe fast chose {' and '.join(chose)}; --lr, --warmup override)"
+    flags = "--lr, --adam-beta2, --warmup" if optim.adam_beta2 != cfg.optim.adam_beta2 else "--lr, --warmup"
+    return optim, f"(--recipe fast chose {' and '.join(chose)}; {flags} override)"

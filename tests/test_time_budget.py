@@ -66,6 +66,23 @@ def test_the_users_lr_and_warmup_win_and_bert_keeps_its_defaults():
     assert (bert.lr, bert.warmup, why) == (1e-4, 0.01, "")
 
 
+def test_fast_recipe_gives_modernbert_twice_berts_rate_and_its_own_beta2_and_the_users_flags_win():
+    from bertgpu import architectures
+
+    modernbert = architectures.preset("modernbert", "mini", 2000)
+    optim, why = recipe.choose(_parse("--model", "mini", "--arch", "modernbert", "--recipe", "fast"), modernbert)
+    assert (optim.lr, optim.adam_beta2, optim.warmup) == (2 * recipe.SWEPT_LR["mini"][1], 0.98, recipe.WARMUP)
+    assert "lr 0.002, 2 x mini's best" in why and "Adam beta2 0.98 (ModernBERT's)" in why, why
+    assert "--lr, --adam-beta2, --warmup override" in why, why
+    mine, why = recipe.choose(
+        _parse("--model", "mini", "--arch", "modernbert", "--recipe", "fast", "--lr", "5e-4", "--adam-beta2", "0.999"),
+        modernbert,
+    )
+    assert (mine.lr, mine.adam_beta2) == (5e-4, 0.999) and "beta2" not in why, why
+    bert, _ = recipe.choose(_parse("--model", "mini", "--recipe", "fast"), ModelConfig.preset("mini", vocab_size=2000))
+    assert (bert.lr, bert.adam_beta2) == (recipe.SWEPT_LR["mini"][1], 0.999)  # BERT's betas stay AdamW's
+
+
 def test_a_size_between_two_swept_ones_takes_a_rate_between_theirs():
     lr, where = recipe.swept_lr(ModelConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=6))
     rates = sorted(lr for _, lr in recipe.SWEPT_LR.values())
