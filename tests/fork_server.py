@@ -5,16 +5,17 @@ are those the run's workers have."""
 
 from __future__ import annotations
 
-# Beside the task's module: what every worker imports at its first step or save (torch._dynamo through its
-# optimizer, TensorBoard on rank 0, distributed checkpoints), the pipeline schedules, and the tests' slow_rank.
-PRELOAD = ("torch._dynamo", "torch.utils.tensorboard", "torch.distributed.checkpoint", "torch.distributed.pipelining")
+# Beside what the product's fork server imports (launch.worker_preload): TensorBoard (rank 0's run log) and the
+# pipeline schedules, which the tests' runs use often.
+PRELOAD = ("torch.utils.tensorboard", "torch.distributed.pipelining")
 
 
 def start_method(fn, args, *extra: str) -> str:
-    """launch._start_method for these runs: "forkserver", with the modules of ``fn`` and ``args``, PRELOAD,
-    ``extra`` and slow_rank preloaded (one that is missing is skipped)."""
+    """launch._start_method for these runs: "forkserver", with launch.worker_preload's modules, PRELOAD, ``extra`` and
+    slow_rank preloaded (one that is missing is skipped)."""
     import multiprocessing
 
-    modules = {f.__module__ for f in (fn, *args) if callable(f) and getattr(f, "__module__", "").startswith("bertgpu")}
-    multiprocessing.set_forkserver_preload([*sorted(modules), *PRELOAD, *extra, "slow_rank"])
+    from bertgpu.parallel.launch import worker_preload
+
+    multiprocessing.set_forkserver_preload([*worker_preload(fn, args), *PRELOAD, *extra, "slow_rank"])
     return "forkserver"

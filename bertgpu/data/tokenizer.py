@@ -101,8 +101,6 @@ PIECE_CHARS = 1 << 16
 def _pieces(text: str, size: int) -> list[str]:
     """``text`` cut after a space near every ``size`` characters (the last space before the mark, else the first
     after it; a text without spaces stays whole). Joined, the pieces are ``text``."""
-    if len(text) <= size:
-        return [text]
     pieces, start = [], 0
     while len(text) - start > size:
         end = text.rfind(" ", start, start + size) + 1 or text.find(" ", start + size) + 1

@@ -277,11 +277,16 @@ def _start_method(fn: Callable[..., Any], args: tuple) -> str:
         ours = Path(getattr(main, "__file__", "") or "").name == "bertgpu"  # the console script pip writes
     if not ours or "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
-    modules = {f.__module__ for f in (fn, *args) if callable(f) and getattr(f, "__module__", "").startswith("bertgpu")}
-    # What every worker imports besides, 1 s of CPU each: torch._dynamo (torch.optim wraps an optimizer's methods in
-    # it) and distributed checkpoints (with DTensor), which the launcher leaves out.
-    multiprocessing.set_forkserver_preload([*sorted(modules), "torch._dynamo", "torch.distributed.checkpoint"])
+    multiprocessing.set_forkserver_preload(worker_preload(fn, args))
     return "forkserver"
+
+
+def worker_preload(fn: Callable[..., Any], args: tuple) -> list[str]:
+    """What a fork server imports before it forks the workers of ``fn(*args)``: the bertgpu modules of ``fn`` and
+    ``args``, and what every worker imports besides, 1 s of CPU each: torch._dynamo (torch.optim wraps an
+    optimizer's methods in it) and distributed checkpoints (with DTensor), which the launcher leaves out."""
+    modules = {f.__module__ for f in (fn, *args) if callable(f) and getattr(f, "__module__", "").startswith("bertgpu")}
+    return [*sorted(modules), "torch._dynamo", "torch.distributed.checkpoint"]
 
 
 def _caller_name(depth: int = 2) -> str:
