@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import atomic
+from .errors import UserError
 
 
 class RunLog:
@@ -27,13 +28,8 @@ class RunLog:
 
         path = run_dir / "log.jsonl"
         if path.exists():
-            kept = [
-                line
-                for line in path.read_text(encoding="utf-8").splitlines()
-                if line.strip() and json.loads(line)["step"] <= start_step
-            ]
-            atomic.write_text(path, "".join(line + "\n" for line in kept))
-            self.history = [json.loads(line) for line in kept]  # a resumed run's summary covers the whole run
+            self.history = [r for r in read_records(path) if r["step"] <= start_step]  # the summary covers the run
+            atomic.write_text(path, "".join(json.dumps(r) + "\n" for r in self.history))
         self.tb = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start_step + 1 if start_step else None)
         self.jsonl = open(path, "a", encoding="utf-8")
 
@@ -77,6 +73,26 @@ class RunLog:
         if self.enabled:
             self.tb.close()
             self.jsonl.close()
+
+
+def read_records(path: Path) -> list[dict]:
+    """The records of a log.jsonl. A last line without its newline is one a killed run was writing: dropped,
+    as its step is trained again; any other line that is not a record is a UserError naming it."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    lines.pop()  # what follows the last newline: empty, or a torn line
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{number}: not a log record ({e.msg}); remove the line to resume") from None
+        if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+            raise UserError(f"{path}:{number}: not a log record (no step); remove the line to resume")
+        records.append(record)
+    return records
 
 
 def format_duration(seconds: float) -> str:

@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 from conftest import ROOT
 
+from bertgpu.runlog import read_records
+
 
 def assert_bitwise_equal(a: dict, b: dict) -> None:
     assert a.keys() == b.keys()
@@ -54,11 +56,16 @@ def start(args: list, *, torchrun: bool = False, slow: dict | None = None) -> su
     )
 
 
-def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+def live_records(run_dir: Path) -> list[dict]:
+    """The records of a running run's log.jsonl: its complete lines (a read can meet a line half-written)."""
     log = run_dir / "log.jsonl"
+    return read_records(log) if log.exists() else []
+
+
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if log.exists() and any(json.loads(line)["step"] >= step for line in log.read_text().splitlines()):
+        if any(r["step"] >= step for r in live_records(run_dir)):
             return
         if proc.poll() is not None:
             raise AssertionError(f"run ended before step {step}: {proc.communicate()}")

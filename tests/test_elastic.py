@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EXACT, ROOT, TINY_RUN, run_cli
+from procs import live_records
 from test_communication import free_port, weights, worst_difference
 
 STEPS = 20
@@ -103,9 +104,7 @@ def listening(port: int) -> bool:
 
 
 def logged_step(out: Path) -> int:
-    log = out / "log.jsonl"
-    lines = log.read_text().splitlines() if log.exists() else []
-    return max((int(line.split('"step": ')[1].split(",")[0]) for line in lines), default=0)
+    return max((r["step"] for r in live_records(out)), default=0)
 
 
 def lose_a_machine(tmp_path: Path, data: Path) -> tuple[Path, int, subprocess.Popen, Path]:

@@ -80,6 +80,8 @@ def killed(tmp_path_factory, setup) -> tuple[Path, int]:
 def test_sigkill_at_a_random_step_then_resume_is_bitwise_identical(tmp_path, setup, uninterrupted, killed):
     out = tmp_path / "run"
     shutil.copytree(killed[0], out)
+    with open(out / "log.jsonl", "a") as log:
+        log.write('{"step": 99, "loss": 0.6')  # as if SIGKILL had come in the middle of a write
     kill_at = killed[1]
     resumed_from = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step-*"))
 

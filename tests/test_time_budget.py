@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import TINY_RUN, run_cli
-from procs import start
+from procs import live_records, start
 from slowing import slowed
 
 from bertgpu import checkpoint, recipe
@@ -234,10 +234,7 @@ def test_a_budget_run_stopped_half_way_resumes_to_the_same_end(tmp_path, small_e
     out = tmp_path / "run"
     args = ["pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", "--time-budget", "16s", *ARGS]
     proc = start(args, slow=SLOW)
-    log = out / "log.jsonl"
-    while proc.poll() is None and not (
-        log.exists() and any(json.loads(line).get("train_seconds", 0) >= 6 for line in log.read_text().splitlines())
-    ):
+    while proc.poll() is None and not any(r.get("train_seconds", 0) >= 6 for r in live_records(out)):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
