@@ -24,7 +24,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 
+# Bytecode first: the suite starts about 100 interpreters, and none writes any where PYTHONDONTWRITEBYTECODE is set.
 test: $(STAMP)
+	$(PY) -m compileall -q bertgpu benchmarks tests scripts
 	$(PY) -m pytest -q
 
 # ruff's lint and format check, and the flag tables of docs/ against the CLI (run by .ci/run).

@@ -271,9 +271,10 @@ def _masking(data: Path, wwm: bool, **flags):
         n = int(ex["attention_mask"].sum())
         masked = np.zeros(n, dtype=bool)
         masked[ex["mlm_positions"][ex["mlm_labels"] != IGNORE_INDEX]] = True
-        words = np.split(np.arange(n), np.flatnonzero(starts[:n])[1:])
-        partial += sum(1 for w in words if 0 < masked[w].sum() < len(w))
-        in_long_words += sum(len(w) for w in words if len(w) > 1 and masked[w].all())
+        word = np.maximum(np.cumsum(starts[:n]) - 1, 0)  # each token's word; the first word begins at 0
+        length, hit = np.bincount(word), np.bincount(word, weights=masked)  # per word: tokens, masked tokens
+        partial += int(((hit > 0) & (hit < length)).sum())
+        in_long_words += int(length[(length > 1) & (hit == length)].sum())
         masked_tokens += int(masked.sum())
         tokens += n
     return len(ds), masked_tokens / tokens, partial, in_long_words / masked_tokens
