@@ -142,6 +142,7 @@ def pretrain(data: Path, model: str | Path, out: Path, args, steps: int, lr: flo
                           batch_size=args.batch // 2, nproc=2, eval_fraction=0.02, eval_instances=500, keep=1,
                           log_every=50, device="cpu", loader_workers=0, overwrite=True),
             *length,
+            *args.pretrain_flags.split(),
             log=out.with_suffix(".log"),
         )  # fmt: skip
     newest = max((out / "checkpoints").glob("step-*"))
@@ -212,6 +213,7 @@ def main() -> None:
     parser.add_argument("--arch", default="bert", help="comma-separated: the random and in-domain starts of each")
     parser.add_argument("--pretrain-budget", default="", help="pretrain in-domain with --time-budget (e.g. 10m)")
     parser.add_argument("--own-defaults", action="store_true", help="fine-tune with fine-tuning's own defaults")
+    parser.add_argument("--pretrain-flags", default="", help="more pretrain flags, e.g. '--masked-lm-prob 0.3'")
     args = parser.parse_args()
     epochs = {k: int(v) for k, v in (kv.split("=") for kv in args.epochs.split(","))}
     lrs = {k: float(v) for k, v in (kv.split("=") for kv in args.lr.split(","))}
