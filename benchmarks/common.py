@@ -201,8 +201,10 @@ def best_of(config_runs: list[dict]) -> dict:
 
 
 def log_records(run_dir: Path) -> list[dict]:
-    """The records of a bertgpu run's log.jsonl."""
-    return [json.loads(line) for line in (Path(run_dir) / "log.jsonl").read_text().splitlines() if line.strip()]
+    """The records of a bertgpu run's log.jsonl (as the run's own resume reads them: complete lines)."""
+    from bertgpu.runlog import read_records
+
+    return read_records(Path(run_dir) / "log.jsonl")
 
 
 def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[object]], align: str = "", compact: bool = False):
