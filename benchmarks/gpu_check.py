@@ -189,7 +189,8 @@ def main() -> int:
     p, t = plan["pretrain"], plan["ttq"]
     workers = min(8, cores)
     data = common.english_data(work, "text", p["repeat"], vocab, workers)  # the throughput run's text
-    race_data = common.english_data(work, "race", 1, vocab, workers)  # the time-to-quality race's text, not repeated
+    # the time-to-quality race's text, not repeated: the throughput run's where that is not repeated either (smoke)
+    race_data = data if p["repeat"] == 1 else common.english_data(work, "race", 1, vocab, workers)
 
     # 1 + 2: the CUDA tests beside the warm-ups (compilation is the CPU's work; the timed runs come after).
     tests = None

@@ -104,8 +104,14 @@ def parallelize(
         # warns there); older releases know only broadcast_buffers.
         known = inspect.signature(DistributedDataParallel).parameters
         no_sync = {"forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers": False}
+        # Gradients as views of the all-reduce buckets: no copy into the buckets and back each step, and no
+        # second gradient-sized buffer (a model's gradients' worth of memory, torch's DDP notes).
         ddp = DistributedDataParallel(
-            model, process_group=dims.dp_group, device_ids=[device.index] if device.type == "cuda" else None, **no_sync
+            model,
+            process_group=dims.dp_group,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            gradient_as_bucket_view=True,
+            **no_sync,
         )
         powersgd, mute = register_compression(ddp, compression, dims.dp_group, seed)
         return ParallelModel(ddp, model, dims, compression, powersgd, mute)
