@@ -96,6 +96,31 @@ def describe(step: int, metrics: dict[str, float], instances: int) -> str:
     return line + f" | {instances:,} held-out instances"
 
 
+# A held-out loss within this of the unigram loss (``EvalSet.unigram_loss``): the model predicts masked tokens
+# by their frequency and has not begun to use the context (a model that has drops well below it within a
+# few hundred steps).
+PLATEAU_MARGIN = 0.1
+# From this share of the run on, a model still on the plateau is worth a warning: a run that is leaving it
+# normally has by half way (BENCHMARKS.md: the stall on the Chinese reviews at lr 2e-3).
+PLATEAU_WARN_SHARE = 0.75
+
+
+def plateau_note(loss: float, unigram: float, step: int, total: int, warned: bool) -> tuple[str, bool]:
+    """What the evaluation line of ``step`` (of ``total``) adds when the held-out ``loss`` sits on the unigram
+    plateau ``unigram``: a mark, and once (``warned``: said already) from PLATEAU_WARN_SHARE of the run on, a
+    warning saying what to change. Return the text and whether the warning has been said."""
+    if step == 0 or loss <= unigram - PLATEAU_MARGIN:
+        return "", warned
+    note = f" | not below the unigram plateau ({unigram:.2f}: token frequencies, no context)"
+    if warned or step < PLATEAU_WARN_SHARE * total:
+        return note, warned
+    return note + (
+        f"\nbertgpu: warning: at step {step:,} of {total:,} the held-out masked-LM loss ({loss:.2f}) is not below "
+        f"the unigram plateau ({unigram:.2f}): the model has learned no more than how frequent each token is, and a "
+        "classifier fine-tuned from it may stay at chance; train longer, or lower --lr or lengthen --warmup"
+    ), True
+
+
 SUMMARY_KEYS = {
     "eval_mlm_loss": "min",
     "eval_mlm_acc": "max",

@@ -182,3 +182,44 @@ def test_bad_evaluation_input_is_one_line(
     assert_one_line_error_in_process(args, "has no masked-LM head")
     args = ["evaluate", "--model", checkpoint_dir, "--data", english_data]
     assert_one_line_error_in_process(args, "was prepared with another vocab than the model's")
+
+
+def test_the_unigram_plateau_is_the_loss_of_predicting_token_frequencies(small_english_data):
+    """``EvalSet.unigram_loss``: a model whose logits are the log-frequencies of the set's own masked tokens (the
+    best context-free predictor of them) scores, through ``evaluate_mlm``, the set's plain entropy, which the
+    estimate exceeds by exactly its small-sample correction, (distinct - 1) / (2 x masked) (float64 sums)."""
+    from types import SimpleNamespace
+
+    from bertgpu.config import DataConfig
+    from bertgpu.data.heldout import EvalSet
+    from bertgpu.data.shards import ShardedCorpus
+    from bertgpu.evaluation import evaluate_mlm
+
+    corpus = ShardedCorpus(small_english_data)
+    eval_set = EvalSet(corpus, DataConfig(data=str(small_english_data), max_seq_length=64), 42, 40, "test")
+    labels = np.concatenate([eval_set.instance(k)["mlm_labels"] for k in range(len(eval_set))])
+    counts = np.bincount(labels[labels >= 0], minlength=corpus.vocab_size).astype(np.float64)
+    log_p = torch.tensor(np.log(np.maximum(counts, 1e-300) / counts.sum()), dtype=torch.float32)
+
+    class Frequencies(torch.nn.Module):
+        def forward(self, input_ids, token_type_ids, attention_mask, mlm_positions):
+            return log_p.expand(*mlm_positions.shape, -1), None
+
+    dims = SimpleNamespace(dp=1, dp_rank=0, dp_sum=lambda t: t)
+    loss = evaluate_mlm(Frequencies(), eval_set, dims, torch.device("cpu"), 8, nsp=False)["eval_mlm_loss"]
+    correction = (np.count_nonzero(counts) - 1) / (2 * counts.sum())
+    assert 0 < correction < 0.5 and eval_set.unigram_loss() == pytest.approx(loss + correction, abs=1e-5)
+
+
+def test_the_evaluation_line_says_when_the_model_is_still_on_the_unigram_plateau():
+    """The mark from step 1 while the loss is within PLATEAU_MARGIN of the plateau (or above it), none once the
+    model is below it; the warning naming what to change once, from 3/4 of the run on."""
+    from bertgpu.evaluation import PLATEAU_MARGIN, plateau_note
+
+    assert plateau_note(9.0, 6.1, 0, 100, False) == ("", False)  # the untrained model: nothing to judge yet
+    assert plateau_note(6.1 - PLATEAU_MARGIN - 0.01, 6.1, 80, 100, False) == ("", False)
+    note, warned = plateau_note(6.2, 6.1, 50, 100, False)
+    assert "not below the unigram plateau (6.10" in note and "warning" not in note and not warned
+    note, warned = plateau_note(6.2, 6.1, 75, 100, False)
+    assert warned and "bertgpu: warning: at step 75 of 100" in note and "--lr" in note and "--warmup" in note
+    assert "warning" not in plateau_note(6.2, 6.1, 90, 100, True)[0]  # said once

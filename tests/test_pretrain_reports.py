@@ -76,3 +76,13 @@ def test_fill_mask_on_several_texts_and_a_file(resumed, tmp_path, monkeypatch):
     assert run_in_process("fill-mask", str(run), "--input", "-", "--json", "--device", "cpu").stdout == many
     text_out = run_cli("fill-mask", run, *texts, "--device", "cpu").stdout.splitlines()
     assert text_out[0] == texts[0] and text_out[2] == "" and text_out[3] == texts[1]
+
+
+def test_a_run_that_ends_on_the_unigram_plateau_says_what_to_change(resumed):
+    """2 steps of a tiny model leave its held-out loss far above the plateau: its last evaluation says so and
+    one warning names --lr and --warmup; step 0 (the untrained model) is not judged."""
+    _, first, _ = resumed
+    evaluations = [line for line in first.splitlines() if " eval | " in line]
+    assert "unigram plateau" not in evaluations[0] and "not below the unigram plateau (" in evaluations[-1]
+    warnings = [line for line in first.splitlines() if line.startswith("bertgpu: warning:") and "plateau" in line]
+    assert len(warnings) == 1 and "--lr" in warnings[0] and "--warmup" in warnings[0]

@@ -115,3 +115,17 @@ class EvalSet:
 
     def instance(self, k: int) -> dict[str, np.ndarray]:
         return self.dataset[int(self.indices[k])]
+
+    def unigram_loss(self) -> float:
+        """The masked-LM loss of predicting every masked token by its frequency: the plateau a model sits on before
+        it uses any context. Estimated from this set's masked tokens as their entropy, in nats, with the
+        Miller-Madow correction ((distinct tokens - 1) / (2 x tokens)): a few thousand masked tokens of a large
+        vocabulary would put the plain estimate a few tenths of a nat too low. Computed once (every process alike:
+        the set is the same everywhere)."""
+        if not hasattr(self, "_unigram"):
+            labels = np.concatenate([np.asarray(self.instance(k)["mlm_labels"]).ravel() for k in range(len(self))])
+            counts = np.bincount(labels[labels >= 0]).astype(np.float64)
+            counts = counts[counts > 0]
+            p = counts / max(counts.sum(), 1.0)
+            self._unigram = float(-(p * np.log(p)).sum() + (len(counts) - 1) / (2 * max(counts.sum(), 1.0)))
+        return self._unigram

@@ -492,17 +492,30 @@ def log_spec(
         card_keys=("mlm_loss", "mlm_acc", *("nsp_loss", "nsp_acc") * nsp, *evaluation.SUMMARY_KEYS),
         evaluate=None
         if eval_set is None
-        else functools.partial(evaluate, session, net, eval_set, cfg.heldout.eval_batch_size or batch, nsp),
+        else functools.partial(evaluate, session, net, eval_set, cfg.heldout.eval_batch_size or batch, nsp, steps, []),
         eval_every=cfg.heldout.eval_every,
     )
 
 
 def evaluate(
-    session: Session, net: ParallelModel, eval_set: EvalSet, batch: int, nsp: bool, step: int
+    session: Session,
+    net: ParallelModel,
+    eval_set: EvalSet,
+    batch: int,
+    nsp: bool,
+    steps: FixedSteps,
+    warned: list[int],
+    step: int,
 ) -> tuple[dict[str, float], str]:
-    """The held-out evaluation at ``step``: its metrics and their log line."""
+    """The held-out evaluation at ``step``: its metrics and their log line, which says when the model is still on
+    the unigram plateau (``warned``: the step of the one warning about it, once said)."""
     metrics = evaluation.evaluate_mlm(net, eval_set, session.dims, session.device, batch, nsp, session.precision)
-    return metrics, evaluation.describe(step, metrics, len(eval_set))
+    note, said = evaluation.plateau_note(
+        metrics["eval_mlm_loss"], eval_set.unigram_loss(), step, steps.total, bool(warned)
+    )
+    if said and not warned:
+        warned.append(step)
+    return metrics, evaluation.describe(step, metrics, len(eval_set)) + note
 
 
 def train_step(
