@@ -54,13 +54,9 @@ class ModelConfig:
     # whether it has a next-sentence head.
     title: ClassVar[str] = "BERT"
     nsp: ClassVar[bool] = True
-    # --recipe fast's peak rate is the lr sweep's rate times this, with this Adam beta2 and this warmup (a share of the
-    # run; recipe.choose). Twice the sweep's rate with a 20% warmup: at mini, on three corpora, a lower held-out loss
-    # and a better classifier than the sweep's rate with 6%; twice the rate with 6% stalled on the unigram plateau
-    # of the Chinese reviews (BENCHMARKS.md: The recipe on a second corpus).
-    fast_lr_factor: ClassVar[float] = 2.0
+    # --recipe fast's peak rate is BERT's swept rate times this, with this Adam beta2 (recipe.choose).
+    fast_lr_factor: ClassVar[float] = 1.0
     fast_adam_beta2: ClassVar[float] = 0.999
-    fast_warmup: ClassVar[float] = 0.2
     vocab_size: int = 30522
     hidden_size: int = 768
     num_hidden_layers: int = 12
@@ -215,12 +211,11 @@ class ModernBertConfig:
     model_type: ClassVar[str] = "modernbert"
     title: ClassVar[str] = "ModernBERT"
     nsp: ClassVar[bool] = False  # masked LM only
-    # Twice the sweep's rate too, with ModernBERT's own beta2 (Warner et al. 2024) and the sweep's 6% warmup: at mini,
-    # 8 minutes on 2 cores, 0.21 nats below the sweep's rate and 0.7 points better fine-tuned on WordNet topics,
-    # every seed (BENCHMARKS.md: ModernBERT's rate under --recipe fast).
+    # Pre-norm layers take twice BERT's rate, with ModernBERT's own beta2 (Warner et al. 2024): at mini, 8 minutes
+    # on 2 cores, 0.21 nats below BERT's rate and 0.7 points better fine-tuned on WordNet topics, every seed
+    # (BENCHMARKS.md: ModernBERT's rate under --recipe fast).
     fast_lr_factor: ClassVar[float] = 2.0
     fast_adam_beta2: ClassVar[float] = 0.98
-    fast_warmup: ClassVar[float] = 0.06
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:

@@ -1,5 +1,5 @@
 """`--recipe fast`: the values it sets, bf16 on CPUs, and its learning rate and warmup for the model's size and batch
-(and its architecture: the model config's ``fast_lr_factor``, ``fast_adam_beta2`` and ``fast_warmup``).
+(and its architecture: the model config's ``fast_lr_factor`` and ``fast_adam_beta2``).
 
 BERT's default peak rate, 1e-4, is right for `base` at BERT's batch of 256 and far too low for the small
 models and batches a short run uses. The fast recipe takes the rate that reached the lowest held-out loss in
@@ -32,6 +32,8 @@ SWEPT_LR: dict[str, tuple[tuple[int, int], float]] = {
     "medium": ((8, 512), 1e-3),
     "base": ((12, 768), 5e-4),
 }
+# The warmup, as a share of the run's steps (or of its --time-budget).
+WARMUP = 0.06
 
 
 def fast_recipe(cfg: Any) -> bool:
@@ -111,8 +113,8 @@ def choose(cfg: Any, model: Any) -> tuple[Any, str]:
         optim = dataclasses.replace(optim, adam_beta2=beta2)
         chose.append(f"Adam beta2 {beta2:g} ({model.title}'s)")
     if not cfg.gave("warmup", optim.warmup, _default(optim, "warmup")):
-        optim = dataclasses.replace(optim, warmup=model.fast_warmup)
-        chose.append(f"a {model.fast_warmup:.0%} warmup")
+        optim = dataclasses.replace(optim, warmup=WARMUP)
+        chose.append("the warmup")
     if not chose:
         return optim, ""
     flags = "--lr, --adam-beta2, --warmup" if optim.adam_beta2 != cfg.optim.adam_beta2 else "--lr, --warmup"
