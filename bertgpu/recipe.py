@@ -1,11 +1,13 @@
 """`--recipe fast`: the values it sets, bf16 on CPUs, and its learning rate and warmup for the model's size and batch
-(and its architecture: the model config's ``fast_lr_factor`` and ``fast_adam_beta2``).
+(and its architecture: the model config's ``fast_lr_factor``, ``fast_adam_beta2`` and ``fast_warmup``).
 
 BERT's default peak rate, 1e-4, is right for `base` at BERT's batch of 256 and far too low for the small
 models and batches a short run uses. The fast recipe takes the rate that reached the lowest held-out loss in
 ``benchmarks/lr_sweep.py`` (BENCHMARKS.md: short fixed-step runs per size at a global batch of ``SWEEP_BATCH``)
 for the model's size, interpolated between the sizes swept by the parameters of the encoder's layers, and
-scales it to the run's global batch with ``--lr-scaling`` (sqrt unless linear is asked for). A ``--lr`` or
+scales it to the run's global batch with ``--lr-scaling`` (sqrt unless linear is asked for). The sweep's runs
+were short (120-300 steps at tiny and mini): the architecture's config scales its rate for the runs the recipe
+serves (BERT twice up to a width of 256, ModernBERT twice) and sets the warmup. A ``--lr`` or
 ``--warmup`` the user gives wins (as for every value of the recipe: one that differs from the BERT default).
 
 Every decision the recipe makes is here: the data and model values it sets when the config is built
@@ -32,8 +34,6 @@ SWEPT_LR: dict[str, tuple[tuple[int, int], float]] = {
     "medium": ((8, 512), 1e-3),
     "base": ((12, 768), 5e-4),
 }
-# The warmup, as a share of the run's steps (or of its --time-budget).
-WARMUP = 0.06
 
 
 def fast_recipe(cfg: Any) -> bool:
@@ -113,8 +113,8 @@ def choose(cfg: Any, model: Any) -> tuple[Any, str]:
         optim = dataclasses.replace(optim, adam_beta2=beta2)
         chose.append(f"Adam beta2 {beta2:g} ({model.title}'s)")
     if not cfg.gave("warmup", optim.warmup, _default(optim, "warmup")):
-        optim = dataclasses.replace(optim, warmup=WARMUP)
-        chose.append("the warmup")
+        optim = dataclasses.replace(optim, warmup=model.fast_warmup)
+        chose.append(f"a {model.fast_warmup:.0%} warmup")
     if not chose:
         return optim, ""
     flags = "--lr, --adam-beta2, --warmup" if optim.adam_beta2 != cfg.optim.adam_beta2 else "--lr, --warmup"

@@ -34,14 +34,15 @@ def _parse(*argv: str):
     return build_config(COMMANDS["pretrain"][0], args, given_fields(command, argv[1:], ()))
 
 
-@pytest.mark.parametrize("size", ["tiny", "base"])
-def test_fast_recipe_takes_the_swept_lr_of_the_size_scaled_to_the_batch(size):
+@pytest.mark.parametrize("size, factor", [("tiny", 2), ("mini", 2), ("small", 1), ("base", 1)])
+def test_fast_recipe_takes_the_swept_lr_of_the_size_scaled_to_the_batch(size, factor):
+    """BERT takes twice the sweep's rate up to a width of 256 (tiny, mini), the sweep's rate above, and a 20% warmup."""
     cfg = _parse("--model", size, "--recipe", "fast")
     optim, why = recipe.choose(cfg, ModelConfig.preset(size, vocab_size=2000))
-    swept = recipe.SWEPT_LR[size][1]
-    assert (optim.lr, optim.reference_batch, optim.lr_scaling, optim.warmup) == (swept, 32, "sqrt", recipe.WARMUP)
+    swept = factor * recipe.SWEPT_LR[size][1]
+    assert (optim.lr, optim.reference_batch, optim.lr_scaling, optim.warmup) == (swept, 32, "sqrt", 0.2)
     assert optim.peak_lr(128) == pytest.approx(2 * swept)  # sqrt(128 / 32)
-    assert f"lr {swept:g}, {size}'s best" in why
+    assert f"lr {swept:g}, {'2 x ' if factor == 2 else ''}{size}'s best" in why and "a 20% warmup" in why, why
     # The sizes differ by far more than the sweep's noise: the choice follows the size.
     assert recipe.SWEPT_LR["tiny"][1] > recipe.SWEPT_LR["base"][1]
 
@@ -50,7 +51,7 @@ def test_the_users_lr_and_warmup_win_and_bert_keeps_its_defaults():
     mine, why = recipe.choose(
         _parse("--model", "mini", "--recipe", "fast", "--lr", "5e-4"), ModelConfig.preset("mini", vocab_size=2000)
     )
-    assert (mine.lr, mine.lr_scaling, mine.warmup) == (5e-4, "none", recipe.WARMUP) and "lr " not in why
+    assert (mine.lr, mine.lr_scaling, mine.warmup) == (5e-4, "none", 0.2) and "lr " not in why
     both, why = recipe.choose(
         _parse("--model", "mini", "--recipe", "fast", "--lr", "5e-4", "--warmup", "0.2"),
         ModelConfig.preset("mini", vocab_size=2000),
@@ -71,7 +72,7 @@ def test_fast_recipe_gives_modernbert_twice_berts_rate_and_its_own_beta2_and_the
 
     modernbert = architectures.preset("modernbert", "mini", 2000)
     optim, why = recipe.choose(_parse("--model", "mini", "--arch", "modernbert", "--recipe", "fast"), modernbert)
-    assert (optim.lr, optim.adam_beta2, optim.warmup) == (2 * recipe.SWEPT_LR["mini"][1], 0.98, recipe.WARMUP)
+    assert (optim.lr, optim.adam_beta2, optim.warmup) == (2 * recipe.SWEPT_LR["mini"][1], 0.98, 0.06)
     assert "lr 0.002, 2 x mini's best" in why and "Adam beta2 0.98 (ModernBERT's)" in why, why
     assert "--lr, --adam-beta2, --warmup override" in why, why
     mine, why = recipe.choose(
@@ -80,7 +81,7 @@ def test_fast_recipe_gives_modernbert_twice_berts_rate_and_its_own_beta2_and_the
     )
     assert (mine.lr, mine.adam_beta2) == (5e-4, 0.999) and "beta2" not in why, why
     bert, _ = recipe.choose(_parse("--model", "mini", "--recipe", "fast"), ModelConfig.preset("mini", vocab_size=2000))
-    assert (bert.lr, bert.adam_beta2) == (recipe.SWEPT_LR["mini"][1], 0.999)  # BERT's betas stay AdamW's
+    assert (bert.lr, bert.adam_beta2) == (2 * recipe.SWEPT_LR["mini"][1], 0.999)  # BERT's betas stay AdamW's
 
 
 def test_a_size_between_two_swept_ones_takes_a_rate_between_theirs():
@@ -95,7 +96,7 @@ def test_the_first_line_of_a_fast_run_says_which_lr_and_why(tmp_path, small_engl
         "--no-nsp", "--nproc", "1", "--batch-size", "8", "--steps", "1", "--loader-workers", "0",
     )  # fmt: skip
     first = out.stdout.splitlines()[0]
-    swept = recipe.SWEPT_LR["mini"][1]
+    swept = 2 * recipe.SWEPT_LR["mini"][1]  # BERT at mini: twice the sweep's rate
     assert f"peak lr {swept / 2:.3g} = {swept:.3g} x sqrt(8/32)" in first, first  # batch 8 of the sweep's 32
     assert "mini's best at batch 32 in the lr sweep" in first and "--lr, --warmup override" in first, first
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
@@ -300,22 +301,22 @@ def test_a_budget_run_records_the_recipes_choices_and_the_steps_it_ran_and_a_rer
     assert ckpt.name == f"step-{steps:07d}"
     saved = json.loads((ckpt / "bertgpu.json").read_text())
     optim, precision = saved["config"]["optim"], done.stdout.split(" on cpu, ")[1].split(",")[0]
-    swept = recipe.SWEPT_LR["tiny"][1]
+    swept = 2 * recipe.SWEPT_LR["tiny"][1]  # BERT at tiny: twice the sweep's rate
     assert (optim["lr"], optim["lr_scaling"], optim["reference_batch"]) == (swept, "sqrt", recipe.SWEEP_BATCH)
-    assert (optim["warmup"], optim["steps"]) == (recipe.WARMUP, steps)
+    assert (optim["warmup"], optim["steps"]) == (0.2, steps)
     assert saved["config"]["run"]["precision"] == precision != "auto"
     assert saved["time_budget"] == "4s" and saved["config"]["time_budget"] == ""  # re-run by its steps
     card = (ckpt / "README.md").read_text()
     assert f"at step {steps} of {steps} planned by --time-budget 4s." in card
     assert f"| steps | {steps} of {steps} planned by --time-budget 4s |" in card
     peak = swept * (8 / recipe.SWEEP_BATCH) ** 0.5  # --batch-size 8 on 1 process
-    assert f"peak lr {peak:.3g} (--lr {swept:g} scaled sqrt from batch 32 to 8), warmup {recipe.WARMUP:g} (" in card
+    assert f"peak lr {peak:.3g} (--lr {swept:g} scaled sqrt from batch 32 to 8), warmup 0.2 (" in card
     assert f"| precision | {precision} (--precision auto) |" in card
 
     rerun = run_cli("pretrain", "--config", ckpt / "bertgpu.json", "--out", again)
     start_line = rerun.stdout.splitlines()[0]
     assert f"peak lr {peak:.3g} = {swept:.3g} x sqrt(8/32)" in start_line, start_line
-    assert f"{precision}, global batch 8" in start_line and f", warmup 6%, {steps} steps, " in start_line, start_line
+    assert f"{precision}, global batch 8" in start_line and f", warmup 20%, {steps} steps, " in start_line, start_line
     records = [json.loads(line) for line in (again / "log.jsonl").read_text().splitlines()]
     trained = [r for r in records if "lr" in r]
     assert trained[-1]["step"] == steps and trained[-1]["lr"] == 0.0 and trained[0]["peak_lr"] == pytest.approx(peak)
