@@ -54,9 +54,11 @@ class ModelConfig:
     # whether it has a next-sentence head.
     title: ClassVar[str] = "BERT"
     nsp: ClassVar[bool] = True
-    # --recipe fast's Adam beta2 and warmup (a share of the run; recipe.choose). A 20% warmup, not 6%: at small, 400
-    # steps, 0.09 nats lower; at mini, twice the rate with 6% stalled on the unigram plateau of the Chinese reviews
-    # and fine-tuned to chance, with 20% it was the best run (BENCHMARKS.md: The recipe's rate by width).
+    # --recipe fast's peak rate is the sweep's rate times this, with this Adam beta2 and warmup (a share of the run;
+    # recipe.choose). Not twice the rate: it won at tiny and mini where 10 minutes give 1,100+ steps, but in runs of
+    # 400-450 steps it stayed on the unigram plateau (small; mini on the Chinese reviews, a classifier at chance).
+    # A 20% warmup, not 6%: at small, 400 steps, 0.09 nats lower (BENCHMARKS.md: The recipe's rate and run length).
+    fast_lr_factor: ClassVar[float] = 1.0
     fast_adam_beta2: ClassVar[float] = 0.999
     fast_warmup: ClassVar[float] = 0.2
     vocab_size: int = 30522
@@ -79,13 +81,6 @@ class ModelConfig:
     # instead of the pooler's tanh(W h_[CLS]) (finetune --pooling; transformers' BertForSequenceClassification
     # ignores it and reads the pooler).
     classifier_pooling: str | None = None
-
-    @property
-    def fast_lr_factor(self) -> float:
-        """--recipe fast's peak rate is the sweep's rate for the size times this. Twice it up to a width of 256: at
-        tiny and mini, in runs of 1,200 steps (the sweep's were 120-300), a lower held-out loss on three corpora and a
-        better classifier on two; at small (width 512) twice the rate was 1.1 nats worse after 400 steps."""
-        return 2.0 if self.hidden_size <= 256 else 1.0
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_attention_heads:

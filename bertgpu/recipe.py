@@ -7,7 +7,7 @@ models and batches a short run uses. The fast recipe takes the rate that reached
 for the model's size, interpolated between the sizes swept by the parameters of the encoder's layers, and
 scales it to the run's global batch with ``--lr-scaling`` (sqrt unless linear is asked for). The sweep's runs
 were short (120-300 steps at tiny and mini): the architecture's config scales its rate for the runs the recipe
-serves (BERT twice up to a width of 256, ModernBERT twice) and sets the warmup. A ``--lr`` or
+serves (BERT by 1, ModernBERT by 2) and sets the warmup. A ``--lr`` or
 ``--warmup`` the user gives wins (as for every value of the recipe: one that differs from the BERT default).
 
 Every decision the recipe makes is here: the data and model values it sets when the config is built
