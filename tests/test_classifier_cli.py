@@ -16,7 +16,7 @@ from conftest import run_cli, run_in_process, sentiment_reviews
 from test_cli_errors import assert_one_line_error_in_process
 
 from bertgpu.classifier import Classifier
-from bertgpu.config import finetune_lr
+from bertgpu.config import FinetuneConfig, ModelConfig, ModernBertConfig, finetune_lr
 from bertgpu.data.tokenizer import load_vocab
 
 TINY = ["--max-seq-length", "32", "--batch-size", "16", "--device", "cpu", "--log-every", "5"]
@@ -50,6 +50,25 @@ def from_preset(tmp_path_factory, reviews, small_uncased_vocab) -> tuple[Path, s
     out = tmp_path_factory.mktemp("preset") / "clf"
     proc = run_cli(*from_tiny_preset(small_uncased_vocab, reviews["train"], out))
     return out, proc.stdout
+
+
+def test_modernbert_is_fine_tuned_at_twice_berts_rate_for_its_width_and_says_so():
+    from bertgpu.tasks.finetune import resolve_lr
+
+    assert finetune_lr(256, 2.0) == 3.6e-4 and finetune_lr(768, 2.0) == 4e-5 and finetune_lr(128, 2.0) == 1.4e-3
+    cfg = FinetuneConfig(model="m", train="t.csv", out="o")
+    modern, line = resolve_lr(cfg, ModernBertConfig.preset("mini", vocab_size=100))
+    assert modern.optim.lr == 3.6e-4
+    assert line == (
+        "lr 3.6e-4: the default for hidden size 256 (2e-5 x (768 / 256)^2 x 2 for ModernBERT; narrower models take "
+        "larger steps); --lr sets another"
+    )
+    assert resolve_lr(cfg, ModernBertConfig.preset("base", vocab_size=100))[1].startswith(
+        "lr 4e-5: the default for hidden size 768 (BERT's 2e-5 x 2 for ModernBERT)"
+    )
+    bert, line = resolve_lr(cfg, ModelConfig.preset("mini", vocab_size=100))
+    assert bert.optim.lr == 1.8e-4 and "(768 / 256)^2; narrower" in line
+    assert resolve_lr(cfg, ModelConfig.preset("base", vocab_size=100))[1].startswith("lr 2e-5: the default for hidden size 768 (BERT's);")
 
 
 def test_a_preset_fine_tunes_from_random_weights_with_the_widths_lr(from_preset, small_uncased_vocab):

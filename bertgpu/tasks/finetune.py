@@ -222,16 +222,12 @@ def resolve_lr(cfg: FinetuneConfig, model_config: ModelConfig) -> tuple[Finetune
     """``cfg`` with --lr set (the width's default when not given), and a line saying which lr and why."""
     if cfg.optim.lr is not None:
         return cfg, f"lr {_short(cfg.optim.lr)} (--lr)"
-    lr = finetune_lr(model_config.hidden_size)
-    why = (
-        f"lr {_short(lr)}: the default for hidden size {model_config.hidden_size}"
-        + (
-            f" (2e-5 x (768 / {model_config.hidden_size})^2; narrower models take larger steps)"
-            if model_config.hidden_size < 768
-            else " (BERT's)"
-        )
-        + "; --lr sets another"
-    )
+    factor = model_config.finetune_lr_factor
+    lr = finetune_lr(model_config.hidden_size, factor)
+    times = f" x {factor:g} for {model_config.title}" if factor != 1 else ""
+    h = model_config.hidden_size
+    rule = f"2e-5 x (768 / {h})^2{times}; narrower models take larger steps" if h < 768 else f"BERT's{' 2e-5' + times if times else ''}"
+    why = f"lr {_short(lr)}: the default for hidden size {h} ({rule}); --lr sets another"
     return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=lr)), why
 
 
