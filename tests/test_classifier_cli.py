@@ -68,7 +68,8 @@ def test_modernbert_is_fine_tuned_at_twice_berts_rate_for_its_width_and_says_so(
     )
     bert, line = resolve_lr(cfg, ModelConfig.preset("mini", vocab_size=100))
     assert bert.optim.lr == 1.8e-4 and "(768 / 256)^2; narrower" in line
-    assert resolve_lr(cfg, ModelConfig.preset("base", vocab_size=100))[1].startswith("lr 2e-5: the default for hidden size 768 (BERT's);")
+    base_line = resolve_lr(cfg, ModelConfig.preset("base", vocab_size=100))[1]
+    assert base_line.startswith("lr 2e-5: the default for hidden size 768 (BERT's);")
 
 
 def test_a_preset_fine_tunes_from_random_weights_with_the_widths_lr(from_preset, small_uncased_vocab):

@@ -226,7 +226,10 @@ def resolve_lr(cfg: FinetuneConfig, model_config: ModelConfig) -> tuple[Finetune
     lr = finetune_lr(model_config.hidden_size, factor)
     times = f" x {factor:g} for {model_config.title}" if factor != 1 else ""
     h = model_config.hidden_size
-    rule = f"2e-5 x (768 / {h})^2{times}; narrower models take larger steps" if h < 768 else f"BERT's{' 2e-5' + times if times else ''}"
+    if h < 768:
+        rule = f"2e-5 x (768 / {h})^2{times}; narrower models take larger steps"
+    else:
+        rule = f"BERT's 2e-5{times}" if times else "BERT's"
     why = f"lr {_short(lr)}: the default for hidden size {h} ({rule}); --lr sets another"
     return dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=lr)), why
 
