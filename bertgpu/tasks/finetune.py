@@ -222,10 +222,9 @@ def resolve_lr(cfg: FinetuneConfig, model_config: ModelConfig) -> tuple[Finetune
     """``cfg`` with --lr set (the width's default when not given), and a line saying which lr and why."""
     if cfg.optim.lr is not None:
         return cfg, f"lr {_short(cfg.optim.lr)} (--lr)"
-    factor = model_config.finetune_lr_factor
-    lr = finetune_lr(model_config.hidden_size, factor)
+    h, factor = model_config.hidden_size, model_config.finetune_lr_factor
+    lr = finetune_lr(h, factor)
     times = f" x {factor:g} for {model_config.title}" if factor != 1 else ""
-    h = model_config.hidden_size
     if h < 768:
         rule = f"2e-5 x (768 / {h})^2{times}; narrower models take larger steps"
     else:
