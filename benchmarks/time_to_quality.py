@@ -118,10 +118,10 @@ def run_bertgpu(work: Path, args, data: Path, variant: str, arch: str = "bert") 
     flags = [
         "pretrain",
         *common.flags(data=data, model=args.model, arch=arch, no_nsp=True, recipe=recipe),
-        *extra.split(),
     ]
     flags += common.flags(nproc=2, batch_size=args.batch // 2, max_seq_length=args.seq, lr=args.lr, warmup=args.warmup,
                           device="cpu", log_every=10, seed=0, overwrite=True)  # fmt: skip
+    flags += extra.split()  # last, so that a variant's flag wins over the race's (argparse keeps the last)
     bertgpu(*flags, "--out", work / "calibrate", "--steps", 40, "--save-every", 1000)
     last = common.log_records(work / "calibrate")[-1]
     steps = int(args.budget * last["steps_per_s"])
@@ -153,10 +153,10 @@ def run_bertgpu_budget(work: Path, args, data: Path, variant: str, arch: str = "
     out = run_dir(work, "bertgpu-budget-", variant, arch)
     cmd = [
         *BERTGPU, "pretrain", "--data", data, "--model", args.model, "--arch", arch, "--no-nsp", "--recipe", recipe,
-        *extra.split(),
         "--nproc", "2", "--batch-size", args.batch // 2, "--max-seq-length", args.seq, "--device", "cpu",
         "--log-every", "10", "--seed", "0", "--time-budget", f"{args.budget:g}s",
         "--save-every-minutes", f"{args.every / 60:g}", "--keep", "100000", "--out", out,
+        *extra.split(),  # last, so that a variant's flag wins over the race's (argparse keeps the last)
     ]  # fmt: skip
     start = time.perf_counter()
     proc = sh(*cmd, timeout=args.budget + 600)
