@@ -222,7 +222,8 @@ class ModernBertConfig:
     # (BENCHMARKS.md: ModernBERT's rate under --recipe fast).
     fast_lr_factor: ClassVar[float] = 2.0
     fast_adam_beta2: ClassVar[float] = 0.98
-    # The sweep's 6% warmup: 20% fine-tuned worse on WordNet topics (0.932 against 0.940-0.942, 3 seeds).
+    # The sweep's 6% warmup: 20% fine-tuned worse on WordNet topics (0.932 against 0.940-0.942, 3 seeds), and no
+    # better where 10 minutes give 550 steps, though its loss was lower (BENCHMARKS.md: a linear probe).
     fast_warmup: ClassVar[float] = 0.06
     # Fine-tuned at twice BERT's rate for its width, as ModernBERT's own fine-tuning takes higher rates than
     # BERT's: from a checkpoint pretrained 10 minutes, 1,000 labels, 3 seeds, 2.9 points better on the Chinese
