@@ -51,12 +51,13 @@ def features(model_dir: str, texts: list[str], max_length: int, batch: int = 64)
     return {name: torch.cat(parts).float() for name, parts in pooled.items()}
 
 
-def probe(train: torch.Tensor, y: torch.Tensor, test: torch.Tensor, y_test: torch.Tensor, l2: float) -> float:
+def probe(
+    train: torch.Tensor, y: torch.Tensor, test: torch.Tensor, y_test: torch.Tensor, classes: int, l2: float
+) -> float:
     """Test accuracy of a logistic regression fitted on ``train``; features standardised by the training set's
     statistics (a probe should not depend on a layer's scale)."""
     mu, sd = train.mean(0), train.std(0) + 1e-6
     x, x_test = (train - mu) / sd, (test - mu) / sd
-    classes = int(y.max()) + 1
     w = torch.zeros(x.shape[1], classes, requires_grad=True)
     b = torch.zeros(classes, requires_grad=True)
     opt = torch.optim.LBFGS([w, b], max_iter=500, line_search_fn="strong_wolfe")
@@ -97,7 +98,7 @@ def main() -> None:
             train = features(model, texts, args.max_seq_length)
             y = torch.tensor([labels.index(v) for v in train_labels])
             for name in train:
-                per_seed.setdefault(name, []).append(probe(train[name], y, test[name], y_test, args.l2))
+                per_seed.setdefault(name, []).append(probe(train[name], y, test[name], y_test, len(labels), args.l2))
         names = list(per_seed)
         if args.layers == "ends":
             names = ["mean 0", "cls last", "mean last"]
