@@ -15,7 +15,6 @@ scored on the test file. The task directory is transfer.py's (few-S.csv, test.cs
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 
 import common
@@ -23,20 +22,26 @@ import torch
 
 
 def read(path: Path) -> tuple[list[str], list[str]]:
-    with open(path, encoding="utf-8", newline="") as f:
-        rows = list(csv.DictReader(f))
-    return [r["text"] for r in rows], [r["label"] for r in rows]
+    """The texts and labels of a task file, read as `bertgpu finetune` reads them (rows it skips, skipped)."""
+    from bertgpu.data.classification import load_examples
+
+    examples = load_examples(path, "text", label_column="label")
+    return examples.texts, examples.labels
 
 
-@torch.no_grad()
-def features(model_dir: str, texts: list[str], max_length: int, batch: int = 64) -> dict[str, torch.Tensor]:
-    """``{"cls L": ..., "mean L": ...}`` for every layer L (0, 1, ..., "last"): one row per text."""
+def load(model_dir: str):
+    """The tokenizer and the frozen encoder of a Hugging Face directory, as a user loads them."""
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging
 
     logging.set_verbosity_error()  # the MLM head's weights, unused here, are reported as unexpected
     logging.disable_progress_bar()
-    tokenizer, model = AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
+    return AutoTokenizer.from_pretrained(model_dir), AutoModel.from_pretrained(model_dir).eval()
+
+
+@torch.no_grad()
+def features(tokenizer, model, texts: list[str], max_length: int, batch: int = 64) -> dict[str, torch.Tensor]:
+    """``{"cls L": ..., "mean L": ...}`` for every layer L (0, 1, ..., "last"): one row per text."""
     pooled: dict[str, list[torch.Tensor]] = {}
     for i in range(0, len(texts), batch):
         enc = tokenizer(texts[i : i + batch], padding=True, truncation=True, max_length=max_length, return_tensors="pt")
@@ -82,7 +87,6 @@ def main() -> None:
     parser.add_argument("--names", nargs="+", help="a label per model for the table (default: directory names)")
     parser.add_argument("--layers", choices=["ends", "all"], default="ends", help="ends: the embeddings and the last")
     args = parser.parse_args()
-    torch.manual_seed(0)
 
     test_texts, test_labels = read(args.task / "test.csv")
     labels = sorted(set(test_labels))
@@ -90,12 +94,13 @@ def main() -> None:
     print(common.machine_line("torch", "transformers"))
     print(f"# task {args.task}: {len(labels)} labels, {len(test_texts)} test examples; probe L2 {args.l2}")
     rows = []
-    for name_of_model, model in zip(args.names or [Path(m).name for m in args.models], args.models, strict=True):
-        test = features(model, test_texts, args.max_seq_length)
+    for name_of_model, model_dir in zip(args.names or [Path(m).name for m in args.models], args.models, strict=True):
+        tokenizer, model = load(model_dir)
+        test = features(tokenizer, model, test_texts, args.max_seq_length)
         per_seed: dict[str, list[float]] = {}
         for seed in args.seeds:
             texts, train_labels = read(args.task / f"few-{seed}.csv")
-            train = features(model, texts, args.max_seq_length)
+            train = features(tokenizer, model, texts, args.max_seq_length)
             y = torch.tensor([labels.index(v) for v in train_labels])
             for name in train:
                 per_seed.setdefault(name, []).append(probe(train[name], y, test[name], y_test, len(labels), args.l2))
