@@ -239,7 +239,7 @@ def _config_stays_here(path: tuple[str, ...]) -> bool:
     return here(data)
 
 
-def workers_from_a_fork_server(fn, args) -> str:
+def workers_from_a_fork_server(fn, args, *preload: str) -> str:
     """launch._start_method for runs from the test process: the fork server `python -m bertgpu` uses (the
     test process is not bertgpu's command line, so the product would spawn). multiprocessing keeps one
     fork server per process, so every run of a test worker after the first skips its torch import too.
@@ -252,7 +252,7 @@ def workers_from_a_fork_server(fn, args) -> str:
 
     from bertgpu.parallel import launch
 
-    start_method(fn, args, "peft")
+    start_method(fn, args, "peft", *preload)
     # Started here (once per test worker) with this folder on its path too, so that it finds slow_rank; launch would
     # start it on first use with bertgpu's path alone (launch.worker_import_env).
     saved = {name: os.environ.get(name) for name in launch.WORKER_IMPORT_ENV}

@@ -147,8 +147,10 @@ def launch(
     run_id: str = "",
     last_call: int = 30,
     heartbeat: int = 5,
+    preload: tuple[str, ...] = (),
 ) -> None:
-    """Run ``fn(*args)`` in ``nproc`` local worker processes with torch's elastic launcher.
+    """Run ``fn(*args)`` in ``nproc`` local worker processes with torch's elastic launcher. ``preload``: optional
+    libraries every worker imports (peft for LoRA), which the fork server imports once for them all.
 
     A worker that failed on a user error, or stopped on a signal, has already printed its one line;
     any other failure is reported with the failing rank and its exit code. With ``max_restarts``
@@ -189,7 +191,7 @@ def launch(
         max_restarts=max_restarts,
         rdzv_configs={"last_call_timeout": last_call, "keep_alive_interval": heartbeat},
         monitor_interval=0.1,
-        start_method=_start_method(fn, args),
+        start_method=_start_method(fn, args, *preload),
         **extra,
     )
     # torch's elastic agent logs a worker's exit (with a traceback of its own) and each signal it passes
@@ -260,7 +262,7 @@ def worker_import_env() -> dict[str, str]:
     return {"PYTHONSAFEPATH": "1", **({"PYTHONPATH": os.pathsep.join(entries)} if entries else {})}
 
 
-def _start_method(fn: Callable[..., Any], args: tuple) -> str:
+def _start_method(fn: Callable[..., Any], args: tuple, *preload: str) -> str:
     """How the workers start: from a fork server when bertgpu's own command line is the main program, else spawned.
 
     A fork server imports torch and the task once and forks every worker (and every restart) from it, instead of
@@ -277,7 +279,7 @@ def _start_method(fn: Callable[..., Any], args: tuple) -> str:
         ours = Path(getattr(main, "__file__", "") or "").name == "bertgpu"  # the console script pip writes
     if not ours or "forkserver" not in multiprocessing.get_all_start_methods():
         return "spawn"
-    multiprocessing.set_forkserver_preload(worker_preload(fn, args))
+    multiprocessing.set_forkserver_preload([*worker_preload(fn, args), *preload])  # one not installed is skipped
     return "forkserver"
 
 

@@ -101,9 +101,10 @@ def run_local_workers(train: Callable[[Any], Any], cfg: Any, nproc: int, device:
         launch.launch(launch.worker_main, (train, cfg), launch.resolve_nproc(nproc, device))
 
 
-def run_workers(train: Callable[[Any], Any], cfg: TrainingConfig) -> None:
+def run_workers(train: Callable[[Any], Any], cfg: TrainingConfig, preload: tuple[str, ...] = ()) -> None:
     """``run_local_workers`` for a training command: its workers are restarted --max-restarts times on a
-    failure (each restart resumes), and with --nnodes they meet those of the other machines."""
+    failure (each restart resumes), and with --nnodes they meet those of the other machines. ``preload``: the
+    optional libraries its workers import (``launch.launch``)."""
     run = cfg.run
     if launch.launched_externally():
         launch.worker_main(train, cfg)
@@ -123,4 +124,5 @@ def run_workers(train: Callable[[Any], Any], cfg: TrainingConfig) -> None:
             run_id=run.rdzv_id or (launch.elastic_run_id(cfg.out) if nnodes[1] > 1 else ""),
             last_call=run.rdzv_last_call,
             heartbeat=run.rdzv_heartbeat,
+            preload=preload,
         )
