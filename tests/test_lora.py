@@ -170,6 +170,29 @@ def test_fsdp_trains_the_adapters_of_ddp(tmp_path, setup, lora_run):
     assert worst <= 1e-5, f"max abs adapter difference {worst:.3g}"
 
 
+def test_the_workers_fork_server_imports_peft_once_for_them_all(tmp_path, setup, monkeypatch):
+    """Every worker of a LoRA run imports peft (with transformers: 2-3 s of CPU each): `finetune --lora-rank`
+    asks the launcher to have their fork server import it once, and the launcher puts it in the preload list."""
+    import multiprocessing
+    import sys
+    from types import SimpleNamespace
+
+    from bertgpu.parallel import launch
+    from bertgpu.tasks import finetune
+
+    asked = []
+    monkeypatch.setattr(launch, "launch", lambda fn, args, nproc, **kw: asked.append(kw["preload"]))
+    run_cli(*command(setup, tmp_path / "lora", *DDP))
+    run_cli("finetune", "--model", setup[0], "--train", setup[1], "--out", tmp_path / "full", *TINY_FINETUNE, *DDP)
+    assert asked == [("peft",), ()]
+
+    preloaded = []
+    monkeypatch.setattr(multiprocessing, "set_forkserver_preload", preloaded.append)
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", SimpleNamespace(name="bertgpu.__main__"))  # python -m
+    assert launch._start_method(finetune.train, (), *asked[0]) == "forkserver"
+    assert preloaded[-1][-1] == "peft" and "bertgpu.tasks.finetune" in preloaded[-1]
+
+
 # --- 8-bit and 4-bit base weights -------------------------------------------------------------------
 
 
