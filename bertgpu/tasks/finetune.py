@@ -278,9 +278,7 @@ def run_finetune(cfg: FinetuneConfig) -> None:
             _adapter_record(cfg, plan),
         )
     warn_before_start(cfg)
-    # LoRA's workers import peft (with transformers: 2-3 s of CPU each); their fork server imports it once.
-    preload = ("peft", "bitsandbytes") if cfg.adapter.quantize else ("peft",) if cfg.adapter.enabled else ()
-    run_workers(train, cfg, preload)
+    run_workers(train, cfg, lora.worker_imports(cfg.adapter))
 
 
 # ---------------------------------------------------------------------------------------------
