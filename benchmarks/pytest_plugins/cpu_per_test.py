@@ -28,7 +28,8 @@ _rows: list[dict] = []
 def _busy_seconds() -> float:
     """Core-seconds the machine has spent busy since boot (user, nice, system, irq, softirq, steal)."""
     with open("/proc/stat") as f:
-        ticks = [int(x) for x in f.readline().split()[1:]]
+        # user nice system idle iowait irq softirq steal; guest time that follows is counted in user and nice already
+        ticks = [int(x) for x in f.readline().split()[1:9]]
     idle = ticks[3] + ticks[4]  # idle and iowait
     return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
 
