@@ -199,8 +199,8 @@ def test_durations():
 ARGS = [*TINY_RUN, "--recipe", "fast", "--no-nsp", "--batch-size", "8", "--eval-fraction", "0.1"]
 ARGS += ["--eval-instances", "32", "--log-every", "1", "--max-seq-length", "64"]
 # Steps that wait instead of computing (tests/slowing.py: 50 ms a sequence before each forward pass, against about
-# 6 ms of computing at 64 tokens): a budget of 15 s is still 15 s of steps, but it leaves the cores to the rest of
-# the suite.
+# 8 ms of one core's computing at 64 tokens, 240 sequences a second on 2 threads): a budget of 15 s is still 15 s
+# of steps, but it leaves the cores to the rest of the suite.
 SLOW = {"SLOW_RANK": "any", "SLOW_SECONDS": "0.05"}
 
 
