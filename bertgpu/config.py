@@ -953,6 +953,13 @@ class PretrainConfig:
     heldout: HeldOutConfig = field(default_factory=HeldOutConfig)
     run: RunConfig = field(default_factory=RunConfig, metadata={"flat": True})
     dropout: float | None = opt(None, "set the model's dropout probabilities (0 makes parity checks exact)")
+    mlm_bias_init: str = opt(
+        "zeros",
+        "the masked-LM decoder's bias when the weights start random: zeros (BERT's) or unigram (each token's log "
+        "frequency in the training text, so that the first steps predict how frequent tokens are instead of "
+        "learning it)",
+        choices=["zeros", "unigram"],
+    )
     pad_vocab_multiple: int = opt(
         64,
         "pad the vocab inside the model to a multiple of this, for faster GPU "

@@ -456,6 +456,9 @@ class BertForPreTraining(_WithEncoder):
         # Tie after init, so the decoder's own random init does not overwrite the embedding.
         self.cls.predictions.decoder.weight = self.bert.embeddings.word_embeddings.weight
 
+    def mlm_output_bias(self) -> nn.Parameter:
+        return self.cls.predictions.bias
+
     def forward(
         self,
         input_ids: torch.Tensor,

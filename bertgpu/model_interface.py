@@ -56,6 +56,11 @@ class EncoderModel(nn.Module):
         """Attend through FlexAttention (CUDA) where the architecture has it and the model attends through
         SDPA; elsewhere nothing."""
 
+    def mlm_output_bias(self) -> nn.Parameter | None:
+        """The masked-LM decoder's bias (one per vocabulary row, padded rows included), or None: a model
+        without a masked-LM head, or whose decoder has no bias."""
+        return None
+
     def encoder_to_load(self) -> nn.Module:
         """What a pretrained checkpoint's weights load into when the head is fresh (a classifier's encoder)."""
         return self

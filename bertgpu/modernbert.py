@@ -408,6 +408,9 @@ class ModernBertForMaskedLM(_WithEncoder):
         with torch.no_grad():  # padded vocab rows start (and, never receiving a gradient, stay) zero
             self.decoder.weight[config.vocab_size :].zero_()
 
+    def mlm_output_bias(self) -> nn.Parameter | None:
+        return self.decoder.bias
+
     def forward(
         self,
         input_ids: torch.Tensor,

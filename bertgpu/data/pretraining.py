@@ -44,7 +44,7 @@ from .words import is_cjk
 IGNORE_INDEX = -100  # label of positions that are not predicted (as in transformers)
 
 # Tags that keep the random streams of one (seed, epoch) apart.
-_TAG_INSTANCE, _TAG_SPANS, _TAG_ORDER = 0, 1, 2
+_TAG_INSTANCE, _TAG_SPANS, _TAG_ORDER, _TAG_COUNTS = 0, 1, 2, 3
 # Markers in a span's b_end: B is random text / A and B split one sentence between them.
 RANDOM_NEXT, SPLIT_SENTENCE = -1, -2
 PACKED = -3  # b_end of a packed span (--pack): sentences of several documents, [SEP] between documents
@@ -256,6 +256,25 @@ def chinese_share(corpus: ShardedCorpus, vocab: list[str]) -> float:
         cjk += int(cjk_ids[tokens].sum())
         total += len(tokens)
     return cjk / max(total, 1)
+
+
+def token_counts(corpus: ShardedCorpus, max_tokens: int = 1 << 21, seed: int = 0) -> tuple[np.ndarray, int]:
+    """How often each token id occurs in the text (``corpus``: a prepared corpus or the documents of it a run
+    trains on), and over how many tokens: all of it, or whole documents drawn at random (the seed's order)
+    until ``max_tokens`` (a long document's first sentences only). Every process draws the same."""
+    order = np.random.default_rng([seed, _TAG_COUNTS]).permutation(corpus.num_documents)
+    offsets, lengths = corpus.doc_offsets, corpus.sentence_lengths
+    pieces, total = [], 0
+    for doc in order:
+        start, end = int(offsets[doc]), int(offsets[doc + 1])
+        cum = np.cumsum(lengths[start:end], dtype=np.int64)
+        end = start + min(end - start, int(np.searchsorted(cum, max_tokens - total)) + 1)
+        pieces.append(corpus.tokens(start, end)[: max_tokens - total])
+        total += len(pieces[-1])
+        if total >= max_tokens:
+            break
+    ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
+    return np.bincount(ids, minlength=corpus.vocab_size)[: corpus.vocab_size], len(ids)
 
 
 def wwm_fallback_warning(corpus: ShardedCorpus, cfg: DataConfig) -> str | None:

@@ -37,6 +37,7 @@ from ..data.pretraining import (
     GlobalBatchSampler,
     PretrainingDataset,
     check_nsp_possible,
+    token_counts,
     warn_wwm_fallback,
 )
 from ..data.shards import ShardedCorpus, warn_if_unknown
@@ -318,6 +319,8 @@ def build(cfg: PretrainConfig, plan: Plan, session: Session) -> tuple[Run, Loop,
             f"of {global_batch} ({describe_batch(loop.sizes, accum)})"
         )
     model = model_for(cfg, plan, session)
+    if cfg.mlm_bias_init == "unigram" and session.resume_from is None and plan.init_from is None:
+        init_bias_to_unigram(model, train_text, seed)
     chosen, why = recipe.choose(cfg, plan.model_config)  # --recipe fast: the lr and warmup for this size
     optim = dataclasses.replace(chosen, lr=chosen.peak_lr(global_batch))
     steps = step_plan(cfg, session, optim, eval_set, global_batch)
@@ -429,6 +432,20 @@ def build_model(cfg: PretrainConfig, plan: Plan, resume_from: Path | None) -> Be
             unused.requires_grad_(False)
         model.next_sentence = False  # and they do not run (the NSP logits are None)
     return model
+
+
+def init_bias_to_unigram(model: torch.nn.Module, text: ShardedCorpus | DocumentSubset, seed: int) -> None:
+    """--mlm-bias-init unigram: the decoder's bias of a fresh model set to each token's log frequency in the
+    training text (add-half smoothed, so a token the sample lacks gets a finite, low score): the initial masked-LM
+    loss is then the unigram plateau's (logits of the random tied embedding are near zero), where a zero bias
+    starts at log(vocab) and spends the first steps of the warmup learning token frequencies."""
+    bias = model.mlm_output_bias()
+    if bias is None:
+        return
+    counts, total = token_counts(text, seed=seed)
+    log_p = np.log((counts + 0.5) / (total + 0.5 * len(counts)))
+    with torch.no_grad():  # padded vocab rows (their logits are cut off) keep their zeros
+        bias[: len(log_p)].copy_(torch.from_numpy(log_p))
 
 
 def start_line(
