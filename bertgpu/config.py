@@ -957,7 +957,7 @@ class PretrainConfig:
         "zeros",
         "the masked-LM decoder's bias when the weights start random: zeros (BERT's) or unigram (each token's log "
         "frequency in the training text, so that the first steps predict how frequent tokens are instead of "
-        "learning it)",
+        "learning it; --recipe fast's)",
         choices=["zeros", "unigram"],
     )
     pad_vocab_multiple: int = opt(
@@ -980,8 +980,8 @@ class PretrainConfig:
         "bert",
         "bert: the original BERT recipe; fast: what reached a held-out loss sooner in "
         "benchmarks/time_to_quality.py (BENCHMARKS.md): --pack (with --no-nsp), "
-        "--masked-lm-prob 0.3 with prediction slots to match, --dropout 0, and bf16 on CPUs with bf16 "
-        "instructions (--precision auto); a flag given explicitly overrides the recipe's value",
+        "--masked-lm-prob 0.3 with prediction slots to match, --dropout 0, --mlm-bias-init unigram, and bf16 on "
+        "CPUs with bf16 instructions (--precision auto); a flag given explicitly overrides the recipe's value",
         choices=["bert", "fast"],
     )
     time_budget: str = opt(

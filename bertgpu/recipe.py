@@ -63,6 +63,8 @@ def apply_fast_recipe(cfg: Any) -> None:
             data.max_predictions = max(20, -(-round(0.3 * data.max_seq_length) // 8) * 8)
     if cfg.dropout is None:
         cfg.dropout = 0.0  # Cramming: no dropout when every token is seen about once
+    if not cfg.gave("mlm_bias_init", cfg.mlm_bias_init, "zeros"):
+        cfg.mlm_bias_init = "unigram"  # start on the unigram plateau, not at log(vocab): the warmup's steps learn more
 
 
 def _layer_params(layers: int, hidden: int) -> float:

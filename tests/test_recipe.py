@@ -44,6 +44,15 @@ def test_fast_recipe_sets_its_values_and_explicit_flags_win():
     assert (with_nsp.data.pack, with_nsp.data.masked_lm_prob) == (False, 0.3)
 
 
+def test_fast_recipe_starts_the_mlm_bias_at_the_token_frequencies():
+    """--recipe fast sets --mlm-bias-init unigram (BENCHMARKS.md: The masked-LM bias at the token frequencies);
+    --recipe bert keeps BERT's zeros, and a flag given wins, also at BERT's value."""
+    assert _parse("--no-nsp").mlm_bias_init == "zeros"
+    assert _parse("--no-nsp", "--recipe", "fast").mlm_bias_init == "unigram"
+    assert _parse("--no-nsp", "--recipe", "fast", "--mlm-bias-init", "zeros").mlm_bias_init == "zeros"
+    assert _parse("--no-nsp", "--mlm-bias-init", "unigram").mlm_bias_init == "unigram"
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_fast_recipe_takes_bf16_on_cpus_that_compute_it_natively(monkeypatch, native):
     """--precision auto under --recipe fast: bf16 autocast where the CPU has bf16 instructions (emulated bf16

@@ -261,18 +261,19 @@ def chinese_share(corpus: ShardedCorpus, vocab: list[str]) -> float:
 def token_counts(corpus: ShardedCorpus, max_tokens: int = 1 << 21, seed: int = 0) -> tuple[np.ndarray, int]:
     """How often each token id occurs in the text (``corpus``: a prepared corpus or the documents of it a run
     trains on), and over how many tokens: all of it, or whole documents drawn at random (the seed's order)
-    until ``max_tokens`` (a long document's first sentences only). Every process draws the same."""
-    order = np.random.default_rng([seed, _TAG_COUNTS]).permutation(corpus.num_documents)
+    until ``max_tokens`` (the last one's first sentences only). Every process draws the same."""
     offsets, lengths = corpus.doc_offsets, corpus.sentence_lengths
-    pieces, total = [], 0
-    for doc in order:
-        start, end = int(offsets[doc]), int(offsets[doc + 1])
-        cum = np.cumsum(lengths[start:end], dtype=np.int64)
-        end = start + min(end - start, int(np.searchsorted(cum, max_tokens - total)) + 1)
-        pieces.append(corpus.tokens(start, end)[: max_tokens - total])
-        total += len(pieces[-1])
-        if total >= max_tokens:
-            break
+    cum = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    doc_tokens = cum[offsets[1:]] - cum[offsets[:-1]]
+    order = np.random.default_rng([seed, _TAG_COUNTS]).permutation(corpus.num_documents)
+    taken = np.cumsum(doc_tokens[order])
+    chosen = order[: int(np.searchsorted(taken, max_tokens)) + 1]
+    pieces = [corpus.tokens(int(offsets[d]), int(offsets[d + 1])) for d in np.sort(chosen[:-1])]
+    if len(chosen):  # the last document up to max_tokens, through the sentences that hold them
+        last, have = int(chosen[-1]), sum(map(len, pieces))
+        start, end = int(offsets[last]), int(offsets[last + 1])
+        end = min(end, int(np.searchsorted(cum, cum[start] + max_tokens - have)) + 1)
+        pieces.append(corpus.tokens(start, end)[: max_tokens - have])
     ids = np.concatenate(pieces) if pieces else np.zeros(0, np.int64)
     return np.bincount(ids, minlength=corpus.vocab_size)[: corpus.vocab_size], len(ids)
 
