@@ -34,15 +34,17 @@ def _parse(*argv: str):
     return build_config(COMMANDS["pretrain"][0], args, given_fields(command, argv[1:], ()))
 
 
-@pytest.mark.parametrize("size", ["tiny", "base"])
-def test_fast_recipe_takes_the_swept_lr_of_the_size_scaled_to_the_batch(size):
-    """BERT takes the sweep's rate for its size with a 20% warmup."""
+@pytest.mark.parametrize("size, factor", [("tiny", 2), ("base", 1)])
+def test_fast_recipe_takes_the_swept_lr_of_the_size_scaled_to_the_batch(size, factor):
+    """BERT takes the sweep's rate for its size (twice it up to a width of 256) with a 20% warmup."""
     cfg = _parse("--model", size, "--recipe", "fast")
     optim, why = recipe.choose(cfg, ModelConfig.preset(size, vocab_size=2000))
     swept = recipe.SWEPT_LR[size][1]
-    assert (optim.lr, optim.reference_batch, optim.lr_scaling, optim.warmup) == (swept, 32, "sqrt", 0.2)
-    assert optim.peak_lr(128) == pytest.approx(2 * swept)  # sqrt(128 / 32)
-    assert f"lr {swept:g}, {size}'s best" in why and "a 20% warmup" in why, why
+    lr = factor * swept
+    assert (optim.lr, optim.reference_batch, optim.lr_scaling, optim.warmup) == (lr, 32, "sqrt", 0.2)
+    assert optim.peak_lr(128) == pytest.approx(2 * lr)  # sqrt(128 / 32)
+    where = f"{factor} x {size}'s best" if factor != 1 else f"{size}'s best"
+    assert f"lr {lr:g}, {where}" in why and "a 20% warmup" in why, why
     # The sizes differ by far more than the sweep's noise: the choice follows the size.
     assert recipe.SWEPT_LR["tiny"][1] > recipe.SWEPT_LR["base"][1]
 
@@ -81,7 +83,11 @@ def test_fast_recipe_gives_modernbert_twice_berts_rate_and_its_own_beta2_and_the
     )
     assert (mine.lr, mine.adam_beta2) == (5e-4, 0.999) and "beta2" not in why, why
     bert, _ = recipe.choose(_parse("--model", "mini", "--recipe", "fast"), ModelConfig.preset("mini", vocab_size=2000))
-    assert (bert.lr, bert.adam_beta2) == (recipe.SWEPT_LR["mini"][1], 0.999)  # BERT's betas stay AdamW's
+    assert (bert.lr, bert.adam_beta2) == (2 * recipe.SWEPT_LR["mini"][1], 0.999)  # BERT's betas stay AdamW's
+    small, _ = recipe.choose(
+        _parse("--model", "small", "--recipe", "fast"), ModelConfig.preset("small", vocab_size=2000)
+    )
+    assert small.lr == recipe.SWEPT_LR["small"][1]  # wider than 256: the sweep's rate
 
 
 def test_a_size_between_two_swept_ones_takes_a_rate_between_theirs():
@@ -96,7 +102,7 @@ def test_the_first_line_of_a_fast_run_says_which_lr_and_why(tmp_path, small_engl
         "--no-nsp", "--nproc", "1", "--batch-size", "8", "--steps", "1", "--loader-workers", "0",
     )  # fmt: skip
     first = out.stdout.splitlines()[0]
-    swept = recipe.SWEPT_LR["mini"][1]
+    swept = 2 * recipe.SWEPT_LR["mini"][1]  # the recipe's rate: twice the sweep's up to a width of 256
     assert f"peak lr {swept / 2:.3g} = {swept:.3g} x sqrt(8/32)" in first, first  # batch 8 of the sweep's 32
     assert "mini's best at batch 32 in the lr sweep" in first and "--lr, --warmup override" in first, first
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
@@ -302,7 +308,7 @@ def test_a_budget_run_records_the_recipes_choices_and_the_steps_it_ran_and_a_rer
     assert ckpt.name == f"step-{steps:07d}"
     saved = json.loads((ckpt / "bertgpu.json").read_text())
     optim, precision = saved["config"]["optim"], done.stdout.split(" on cpu, ")[1].split(",")[0]
-    swept = recipe.SWEPT_LR["tiny"][1]
+    swept = 2 * recipe.SWEPT_LR["tiny"][1]  # the recipe's rate: twice the sweep's up to a width of 256
     assert (optim["lr"], optim["lr_scaling"], optim["reference_batch"]) == (swept, "sqrt", recipe.SWEEP_BATCH)
     assert (optim["warmup"], optim["steps"]) == (0.2, steps)
     assert saved["config"]["run"]["precision"] == precision != "auto"
