@@ -318,9 +318,7 @@ def build(cfg: PretrainConfig, plan: Plan, session: Session) -> tuple[Run, Loop,
             f"{cfg.data.data} gives {len(dataset)} instances per epoch, fewer than one global batch "
             f"of {global_batch} ({describe_batch(loop.sizes, accum)})"
         )
-    model = model_for(cfg, plan, session)
-    if cfg.mlm_bias_init == "unigram" and session.resume_from is None and plan.init_from is None:
-        init_bias_to_unigram(model, train_text, seed)
+    model = model_for(cfg, plan, session, train_text)
     chosen, why = recipe.choose(cfg, plan.model_config)  # --recipe fast: the lr and warmup for this size
     optim = dataclasses.replace(chosen, lr=chosen.peak_lr(global_batch))
     steps = step_plan(cfg, session, optim, eval_set, global_batch)
@@ -396,10 +394,12 @@ def summary_where(plan: Plan, saved: Path) -> str:
     )
 
 
-def model_for(cfg: PretrainConfig, plan: Plan, session: Session) -> BertForPreTraining:
+def model_for(
+    cfg: PretrainConfig, plan: Plan, session: Session, train_text: ShardedCorpus | DocumentSubset
+) -> BertForPreTraining:
     """``build_model``, then its kernels (flash attention's variable-length one on a GPU, the fused QKV,
     --fp8), and one line where a step looks too big for the device's memory."""
-    model = build_model(cfg, plan, session.resume_from)
+    model = build_model(cfg, plan, session.resume_from, train_text)
     if session.device.type == "cuda":
         use_varlen_attention(model)  # padded rows through flash attention's variable-length kernel
     use_fused_qkv(model, cfg.fused_qkv)  # Q, K and V as one matmul (a BERT's; ModernBERT's Wqkv is one weight)
@@ -416,13 +416,17 @@ def model_for(cfg: PretrainConfig, plan: Plan, session: Session) -> BertForPreTr
     return model
 
 
-def build_model(cfg: PretrainConfig, plan: Plan, resume_from: Path | None) -> BertForPreTraining:
-    """The model with the same initial weights on every process: the seed's, or those of the checkpoint
-    resumed or the model continued from."""
+def build_model(
+    cfg: PretrainConfig, plan: Plan, resume_from: Path | None, train_text: ShardedCorpus | DocumentSubset
+) -> BertForPreTraining:
+    """The model with the same initial weights on every process: the seed's (with --mlm-bias-init unigram, the
+    decoder's bias from ``train_text``), or those of the checkpoint resumed or the model continued from."""
     torch.manual_seed(cfg.run.seed)
     model = architectures.pretraining_model(plan.model_config, pad_vocab_multiple=cfg.pad_vocab_multiple)
     if resume_from is not None or plan.init_from is not None:
         hf_dir.load_weights(model, resume_from or plan.init_from)
+    elif cfg.mlm_bias_init == "unigram":
+        init_bias_to_unigram(model, train_text, cfg.run.seed)
     if cfg.data.pack and cfg.data.pack_attention == "document":  # the rows' masks number their documents
         architectures.use_document_attention(model)
     if not architectures.of(plan.model_config).nsp:  # ModernBERT: no pooler, no NSP head
