@@ -36,38 +36,47 @@ def evaluate_mlm(
     mine = list(range(dims.dp_rank, len(eval_set), dims.dp))
     per_rank = -(-len(eval_set) // dims.dp)  # the most any rank has: every rank runs as many batches
     sums = torch.zeros(len(SUMS), dtype=torch.float64, device=device)
-    for first in range(0, per_rank, batch_size):
-        wanted = range(first, min(first + batch_size, per_rank))
-        instances = [eval_set.instance(mine[j] if j < len(mine) else 0) for j in wanted]
-        weights = torch.tensor([1.0 if j < len(mine) else 0.0 for j in wanted], dtype=torch.float64, device=device)
-        batch = {k: v.to(device) for k, v in torch.utils.data.default_collate(instances).items()}
-        with autocast(precision, device):
-            mlm_logits, nsp_logits = model(*(batch[k] for k in MODEL_INPUTS))
-        labels = batch["mlm_labels"]
-        valid = labels != IGNORE_INDEX
-        token_loss = (
-            F.cross_entropy(
-                mlm_logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none"
-            )
-            .view_as(labels)
-            .double()
-        )
-        correct = ((mlm_logits.argmax(-1) == labels) & valid).double()
-        per_instance = [
-            (token_loss * weights[:, None]).sum(),
-            (correct * weights[:, None]).sum(),
-            (valid.double() * weights[:, None]).sum(),
-        ]
-        if nsp:
-            nsp_loss = F.cross_entropy(nsp_logits.float(), batch["nsp_label"], reduction="none").double()
-            nsp_correct = (nsp_logits.argmax(-1) == batch["nsp_label"]).double()
-            per_instance += [(nsp_loss * weights).sum(), (nsp_correct * weights).sum()]
-        else:
-            per_instance += [torch.zeros((), dtype=torch.float64, device=device)] * 2
-        sums += torch.stack([*per_instance, weights.sum()])
+    # Eager: layers compiled in place (--compile with several processes) would otherwise compile again for
+    # no-grad mode and each batch shape, and past torch._dynamo's recompile limit (8) run every step eager.
+    with torch.compiler.set_stance("force_eager"):
+        for first in range(0, per_rank, batch_size):
+            wanted = range(first, min(first + batch_size, per_rank))
+            sums += _batch_sums(model, eval_set, mine, wanted, device, nsp, precision)
     total = dict(zip(SUMS, dims.dp_sum(sums).tolist()))
     model.train(was_training)
     return metrics_of(total, nsp)
+
+
+def _batch_sums(
+    model: Any, eval_set: EvalSet, mine: list[int], wanted: range, device: torch.device, nsp: bool, precision: str
+) -> torch.Tensor:
+    """The sums of SUMS over one batch: this rank's instances ``mine[j]`` for j in ``wanted`` (weight 0 past
+    its share)."""
+    instances = [eval_set.instance(mine[j] if j < len(mine) else 0) for j in wanted]
+    weights = torch.tensor([1.0 if j < len(mine) else 0.0 for j in wanted], dtype=torch.float64, device=device)
+    batch = {k: v.to(device) for k, v in torch.utils.data.default_collate(instances).items()}
+    with autocast(precision, device):
+        mlm_logits, nsp_logits = model(*(batch[k] for k in MODEL_INPUTS))
+    labels = batch["mlm_labels"]
+    valid = labels != IGNORE_INDEX
+    token_loss = (
+        F.cross_entropy(mlm_logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+        .view_as(labels)
+        .double()
+    )
+    correct = ((mlm_logits.argmax(-1) == labels) & valid).double()
+    sums = [
+        (token_loss * weights[:, None]).sum(),
+        (correct * weights[:, None]).sum(),
+        (valid.double() * weights[:, None]).sum(),
+    ]
+    if nsp:
+        nsp_loss = F.cross_entropy(nsp_logits.float(), batch["nsp_label"], reduction="none").double()
+        nsp_correct = (nsp_logits.argmax(-1) == batch["nsp_label"]).double()
+        sums += [(nsp_loss * weights).sum(), (nsp_correct * weights).sum()]
+    else:
+        sums += [torch.zeros((), dtype=torch.float64, device=device)] * 2
+    return torch.stack([*sums, weights.sum()])
 
 
 def metrics_of(total: dict[str, float], nsp: bool) -> dict[str, float]:

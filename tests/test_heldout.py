@@ -223,3 +223,40 @@ def test_the_evaluation_line_says_when_the_model_is_still_on_the_unigram_plateau
     note, warned = plateau_note(6.2, 6.1, 75, 100, False)
     assert warned and "bertgpu: warning: at step 75 of 100" in note and "--lr" in note and "--warmup" in note
     assert "warning" not in plateau_note(6.2, 6.1, 90, 100, True)[0]  # said once
+
+
+def test_evaluation_does_not_compile_the_layers_that_training_compiled(small_english_data):
+    """--compile with several processes compiles each encoder layer in place. The held-out evaluation runs them
+    eager: compiled, its no-grad passes and batch shapes each compiled again, and a ModernBERT (three layer graphs)
+    reached torch._dynamo's recompile limit at its first evaluation, after which training ran eager."""
+    from types import SimpleNamespace
+
+    from test_modernbert import small_config
+
+    from bertgpu.config import DataConfig
+    from bertgpu.data.heldout import EvalSet
+    from bertgpu.data.shards import ShardedCorpus
+    from bertgpu.evaluation import MODEL_INPUTS, evaluate_mlm
+    from bertgpu.modernbert import ModernBertForMaskedLM
+
+    corpus = ShardedCorpus(small_english_data)
+    eval_set = EvalSet(corpus, DataConfig(data=str(small_english_data), max_seq_length=64), 42, 20, "test")
+    torch.manual_seed(0)
+    model = ModernBertForMaskedLM(small_config(corpus.vocab_size, max_position_embeddings=64))
+    torch._dynamo.reset()
+    for layer in model.model.layers:
+        layer.compile(backend="eager", dynamic=False)  # what parallelize() does, without inductor's C++ build
+    batch = torch.utils.data.default_collate([eval_set.instance(k) for k in range(4)])
+
+    def train_forward():
+        logits, _ = model(*(batch[k] for k in MODEL_INPUTS))
+        logits.sum().backward()
+
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    train_forward()
+    trained = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
+    dims = SimpleNamespace(dp=1, dp_rank=0, dp_sum=lambda t: t)
+    evaluate_mlm(model, eval_set, dims, torch.device("cpu"), 8, nsp=False)  # batches of 8, 8 and 4, no grad
+    train_forward()
+    assert trained == 3  # layer 0 (no attention norm), a local layer, a global one
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == trained
