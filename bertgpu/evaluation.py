@@ -38,6 +38,7 @@ def evaluate_mlm(
     sums = torch.zeros(len(SUMS), dtype=torch.float64, device=device)
     # Eager: layers compiled in place (--compile with several processes) would otherwise compile again for
     # no-grad mode and each batch shape, and past torch._dynamo's recompile limit (8) run every step eager.
+    # (FlexAttention's kernel on CUDA stays compiled: modernbert.FlexMask.attend asks for it.)
     with torch.compiler.set_stance("force_eager"):
         for first in range(0, per_rank, batch_size):
             wanted = range(first, min(first + batch_size, per_rank))

@@ -176,7 +176,8 @@ class FlexMask:
             return flex_attention(q, k, v, block_mask=self.block_mask)  # compiling: part of the caller's graph
         if FlexMask._kernel is None:
             FlexMask._kernel = torch.compile(flex_attention, dynamic=False)
-        return FlexMask._kernel(q, k, v, block_mask=self.block_mask)
+        with torch.compiler.set_stance("default"):  # compiled also where evaluation runs eager: no eager kernel
+            return FlexMask._kernel(q, k, v, block_mask=self.block_mask)
 
 
 class LocalBlocks:
