@@ -1356,7 +1356,12 @@ class FinetuneConfig:
         "output directory: checkpoints/, best/ (the final classifier), metrics.json, log.jsonl, tensorboard/",
         required=True,
     )
-    epochs: int = opt(3, "passes over the training data; evaluated and saved after each")
+    epochs: int | None = opt(
+        None,
+        "passes over the training data; evaluated and saved after each (default: by the training set's size, "
+        "BERT's 3 from 800 examples up, below that as many as see 2,400 examples, at most 20: 14 for 180; a "
+        "resumed run keeps its own)",
+    )
     optim: FinetuneOptimConfig = field(
         default_factory=FinetuneOptimConfig, metadata={"flat": True, "skip": _FINETUNE_OPTIM_FIXED}
     )
@@ -1393,7 +1398,7 @@ class FinetuneConfig:
     )
 
     def __post_init__(self) -> None:
-        if self.epochs < 1:
+        if self.epochs is not None and self.epochs < 1:  # None: fine-tuning's default by the data's size
             raise UserError(f"--epochs must be at least 1, got {self.epochs}")
         if self.save_total_limit < 0 or self.run.log_every < 1:
             raise UserError("--save-total-limit must be at least 0 and --log-every at least 1")
