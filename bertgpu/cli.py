@@ -60,7 +60,7 @@ def add_config_arguments(
             add_config_arguments(parser, t, f.metadata.get("positional", ()), f.metadata.get("skip", ()))
             continue
         meta = f.metadata
-        help_text = meta.get("help", "")
+        help_text = meta.get("help", "").replace("%", "%%")  # argparse %-formats help: a percent is a literal
         if f.name in positional:
             parser.add_argument(f.name, metavar=f.name.upper(), help=help_text)
             continue
@@ -84,7 +84,7 @@ def add_config_arguments(
                 kwargs["required"] = True
                 kwargs.pop("default")
             elif default not in (None, "", []):
-                kwargs["help"] += f" (default: {default})"
+                kwargs["help"] += f" (default: {default})".replace("%", "%%")
         parser.add_argument(flag, **kwargs)
 
 

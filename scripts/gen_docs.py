@@ -47,7 +47,7 @@ def flag_table(parser: argparse.ArgumentParser) -> str:
             value = (action.metavar or action.dest).upper()
         if action.required:
             value = (value + " (required)").strip()
-        rows.append(f"| {name} | {_cell(value)} | {_cell(action.help or '')} |")
+        rows.append(f"| {name} | {_cell(value)} | {_cell((action.help or '').replace('%%', '%'))} |")
     return "\n".join(rows)
 
 
