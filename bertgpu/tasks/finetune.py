@@ -246,21 +246,17 @@ def resolve_epochs(cfg: FinetuneConfig, train_examples: int) -> tuple[FinetuneCo
     if cfg.epochs is not None:
         return cfg, f"{cfg.epochs} epoch(s) (--epochs)"
     latest = checkpoint.latest_checkpoint(cfg.out) if cfg.run.resume else None
-    record = checkpoint.read_run_record(latest) if latest is not None else None
-    if record is not None and record.get("config", {}).get("epochs"):
-        epochs = int(record["config"]["epochs"])
-        return dataclasses.replace(
-            cfg, epochs=epochs
-        ), f"{epochs} epoch(s): the resumed run's own; --epochs sets another"
-    epochs = min(MAX_DEFAULT_EPOCHS, max(DEFAULT_EPOCHS, -(-MIN_EXAMPLES_SEEN // max(train_examples, 1))))
-    why = (
-        f"BERT's {DEFAULT_EPOCHS}"
-        if epochs == DEFAULT_EPOCHS
-        else f"enough to see {MIN_EXAMPLES_SEEN:,} examples"
-        + (f", at most {epochs}" if epochs == MAX_DEFAULT_EPOCHS else "")
-    )
-    line = f"{epochs} epochs: the default for {train_examples:,} training examples ({why}); --epochs sets another"
-    return dataclasses.replace(cfg, epochs=epochs), line
+    saved = (checkpoint.read_run_record(latest) or {}).get("config", {}).get("epochs") if latest else None
+    if saved:
+        epochs, why = int(saved), f"{saved} epoch(s): the resumed run's own"
+    else:
+        epochs = min(MAX_DEFAULT_EPOCHS, max(DEFAULT_EPOCHS, -(-MIN_EXAMPLES_SEEN // max(train_examples, 1))))
+        rule = (
+            f"BERT's {DEFAULT_EPOCHS}" if epochs == DEFAULT_EPOCHS else f"enough to see {MIN_EXAMPLES_SEEN:,} examples"
+        )
+        rule += f", at most {MAX_DEFAULT_EPOCHS}" if epochs == MAX_DEFAULT_EPOCHS else ""
+        why = f"{epochs} epochs: the default for {train_examples:,} training examples ({rule})"
+    return dataclasses.replace(cfg, epochs=epochs), f"{why}; --epochs sets another"
 
 
 def run_finetune(cfg: FinetuneConfig) -> None:
