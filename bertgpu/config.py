@@ -59,6 +59,9 @@ class ModelConfig:
     # recipe's rate and run length).
     fast_adam_beta2: ClassVar[float] = 0.999
     fast_warmup: ClassVar[float] = 0.2
+    # --recipe fast's --mlm-bias-init: at the token frequencies, 0.18 nats lower in the fp32 race and off the
+    # plateau at twice the rate (BENCHMARKS.md: The masked-LM bias at the token frequencies).
+    fast_mlm_bias_init: ClassVar[str] = "unigram"
     # Fine-tuning's default peak rate is finetune_lr(hidden_size) times this.
     finetune_lr_factor: ClassVar[float] = 1.0
     vocab_size: int = 30522
@@ -232,6 +235,9 @@ class ModernBertConfig:
     # The sweep's 6% warmup: 20% fine-tuned worse on WordNet topics (0.932 against 0.940-0.942, 3 seeds), and no
     # better where 10 minutes give 550 steps, though its loss was lower (BENCHMARKS.md: a linear probe).
     fast_warmup: ClassVar[float] = 0.06
+    # Zeros: the unigram bias left the race the same at equal steps and fine-tuned worse on the reviews (0.691
+    # against 0.723, 3 seeds; BENCHMARKS.md: ModernBERT keeps a zero masked-LM bias).
+    fast_mlm_bias_init: ClassVar[str] = "zeros"
     # Fine-tuned at twice BERT's rate for its width, as ModernBERT's own fine-tuning takes higher rates than
     # BERT's: from a checkpoint pretrained 10 minutes, 1,000 labels, 3 seeds, 2.9 points better on the Chinese
     # reviews and 0.6-0.9 on WordNet topics (BENCHMARKS.md: ModernBERT's fine-tuning rate).
@@ -965,7 +971,7 @@ class PretrainConfig:
         "zeros",
         "the masked-LM decoder's bias when the weights start random: zeros (BERT's) or unigram (each token's log "
         "frequency in the training text, so that the first steps predict how frequent tokens are instead of "
-        "learning it; --recipe fast's)",
+        "learning it; --recipe fast's for BERT)",
         choices=["zeros", "unigram"],
     )
     pad_vocab_multiple: int = opt(
@@ -988,7 +994,7 @@ class PretrainConfig:
         "bert",
         "bert: the original BERT recipe; fast: what reached a held-out loss sooner in "
         "benchmarks/time_to_quality.py (BENCHMARKS.md): --pack (with --no-nsp), "
-        "--masked-lm-prob 0.3 with prediction slots to match, --dropout 0, --mlm-bias-init unigram, and bf16 on "
+        "--masked-lm-prob 0.3 with prediction slots to match, --dropout 0, --mlm-bias-init unigram (BERT), and bf16 on "
         "CPUs with bf16 instructions (--precision auto); a flag given explicitly overrides the recipe's value",
         choices=["bert", "fast"],
     )
@@ -1008,7 +1014,8 @@ class PretrainConfig:
         return value != default or name in self.given
 
     def __post_init__(self) -> None:
-        apply_fast_recipe(self)  # --recipe fast's values where the user gave none (recipe.py decides)
+        # --recipe fast's values where the user gave none (recipe.py decides; some are the architecture's)
+        apply_fast_recipe(self, MODEL_CONFIGS.get(self.arch, ModelConfig))
         if self.time_budget:
             parse_duration(self.time_budget)
             if self.gave("steps", self.optim.steps, OptimConfig.steps):

@@ -48,10 +48,10 @@ def cpu_bf16(cfg: Any) -> bool:
     return fast_recipe(cfg)
 
 
-def apply_fast_recipe(cfg: Any) -> None:
+def apply_fast_recipe(cfg: Any, arch: Any) -> None:
     """--recipe fast: change each field of ``cfg`` (a PretrainConfig, as it is built) that the user did not give
     (``PretrainConfig.gave``; a flag given wins, even at BERT's default value; docs/pretrain.md: The fast
-    recipe)."""
+    recipe). ``arch``: the model config class of ``cfg.arch``, for the values that are the architecture's."""
     if not fast_recipe(cfg):
         return
     data = cfg.data
@@ -64,7 +64,7 @@ def apply_fast_recipe(cfg: Any) -> None:
     if cfg.dropout is None:
         cfg.dropout = 0.0  # Cramming: no dropout when every token is seen about once
     if not cfg.gave("mlm_bias_init", cfg.mlm_bias_init, "zeros"):
-        cfg.mlm_bias_init = "unigram"  # start on the unigram plateau, not at log(vocab): the warmup's steps learn more
+        cfg.mlm_bias_init = arch.fast_mlm_bias_init  # BERT: start on the unigram plateau, not at log(vocab)
 
 
 def _layer_params(layers: int, hidden: int) -> float:

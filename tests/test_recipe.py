@@ -53,6 +53,14 @@ def test_fast_recipe_starts_the_mlm_bias_at_the_token_frequencies():
     assert _parse("--no-nsp", "--mlm-bias-init", "unigram").mlm_bias_init == "unigram"
 
 
+def test_fast_recipe_keeps_modernberts_mlm_bias_at_zero():
+    """The architecture's choice (``fast_mlm_bias_init``): ModernBERT's unigram bias fine-tuned worse (BENCHMARKS.md:
+    ModernBERT keeps a zero masked-LM bias); the flag still sets it."""
+    modern = ("--no-nsp", "--recipe", "fast", "--arch", "modernbert")
+    assert _parse(*modern).mlm_bias_init == "zeros"
+    assert _parse(*modern, "--mlm-bias-init", "unigram").mlm_bias_init == "unigram"
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_fast_recipe_takes_bf16_on_cpus_that_compute_it_natively(monkeypatch, native):
     """--precision auto under --recipe fast: bf16 autocast where the CPU has bf16 instructions (emulated bf16
