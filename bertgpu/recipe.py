@@ -67,6 +67,14 @@ def apply_fast_recipe(cfg: Any, arch: Any) -> None:
         cfg.mlm_bias_init = arch.fast_mlm_bias_init  # BERT: start on the unigram plateau, not at log(vocab)
 
 
+def with_arch(cfg: Any, arch: str) -> Any:
+    """``cfg`` (a PretrainConfig built for --arch's default) as a run of ``arch``, the architecture of the directory
+    or config.json it continues from: the values --recipe fast takes from the architecture chosen again for it (the
+    masked-LM bias), where the user gave none."""
+    again = {} if "mlm_bias_init" in cfg.given else {"mlm_bias_init": _default(cfg, "mlm_bias_init")}
+    return dataclasses.replace(cfg, arch=arch, **again)  # the config's __post_init__ applies the recipe again
+
+
 def _layer_params(layers: int, hidden: int) -> float:
     """The weights of the encoder's layers (4 h^2 of attention, 8 h^2 of feed-forward each): what sets the size."""
     return 12 * layers * hidden**2
@@ -90,9 +98,9 @@ def swept_lr(model: Any) -> tuple[float, str]:
     return float(f"{lr:.2g}"), f"between {a}'s and {b}'s by size"
 
 
-def _default(optim: Any, name: str) -> Any:
-    """The default of OptimConfig's field ``name`` (``optim``: an OptimConfig)."""
-    return next(f.default for f in dataclasses.fields(optim) if f.name == name)
+def _default(config: Any, name: str) -> Any:
+    """The default of field ``name`` of ``config`` (a dataclass: an OptimConfig, a PretrainConfig)."""
+    return next(f.default for f in dataclasses.fields(config) if f.name == name)
 
 
 def choose(cfg: Any, model: Any) -> tuple[Any, str]:

@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 from conftest import at_real_tokens, run_cli, sentiment_reviews
+from safetensors.torch import load_file
 
 from bertgpu import architectures, checkpoint, hf_dir
 from bertgpu.classifier import Classifier
@@ -307,3 +308,32 @@ def test_finetune_on_two_processes_with_fewer_evaluation_batches_than_ranks(tmp_
     assert json.loads((out / "best" / "config.json").read_text())["architectures"] == [
         "ModernBertForSequenceClassification"
     ]
+
+
+def test_a_modernbert_given_without_arch_trains_as_modernbert_with_its_recipe(tmp_path, small_english_data):
+    """--model a ModernBERT config.json (or directory) without --arch: the run is the model's own architecture, and
+    --recipe fast takes that architecture's values: a zero masked-LM bias (BERT's choice, the token frequencies,
+    was ModernBERT's before, and the run was recorded as a BERT run, which fine-tuning then read as a BERT
+    pretrained without NSP and pooled by the mean). Fine-tuning judges the architecture by the model's own config,
+    so a checkpoint recorded so before still gets ModernBERT's [CLS]."""
+    from bertgpu.data.shards import ShardedCorpus
+    from bertgpu.tasks.finetune import choose_pooling
+
+    config_json = tmp_path / "config.json"
+    config = ModernBertConfig.preset("tiny", vocab_size=ShardedCorpus(small_english_data).vocab_size)
+    config_json.write_text(json.dumps(config.to_hf_dict()))
+    out = tmp_path / "run"
+    flags = ("--model", config_json, "--data", small_english_data, "--out", out, "--no-nsp", "--recipe", "fast")
+    run_cli("pretrain", *flags, "--steps", "1", "--batch-size", "2", "--max-seq-length", "64", "--device", "cpu")
+    ckpt = checkpoint.latest_checkpoint(out)
+    record = json.loads((ckpt / "bertgpu.json").read_text())["config"]
+    assert (record["arch"], record["mlm_bias_init"]) == ("modernbert", "zeros")
+    bias = load_file(ckpt / "model.safetensors")["decoder.bias"]
+    assert bias.abs().max() < 0.1  # one step from zero (the unigram bias is a log frequency: -2 and below)
+
+    base = ModelConfig.load(ckpt)
+    assert choose_pooling("auto", ckpt, base, keep_head=False) == ("pooler", "auto")
+    record = json.loads((ckpt / "bertgpu.json").read_text())
+    record["config"]["arch"] = "bert"  # as such a run was recorded before
+    (ckpt / "bertgpu.json").write_text(json.dumps(record))
+    assert choose_pooling("auto", ckpt, base, keep_head=False) == ("pooler", "auto")

@@ -177,12 +177,13 @@ def _dropout(config: ModelConfig) -> str:
     return f"{config.hidden_dropout_prob:g}"
 
 
-def pooler_untrained(model_dir: Path | None) -> bool:
-    """Whether ``model_dir`` is a bertgpu BERT pretraining checkpoint whose pooler no loss ever trained: masked LM
-    alone (--no-nsp) leaves it as initialised, and fine-tuning through it sat at chance for an epoch
-    (BENCHMARKS.md: The chance-level fine-tune). ModernBERT's classifier reads [CLS] through the masked-LM head's
-    transform, which pretraining trains: its fine-tuning did as well either way there."""
-    if model_dir is None:
+def pooler_untrained(model_dir: Path | None, base: ModelConfig) -> bool:
+    """Whether ``model_dir`` (of model config ``base``) is a bertgpu BERT pretraining checkpoint whose pooler no loss
+    ever trained: masked LM alone (--no-nsp) leaves it as initialised, and fine-tuning through it sat at chance for
+    an epoch (BENCHMARKS.md: The chance-level fine-tune). ModernBERT's classifier reads [CLS] through the masked-LM
+    head's transform, which pretraining trains: its fine-tuning did as well either way there. The architecture is
+    the model's own: a run continued from a ModernBERT without --arch recorded BERT's before 2026-11-29."""
+    if model_dir is None or not architectures.of(base).pooler:
         return False
     record = checkpoint.read_run_record(model_dir)
     if record is None:
@@ -191,7 +192,7 @@ def pooler_untrained(model_dir: Path | None) -> bool:
     data = run.get("data")
     if not isinstance(data, dict) or "nsp" not in data:
         return False  # a fine-tuning run's, or another task's
-    return architectures.by_name(run.get("arch")).pooler and not data["nsp"]
+    return not data["nsp"]
 
 
 def choose_pooling(asked: str, model_dir: Path | None, base: ModelConfig, keep_head: bool) -> tuple[str, str]:
@@ -202,7 +203,7 @@ def choose_pooling(asked: str, model_dir: Path | None, base: ModelConfig, keep_h
         return architectures.pooling_of(base), "the classifier's own, continued"
     if architectures.pooling_of(base) == "mean":  # e.g. a classifier fine-tuned so, now given other labels
         return "mean", "auto: the model's config.json says classifier_pooling mean"
-    if pooler_untrained(model_dir):
+    if pooler_untrained(model_dir, base):
         return "mean", "auto: pretrained without NSP, the pooler is untrained; --pooling pooler for transformers"
     return "pooler", "auto"
 

@@ -188,10 +188,18 @@ def heldout_split(
     return train_text, eval_set, documents
 
 
+def keep_model_arch(cfg: PretrainConfig, model_config: ModelConfig) -> PretrainConfig:
+    """A directory or config.json trained on without --arch keeps its own architecture (``check_arch`` refuses an
+    --arch that contradicts it): the run records that one, and --recipe fast chooses for it."""
+    arch = architectures.arch_of(model_config)
+    return cfg if arch == cfg.arch else recipe.with_arch(cfg, arch)
+
+
 def run(cfg: PretrainConfig) -> None:
     """Check, then train here (one process, or one worker of torchrun) or in local workers."""
     cfg = resolve_device(cfg)
-    corpus = check(cfg).corpus
+    plan = check(cfg)
+    corpus, cfg = plan.corpus, keep_model_arch(cfg, plan.model_config)
     if not launch.restarted(cfg.out) and parse_nnodes(cfg.run.nnodes)[1] == 1:  # many machines: rank 0 checks it
         check_out_dir(cfg.out, cfg.run.overwrite, cfg.run.resume)
         if int(os.environ.get("RANK", 0)) == 0:  # once per run: not again in every torchrun worker
