@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import common
+import reporting
 from common import bertgpu
 
 
@@ -36,7 +37,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     args = parser.parse_args()
 
-    from bertgpu import samples
+    from bertgpu.data import samples
 
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -91,7 +92,7 @@ def main() -> None:
         (arch, f"{p:.0f} s", f"{loss:.3f}", f"{f:.0f} s", f"{acc:.4f}", f"{f1:.4f}")
         for arch, p, loss, f, acc, f1 in rows
     ]
-    print("\n" + "\n".join(common.markdown_table(columns, cells, align="lrrrrr")))
+    print("\n" + "\n".join(reporting.markdown_table(columns, cells, align="lrrrrr")))
 
 
 if __name__ == "__main__":

@@ -21,12 +21,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import common as harness
+import corpora
 from common import ROOT
 
 sys.path.insert(0, str(ROOT))
 
-from bertgpu import checkpoint  # noqa: E402
+from bertgpu.checkpoints import checkpoint  # noqa: E402
 
 
 def run(mode: str, data: Path, work: Path, args) -> dict:
@@ -56,7 +56,7 @@ def run(mode: str, data: Path, work: Path, args) -> dict:
     argv += ["--batch-size", str(args.batch_size), "--save-every", "2", "--log-every", "1", "--keep", "1"]
     argv += ["--device", "cpu", "--precision", "fp32", "--loader-workers", "0", "--nproc", "1", *flags]
     step_ends = []
-    from bertgpu import runlog
+    from bertgpu.training import runlog
 
     original_log = runlog.RunLog.log
 
@@ -98,7 +98,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     work = Path(tempfile.mkdtemp(prefix="bertgpu-stall-"))
-    data = harness.english_data(work)
+    data = corpora.english_data(work)
     results = {mode: run(mode, data, work, args) for mode in ("in line", "background")}
     print(f"\n`{args.model}`, batch {args.batch_size}, 1 process on CPU, a checkpoint every 2 steps\n")
     print("| checkpoint | step without a save | step with a save | time lost per save | in save() | write | saves |")

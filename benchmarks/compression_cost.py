@@ -22,6 +22,7 @@ import tempfile
 from pathlib import Path
 
 import common
+import corpora
 
 KINDS = ("none", "fp16", "bf16", "powersgd")
 
@@ -54,7 +55,7 @@ def main() -> None:
 
     best: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="compression-") as tmp:
-        data = common.english_data(Path(tmp))
+        data = corpora.english_data(Path(tmp))
         for _ in range(args.repeat):
             for kind in KINDS:
                 r = run(data, Path(tmp) / "run", kind, args)

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import common
 
-from bertgpu import samples
+from bertgpu.data import samples
+from bertgpu.models import architectures
 
 VARIANTS = {  # name: (extra flags, default learning rates to sweep)
     "full": ([], [2e-5, 5e-5, 1e-4]),
@@ -85,11 +86,12 @@ def training_state_mb(model_dir: str, flags: list[str]) -> float:
     parameter, its gradient and AdamW's two moments (fp32). Activations and the runtime are not in it."""
     import torch
 
-    from bertgpu import hf_dir, lora
-    from bertgpu.config import AdapterConfig, ModelConfig
-    from bertgpu.model import BertForSequenceClassification
+    from bertgpu.checkpoints import hf_dir
+    from bertgpu.config import AdapterConfig
+    from bertgpu.models.bert.model import BertForSequenceClassification
+    from bertgpu.training import lora
 
-    config = ModelConfig.load(model_dir)
+    config = architectures.load_config(model_dir)
     config.id2label = {0: "negative", 1: "positive"}
     model = BertForSequenceClassification(config)
     hf_dir.load_weights(model.bert, model_dir)

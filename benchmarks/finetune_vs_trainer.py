@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 
 import common
+import reporting
 from common import PEERS, PY, sh
 from peers.hf_trainer_finetune import LABELS
 
@@ -52,7 +53,7 @@ def sentiment_files(
     out: Path, train_per_class: int, val_per_class: int, test_per_class: int, seed: int
 ) -> tuple[Path, Path, Path]:
     """train.csv, val.csv (the first val_per_class training reviews of each label) and test.csv."""
-    from bertgpu import samples
+    from bertgpu.data import samples
 
     train, test = samples.write_sentiment_dataset(out / "all", test_per_class, train_per_class + val_per_class, seed)
     with open(train, encoding="utf-8") as f:
@@ -147,11 +148,11 @@ def pretrained_tiny(work: Path, steps: int) -> tuple[Path, Path]:
     """(a tiny BERT pretrained on People's Daily, the same config randomly initialised), one vocab."""
     import torch
 
-    from bertgpu import samples
-    from bertgpu.config import ModelConfig
+    from bertgpu.checkpoints.hf_dir import save_pretrained
+    from bertgpu.data import samples
     from bertgpu.data.tokenizer import load_vocab
-    from bertgpu.hf_dir import save_pretrained
-    from bertgpu.model import BertForPreTraining
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
 
     corpus = samples.write_chinese_corpus(work / "corpus.txt")
     vocab = work / "vocab.txt"
@@ -168,7 +169,7 @@ def pretrained_tiny(work: Path, steps: int) -> tuple[Path, Path]:
         flush=True,
     )
     pretrained = work / "pretrain" / "checkpoints" / f"step-{steps:07d}"
-    config = ModelConfig.preset("tiny", vocab_size=len(load_vocab(vocab)))
+    config = BertConfig.preset("tiny", vocab_size=len(load_vocab(vocab)))
     torch.manual_seed(0)
     random_dir = save_pretrained(
         BertForPreTraining(config), config, work / "random-init", vocab_path=vocab, do_lower_case=True
@@ -181,7 +182,7 @@ def table(title: str, rows: list[dict], hp: dict) -> str:
     columns = ("run", "training", "examples/s", "wall time", "load after", "test accuracy", "test F1", "best epoch")
     cells = [(r["name"], f"{r['train_s']:.0f} s", f"{r['examples_per_s']:.1f}", f"{r['wall_s']:.0f} s", f"{r['load']:.1f}",
               f"{r['accuracy']:.4f}", f"{r['f1']:.4f}", r["best_epoch"]) for r in rows]  # fmt: skip
-    return "\n".join([f"**{title}** ({settings})", "", *common.markdown_table(columns, cells, align="lrrrrrrr")])
+    return "\n".join([f"**{title}** ({settings})", "", *reporting.markdown_table(columns, cells, align="lrrrrrrr")])
 
 
 def main() -> None:
@@ -204,7 +205,7 @@ def main() -> None:
 
     import torch
 
-    from bertgpu import samples
+    from bertgpu.data import samples
 
     work = Path(args.out).resolve()
     work.mkdir(parents=True, exist_ok=True)

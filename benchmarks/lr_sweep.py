@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import common
+import corpora
 from common import bertgpu
 
 # size:steps:learning rates[:global batch] (--batch otherwise); the larger sizes run at batch 8, 4x cheaper a step,
@@ -35,7 +36,7 @@ def prepared(corpus: list[str], work: Path, vocab_size: int) -> Path:
     data = work / "data"
     if (data / "meta.json").exists() or (data / "bertgpu_data.json").exists() or data.is_dir():
         return data
-    files = common.corpus_files(corpus)
+    files = corpora.corpus_files(corpus)
     text = work / "corpus.txt"
     with open(text, "w", encoding="utf-8") as out:
         for f in files:

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import common
+import corpora
 from common import ROOT
 
 LAYOUTS = {  # name: (processes, flags)
@@ -101,7 +102,7 @@ def main() -> None:
 
     results = []
     with tempfile.TemporaryDirectory(prefix="parallel-memory-") as tmp:
-        data = common.english_data(Path(tmp))
+        data = corpora.english_data(Path(tmp))
         for model in args.models:
             for layout in args.layouts:
                 r = run_layout(

@@ -41,14 +41,16 @@ import time
 from pathlib import Path
 
 import common
+import corpora
 import prepare_throughput as pt  # its measure() runs and samples one pipeline
+import reporting
 from common import MB
 from peers.tokenizer_limit import BATCH_LINES
 
 
 def write_corpora(workdir: Path, size_mb: float) -> tuple[Path, Path]:
     """``corpus-N.jsonl`` (paragraphs) and ``corpus-N.txt`` (the same, one sentence per line), ``size_mb`` of JSON."""
-    from bertgpu import samples
+    from bertgpu.data import samples
     from bertgpu.data.sentences import split_paragraph
 
     docs = samples.english_paragraphs()
@@ -68,8 +70,7 @@ def write_corpora(workdir: Path, size_mb: float) -> tuple[Path, Path]:
 
 def child_split() -> None:
     """The splitter alone on the paragraphs, cold then warm, and the tokenizer on the resulting sentences."""
-    from bertgpu import samples
-    from bertgpu.data import sentences
+    from bertgpu.data import samples, sentences
     from bertgpu.data.tokenizer import Tokenizer
 
     docs = samples.english_paragraphs()
@@ -81,7 +82,7 @@ def child_split() -> None:
         t0 = time.perf_counter()
         split = [s for p in paragraphs for s in sentences.split_paragraph(p)]
         result[f"{name}_s"] = time.perf_counter() - t0
-    tokenizer = Tokenizer(str(common.bert_vocab()))
+    tokenizer = Tokenizer(str(corpora.bert_vocab()))
     tokenizer.encode_batch(split[:100])  # build it
     t0 = time.perf_counter()
     tokens = sum(
@@ -121,8 +122,8 @@ def main() -> None:
         child_split()
         return
 
-    print(common.machine_line("tokenizers", "sentencex"))
-    print(f"# load average at start: {common.load_average()}")
+    print(reporting.machine_line("tokenizers", "sentencex"))
+    print(f"# load average at start: {reporting.load_average()}")
     workdir, tmp = common.work_directory(args.workdir, "prepare-split-bench-")
     sizes = sorted(args.size_mb)
     corpora = {s: write_corpora(workdir, s) for s in sizes}
@@ -146,7 +147,9 @@ def main() -> None:
     runs = common.round_robin(plan, args.repeat, one)
     split = measure_split(max(2, args.repeat))
     results = [common.best_of(config_runs) for config_runs in runs]
-    print(f"\n# load average at end: {common.load_average()}; measurements took {time.perf_counter() - started:.0f} s")
+    print(
+        f"\n# load average at end: {reporting.load_average()}; measurements took {time.perf_counter() - started:.0f} s"
+    )
     print(
         "| pipeline | input | workers | tokens | s | tokens/s | all runs, tokens/s | CPU s, main / workers "
         "| peak RSS, tree (MB) | main / largest worker peak (MB) |"
@@ -180,7 +183,7 @@ def main() -> None:
             f"{lines['tokens_per_s'] / limit['tokens_per_s']:.1%}; same tokens in all three: {'yes' if same else 'NO'}"
         )
         if len(sizes) > 1:
-            flat = common.flat_memory(find("jsonl-auto", w, corpora[sizes[0]][0]), auto, sizes)
+            flat = reporting.flat_memory(find("jsonl-auto", w, corpora[sizes[0]][0]), auto, sizes)
             print(f"  jsonl-auto peak tree RSS, workers={w}: {flat}")
     mb = split["mb"]
     print(
@@ -194,7 +197,7 @@ def main() -> None:
             f"  {name}: reading JSON and splitting add {extra:.1%} to the tokenizer's time -> at most "
             f"{1 / (1 + extra):.1%} of the one-sentence-per-line rate"
         )
-    common.load_warning()
+    reporting.load_warning()
     if args.json:
         args.json.write_text(json.dumps({"runs": results, "split": split}, indent=2, default=str) + "\n")
     if tmp is not None:

@@ -58,6 +58,8 @@ import time
 from pathlib import Path
 
 import common
+import corpora
+import reporting
 from common import MB
 
 
@@ -67,7 +69,7 @@ def child_main(args: argparse.Namespace) -> None:
     from peers.tokenizer_limit import run_limit
 
     (workers,) = args.workers
-    vocab = str(common.bert_vocab())
+    vocab = str(corpora.bert_vocab())
     t0 = time.perf_counter()
     if args.child == "prepare":
         from bertgpu.data.shard_writer import prepare
@@ -105,7 +107,7 @@ def measure(
 
 
 def make_corpus(workdir: Path, size_mb: float) -> Path:
-    from bertgpu import samples
+    from bertgpu.data import samples
 
     one = samples.write_english_corpus(workdir / "one.txt", repeat=1).stat().st_size
     repeat = math.ceil(size_mb * MB / one)
@@ -138,8 +140,8 @@ def main() -> None:
         child_main(args)
         return
 
-    print(common.machine_line("torch", "transformers", "tokenizers"))
-    print(f"# load average at start: {common.load_average()}")
+    print(reporting.machine_line("torch", "transformers", "tokenizers"))
+    print(f"# load average at start: {reporting.load_average()}")
     workdir, tmp = common.work_directory(args.workdir, "prepare-bench-")
     sizes = sorted(args.size_mb)
     corpora = {s: make_corpus(workdir, s) for s in sizes}
@@ -171,7 +173,9 @@ def main() -> None:
         return r
 
     results = [common.best_of(config_runs) for config_runs in common.round_robin(plan, args.repeat, one)]
-    print(f"\n# load average at end: {common.load_average()}; measurements took {time.perf_counter() - started:.0f} s")
+    print(
+        f"\n# load average at end: {reporting.load_average()}; measurements took {time.perf_counter() - started:.0f} s"
+    )
     columns = ["pipeline", "corpus", "workers", "tokenizers threads", "tokens", "s", "tokens/s", "all runs, tokens/s",
                "CPU s, main / workers", "tokens per CPU s", "peak RSS, tree (MB)", "main / largest worker peak (MB)"]  # fmt: skip
     rows = []
@@ -183,7 +187,7 @@ def main() -> None:
         rows.append((r["pipeline"], corpus, r["workers"], threads, f"{r['tokens']:,}", f"{r['seconds']:.1f}",
                      f"{r['tokens_per_s']:,.0f}", all_runs, f"{r['main_cpu_s']:.1f} / {r['workers_cpu_s']:.1f}",
                      f"{r['tokens_per_cpu_s']:,.0f}", f"{r['peak_tree_mb']:.0f}", f"{r['main_peak_mb']:.0f} / {worker}"))  # fmt: skip
-    print("\n".join(common.markdown_table(columns, rows, compact=True)))
+    print("\n".join(reporting.markdown_table(columns, rows, compact=True)))
 
     def find(pipeline: str, workers: int, threads: str = "1thr", corpus: Path | None = None) -> dict | None:
         mb = None if corpus is None else corpus.stat().st_size / MB
@@ -203,8 +207,8 @@ def main() -> None:
     if len(sizes) > 1:
         for w in args.workers:
             small, large = find("prepare", w, corpus=corpora[sizes[0]]), find("prepare", w, corpus=big)
-            print(f"prepare peak tree RSS, workers={w}: {common.flat_memory(small, large, sizes)}")
-    common.load_warning()
+            print(f"prepare peak tree RSS, workers={w}: {reporting.flat_memory(small, large, sizes)}")
+    reporting.load_warning()
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     if tmp is not None:

@@ -34,12 +34,13 @@ import time
 from pathlib import Path
 
 import common
+import reporting
 from common import MB
 
 
 def write_corpus(workdir: Path, size_mb: float) -> Path:
     """People's Daily repeated to at least ``size_mb`` MB, one sentence per line, a blank line between documents."""
-    from bertgpu import samples
+    from bertgpu.data import samples
 
     one = samples.write_chinese_corpus(workdir / "peoples-daily.txt")
     return samples.write_chinese_corpus(
@@ -59,8 +60,7 @@ def child_prepare(corpus: str, vocab: str, workers: int, out: str, zh_wwm: bool)
 
 def child_cold(vocab: str) -> None:
     """The tokenizer alone and with word starts on the unique text, twice each (cold, then warm)."""
-    from bertgpu import samples
-    from bertgpu.data import words
+    from bertgpu.data import samples, words
     from bertgpu.data.tokenizer import Tokenizer
 
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
@@ -123,8 +123,8 @@ def main() -> None:
 
     from bertgpu.data.words import segmenter_name
 
-    print(f"{common.machine_line('tokenizers')}, {segmenter_name()}")
-    print(f"# load average at start: {common.load_average()}")
+    print(f"{reporting.machine_line('tokenizers')}, {segmenter_name()}")
+    print(f"# load average at start: {reporting.load_average()}")
     workdir, tmp = common.work_directory(args.workdir, "prepare-zh-bench-")
     sizes = sorted(args.size_mb)
     corpora = {s: write_corpus(workdir, s) for s in sizes}
@@ -149,7 +149,9 @@ def main() -> None:
     runs = common.round_robin(plan, args.repeat, one)
     cold = common.child_result([sys.executable, os.path.abspath(__file__), "--child", "cold", "--vocab", str(vocab)])
     results = [common.best_of(config_runs) for config_runs in runs]
-    print(f"\n# load average at end: {common.load_average()}; measurements took {time.perf_counter() - started:.0f} s")
+    print(
+        f"\n# load average at end: {reporting.load_average()}; measurements took {time.perf_counter() - started:.0f} s"
+    )
     print(
         "| pipeline | corpus | workers | tokens | words | s | tokens/s | all runs, tokens/s | CPU s, main / workers "
         "| peak RSS, tree (MB) | main / largest worker peak (MB) |"
@@ -183,7 +185,7 @@ def main() -> None:
             f"{'met' if ratio >= 0.5 else 'MISSED'}); by CPU seconds {cpu:.1%}; same tokens: {same}"
         )
         if len(sizes) > 1:
-            flat = common.flat_memory(find(True, w, sizes[0]), wwm, sizes)
+            flat = reporting.flat_memory(find(True, w, sizes[0]), wwm, sizes)
             print(f"  prepare --zh-wwm peak tree RSS, workers={w}: {flat}")
     print(
         f"\nin one process, on the {cold['mb']:.2f} MB of People's Daily once (CPU s): tokenizer "
@@ -191,7 +193,7 @@ def main() -> None:
         f"cold, {cold['warm_wwm_s']:.2f} warm -> word starts cost {cold['cold_wwm_s'] / cold['cold_plain_s'] - 1:.0%} "
         f"of the tokenizer's time cold, {cold['warm_wwm_s'] / cold['warm_plain_s'] - 1:.0%} warm"
     )
-    common.load_warning()
+    reporting.load_warning()
     if args.json:
         args.json.write_text(json.dumps({"runs": results, "cold": cold}, indent=2) + "\n")
     if tmp is not None:

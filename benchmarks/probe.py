@@ -15,10 +15,13 @@ scored on the test file. The task directory is transfer.py's (few-S.csv, test.cs
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
-import common
+import reporting
 import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # as common.py sets it for the other benchmarks: nothing downloads
 
 
 def read(path: Path) -> tuple[list[str], list[str]]:
@@ -91,7 +94,7 @@ def main() -> None:
     test_texts, test_labels = read(args.task / "test.csv")
     labels = sorted(set(test_labels))
     y_test = torch.tensor([labels.index(v) for v in test_labels])
-    print(common.machine_line("torch", "transformers"))
+    print(reporting.machine_line("torch", "transformers"))
     print(f"# task {args.task}: {len(labels)} labels, {len(test_texts)} test examples; probe L2 {args.l2}")
     rows = []
     for name_of_model, model_dir in zip(args.names or [Path(m).name for m in args.models], args.models, strict=True):
@@ -108,7 +111,7 @@ def main() -> None:
         for name, accs in per_seed.items():
             seeds = ", ".join(f"{a:.3f}" for a in accs)
             rows.append((name_of_model, name, f"{sum(accs) / len(accs):.3f} ({seeds})"))
-    print("\n".join(common.markdown_table(["model", "features (pooling, layer)", "probe accuracy (seeds)"], rows)))
+    print("\n".join(reporting.markdown_table(["model", "features (pooling, layer)", "probe accuracy (seeds)"], rows)))
 
 
 if __name__ == "__main__":

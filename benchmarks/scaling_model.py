@@ -38,15 +38,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from common import ROOT, bert_vocab
+from common import ROOT
+from corpora import bert_vocab
 
 sys.path.insert(0, str(ROOT))
 
-from bertgpu.bench import real_batch, time_steps  # noqa: E402
-from bertgpu.config import ModelConfig  # noqa: E402
 from bertgpu.data.pretraining import IGNORE_INDEX  # noqa: E402
-from bertgpu.model import BertForPreTraining  # noqa: E402
+from bertgpu.models.bert.config import BertConfig  # noqa: E402
+from bertgpu.models.bert.model import BertForPreTraining  # noqa: E402
 from bertgpu.parallel.compression import Compression, bytes_per_step  # noqa: E402
+from bertgpu.tasks.bench import real_batch, time_steps  # noqa: E402
 
 LINKS = {"NVLink": (300e9, 2e-6), "InfiniBand 400G": (50e9, 5e-6), "25 GbE": (3.125e9, 20e-6)}
 GPUS = (8, 64)
@@ -81,7 +82,7 @@ def measure(model_name: str, batch_size: int, seq: int, steps: int) -> tuple[flo
     with tempfile.TemporaryDirectory() as tmp:
         batch = {k: v.to(device) for k, v in real_batch(vocab, batch_size, seq, 20, Path(tmp)).items()}
     torch.manual_seed(0)
-    model = BertForPreTraining(ModelConfig.preset(model_name, vocab_size=30522), pad_vocab_multiple=64).to(device)
+    model = BertForPreTraining(BertConfig.preset(model_name, vocab_size=30522), pad_vocab_multiple=64).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
 
     def step():
@@ -135,7 +136,7 @@ def main() -> None:
         f"Predicted scaling efficiency, {args.model}, compute {seconds:.3f} s per step (measured here)", seconds, params
     )
 
-    large = BertForPreTraining(ModelConfig.preset("large", vocab_size=30522), pad_vocab_multiple=64)
+    large = BertForPreTraining(BertConfig.preset("large", vocab_size=30522), pad_vocab_multiple=64)
     large_params = list(large.parameters())
     compute = NVIDIA["batch"] / NVIDIA["one_gpu_seq_s"]
     table(

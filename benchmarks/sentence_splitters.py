@@ -38,6 +38,7 @@ import sys
 import time
 
 import common
+import corpora
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 NAMES = ("sentencex", "nupunkt", "blingfire", "pysbd", "icu", "auto")
@@ -79,7 +80,7 @@ def splitter(name: str):
 
 def texts() -> dict[str, list[str]]:
     """Paragraphs of each available text: ``reference`` always, ``wikipedia`` with gensim installed."""
-    from bertgpu import samples
+    from bertgpu.data import samples
 
     out = {"reference": [p for doc in samples.english_paragraphs() for p in doc]}
     try:
@@ -111,7 +112,7 @@ def child(text: str, name: str) -> None:
     if name == "tokenizer":
         from bertgpu.data.tokenizer import Tokenizer
 
-        tokenizer = Tokenizer(str(common.bert_vocab()))
+        tokenizer = Tokenizer(str(corpora.bert_vocab()))
         tokenizer.encode_batch(["Build it first."])
         run = lambda: [tokenizer.encode_batch(paragraphs[i : i + 1000]) for i in range(0, len(paragraphs), 1000)]  # noqa: E731
     else:

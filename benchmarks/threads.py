@@ -21,12 +21,12 @@ import time
 
 CHILD = r"""
 import json, sys, time, torch
-from bertgpu.config import ModelConfig
-from bertgpu.model import BertForSequenceClassification
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForSequenceClassification
 threads, steps = int(sys.argv[1]), int(sys.argv[2])
 torch.set_num_threads(threads)
 torch.manual_seed(0)
-config = ModelConfig.preset("mini", vocab_size=30522, id2label={0: "a", 1: "b"})
+config = BertConfig.preset("mini", vocab_size=30522, id2label={0: "a", 1: "b"})
 model = BertForSequenceClassification(config)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 ids = torch.randint(1000, 30000, (16, 64))

@@ -36,158 +36,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import shutil
 import statistics
 import sys
-import time
 from pathlib import Path
 
-import common
 from common import ROOT
+from transfer_runs import cli, finetune, pretrain, random_bert
+from transfer_task import subset, write_documents, write_wordnet_dataset
 
 sys.path.insert(0, str(ROOT))
 
-from bertgpu import samples  # noqa: E402
+from bertgpu.data import samples  # noqa: E402
 
 STARTS = ["random", "general", "in-domain", "minilm", "minilm+reviews", "minilm-random"]
-
-
-def cli(*args, log: Path | None = None) -> None:
-    t0 = time.perf_counter()
-    common.bertgpu(*args, log=log)
-    print(f"  bertgpu {args[0]} ... {time.perf_counter() - t0:.0f}s", flush=True)
-
-
-def write_documents(texts: list[str], path: Path) -> Path:
-    """One review per document (a line, then a blank line), as `prepare` reads plain text."""
-    path.write_text("".join(f"{t}\n\n" for t in texts), encoding="utf-8")
-    return path
-
-
-def random_bert(path: Path, like: Path | None, vocab: Path, preset: str = "mini", arch: str = "bert") -> Path:
-    """A randomly initialised directory of ``arch``: ``preset`` with ``vocab``, or the shape of the BERT at
-    ``like``."""
-    import torch
-
-    from bertgpu import architectures
-    from bertgpu.config import ModelConfig
-    from bertgpu.hf_dir import save_pretrained
-
-    if path.exists():
-        return path
-    tokens = vocab.read_text(encoding="utf-8").splitlines()
-    if like is None:
-        config = architectures.preset(arch, preset, len(tokens), tokens)
-    else:
-        config = ModelConfig.from_hf_dict(json.loads((like / "config.json").read_text()))
-    torch.manual_seed(0)
-    model = architectures.pretraining_model(config)
-    save_pretrained(model, config, path, vocab_path=vocab, do_lower_case=True)
-    return path
-
-
-WORDNET_TOPICS = {5: "animal", 6: "artifact", 18: "person", 20: "plant"}  # lexicographer files of data.noun
-
-
-def write_wordnet_dataset(wordnet: Path, out: Path, test_per_class: int = 500, seed: int = 0) -> tuple[Path, Path]:
-    """WordNet's noun glosses (the definition, without the quoted examples, which often name the word) labelled
-    by their lexicographer file (``WORDNET_TOPICS``): train.csv and test.csv, the test balanced."""
-    import csv
-
-    by_topic: dict[str, set[str]] = {name: set() for name in WORDNET_TOPICS.values()}
-    with open(wordnet / "data.noun", encoding="latin-1") as f:
-        for line in f:
-            if line.startswith(" ") or "|" not in line:
-                continue  # the licence at the top
-            fields, gloss = line.split("|", 1)
-            topic = WORDNET_TOPICS.get(int(fields.split()[1]))
-            text = gloss.split('"')[0].strip().rstrip(";").strip()
-            if topic and len(text.split()) >= 3:
-                by_topic[topic].add(text)
-    rng = random.Random(seed)
-    train, test = [], []
-    counts: dict[str, int] = {}
-    for texts in by_topic.values():
-        for t in texts:
-            counts[t] = counts.get(t, 0) + 1
-    clash = {t for t, n in counts.items() if n > 1}  # a gloss filed under two topics says nothing of either
-    for topic, texts in by_topic.items():
-        texts = sorted(texts - clash)
-        rng.shuffle(texts)
-        test += [(t, topic) for t in texts[:test_per_class]]
-        train += [(t, topic) for t in texts[test_per_class:]]
-    rng.shuffle(train)
-    rng.shuffle(test)
-    out.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("train.csv", train), ("test.csv", test)):
-        with open(out / name, "w", encoding="utf-8", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(["text", "label"])
-            writer.writerows(rows)
-    return out / "train.csv", out / "test.csv"
-
-
-def pretrain(data: Path, model: str | Path, out: Path, args, steps: int, lr: float, arch: str = "bert") -> Path:
-    """``steps`` at ``lr``, or with --pretrain-budget the recipe's own run within that time."""
-    if not (out / "checkpoints").exists() or not any((out / "checkpoints").glob("step-*")):
-        length = (
-            common.flags(time_budget=args.pretrain_budget, save_every_minutes=5)
-            if args.pretrain_budget
-            else common.flags(steps=steps, lr=lr, warmup=0.06, save_every=max(steps // 4, 1))
-        )
-        cli(
-            "pretrain",
-            *common.flags(data=data, model=model, arch=arch, out=out, no_nsp=True, recipe="fast",
-                          batch_size=args.batch // 2, nproc=2, eval_fraction=0.02, eval_instances=500, keep=1,
-                          log_every=50, device="cpu", loader_workers=0, overwrite=True),
-            *length,
-            *args.pretrain_flags.split(),
-            log=out.with_suffix(".log"),
-        )  # fmt: skip
-    newest = max((out / "checkpoints").glob("step-*"))
-    evals = [r for r in common.log_records(out) if "eval_mlm_loss" in r]
-    print(f"  {out.name}: held-out MLM loss " + ", ".join(f"{r['eval_mlm_loss']:.2f} @ {r['step']}" for r in evals))
-    return newest
-
-
-def finetune(
-    start: Path, train: Path, test: Path, out: Path, seed: int, epochs: int, lr: float, own_defaults: bool = False
-) -> dict:
-    """Fine-tune ``start``, then test; with ``own_defaults`` as fine-tuning chooses (no --lr, --epochs, ...)."""
-    chosen = {} if own_defaults else dict(epochs=epochs, lr=lr, warmup=0.1, batch_size=16)
-    cli(
-        "finetune",
-        *common.flags(model=start, train=train, out=out, **chosen, nproc=2, max_seq_length=64, seed=seed,
-                      device="cpu", save_total_limit=1, overwrite=True),
-        log=out.with_suffix(".log"),
-    )  # fmt: skip
-    t0 = time.perf_counter()
-    # beside the run, not in it: evaluate refuses to write inside the model it reads
-    result = common.evaluate(out, test, out.with_name(f"{out.name}-test.json"), "--nproc", 2, "--device", "cpu")
-    print(f"  bertgpu evaluate ... {time.perf_counter() - t0:.0f}s", flush=True)
-    shutil.rmtree(out / "checkpoints", ignore_errors=True)  # keep best/ only: the study writes many runs
-    return {"accuracy": result["accuracy"], "f1": result["f1"]}
-
-
-def subset(train: Path, n: int, seed: int, out: Path) -> Path:
-    """``n`` training examples, balanced over the labels, drawn with ``seed`` (each seed its own few labels)."""
-    import csv
-
-    with open(train, encoding="utf-8", newline="") as f:
-        rows = list(csv.DictReader(f))
-    rng = random.Random(seed)
-    picked = []
-    labels = sorted({r["label"] for r in rows})
-    for label in labels:
-        of = [r for r in rows if r["label"] == label]
-        picked += rng.sample(of, n // len(labels))
-    rng.shuffle(picked)
-    with open(out, "w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["text", "label"])
-        writer.writeheader()
-        writer.writerows({"text": r["text"], "label": r["label"]} for r in picked)
-    return out
 
 
 def main() -> None:

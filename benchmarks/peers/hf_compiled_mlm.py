@@ -18,16 +18,17 @@ def main() -> None:
     import torch
     import transformers
 
-    from bertgpu import evaluation
-    from bertgpu.config import DataConfig, HeldOutConfig, ModelConfig, OptimConfig, PretrainConfig, RunConfig
+    from bertgpu.config import DataConfig, HeldOutConfig, OptimConfig, PretrainConfig, RunConfig
     from bertgpu.data.pretraining import IGNORE_INDEX, GlobalBatchSampler, PretrainingDataset
     from bertgpu.data.shards import ShardedCorpus
     from bertgpu.data.tokenizer import load_vocab
-    from bertgpu.model import BertForPreTraining
-    from bertgpu.optim import build_optimizer, build_schedule
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
     from bertgpu.parallel.dims import ParallelDims
-    from bertgpu.precision import allow_tf32, autocast
     from bertgpu.tasks.pretrain import heldout_split
+    from bertgpu.training import evaluation
+    from bertgpu.training.optim import build_optimizer, build_schedule
+    from bertgpu.training.precision import allow_tf32, autocast
 
     a = json.loads(sys.argv[1])
     device = torch.device(a["device"])
@@ -44,7 +45,7 @@ def main() -> None:
     corpus = ShardedCorpus(a["data"])
     train_text, eval_set, _ = heldout_split(cfg, corpus, None, 1)
     dataset = PretrainingDataset(train_text, cfg.data, a["seed"], load_vocab(corpus.vocab_path))
-    mcfg = ModelConfig.preset(a["model"], vocab_size=corpus.vocab_size, max_position_embeddings=max(512, a["seq"]))
+    mcfg = BertConfig.preset(a["model"], vocab_size=corpus.vocab_size, max_position_embeddings=max(512, a["seq"]))
     torch.manual_seed(a["seed"])
     model = transformers.BertForMaskedLM(transformers.BertConfig(**mcfg.to_hf_dict(), attn_implementation="sdpa")).to(
         device
