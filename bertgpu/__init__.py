@@ -16,7 +16,7 @@ Names are imported lazily, so ``import bertgpu`` stays cheap.
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "ModelConfig": "bertgpu.config",
+    "BertConfig": "bertgpu.models.bert.config",
     "PretrainConfig": "bertgpu.config",
     "DataConfig": "bertgpu.config",
     "OptimConfig": "bertgpu.config",
@@ -26,19 +26,22 @@ _EXPORTS = {
     "UserError": "bertgpu.errors",
     "Tokenizer": "bertgpu.data.tokenizer",
     "ShardedCorpus": "bertgpu.data.shards",
-    "BertModel": "bertgpu.model",
-    "BertForPreTraining": "bertgpu.model",
-    "BertForSequenceClassification": "bertgpu.model",
-    "ModernBertConfig": "bertgpu.config",
-    "ModernBertModel": "bertgpu.modernbert",
-    "ModernBertForMaskedLM": "bertgpu.modernbert",
-    "ModernBertForSequenceClassification": "bertgpu.modernbert",
-    "load_pretrained": "bertgpu.hf_dir",
-    "save_pretrained": "bertgpu.hf_dir",
-    "Classifier": "bertgpu.classifier",
+    "BertModel": "bertgpu.models.bert.model",
+    "BertForPreTraining": "bertgpu.models.bert.model",
+    "BertForSequenceClassification": "bertgpu.models.bert.model",
+    "ModernBertConfig": "bertgpu.models.modernbert.config",
+    "ModernBertModel": "bertgpu.models.modernbert.model",
+    "ModernBertForMaskedLM": "bertgpu.models.modernbert.model",
+    "ModernBertForSequenceClassification": "bertgpu.models.modernbert.model",
+    "load_pretrained": "bertgpu.checkpoints.hf_dir",
+    "save_pretrained": "bertgpu.checkpoints.hf_dir",
+    "Classifier": "bertgpu.tasks.classifier",
 }
 
-__all__ = [*_EXPORTS, "train_vocab", "prepare", "pretrain", "finetune", "__version__"]
+# The names of earlier releases, kept: BERT's configuration was ModelConfig.
+_ALIASES = {"ModelConfig": "BertConfig"}
+
+__all__ = [*_EXPORTS, *_ALIASES, "train_vocab", "prepare", "pretrain", "finetune", "__version__"]
 
 
 # The commands as functions. Each first stops a worker process that is re-running a script without
@@ -47,8 +50,8 @@ __all__ = [*_EXPORTS, "train_vocab", "prepare", "pretrain", "finetune", "__versi
 
 def train_vocab(*args, **kwargs):
     """Run `bertgpu vocab` from Python (see bertgpu.data.tokenizer.train_vocab)."""
-    from .data.tokenizer import train_vocab
-    from .parallel.launch import refuse_when_reimported
+    from bertgpu.data.tokenizer import train_vocab
+    from bertgpu.parallel.launch import refuse_when_reimported
 
     refuse_when_reimported()
     return train_vocab(*args, **kwargs)
@@ -56,8 +59,8 @@ def train_vocab(*args, **kwargs):
 
 def prepare(*args, **kwargs):
     """Run `bertgpu prepare` from Python (see bertgpu.data.shards.prepare)."""
-    from .data.shard_writer import prepare
-    from .parallel.launch import refuse_when_reimported
+    from bertgpu.data.shard_writer import prepare
+    from bertgpu.parallel.launch import refuse_when_reimported
 
     refuse_when_reimported()
     return prepare(*args, **kwargs)
@@ -65,8 +68,8 @@ def prepare(*args, **kwargs):
 
 def pretrain(cfg):
     """Run `bertgpu pretrain` from Python with a PretrainConfig (starts cfg.run.nproc workers if asked)."""
-    from .parallel.launch import refuse_when_reimported
-    from .tasks.pretrain import run
+    from bertgpu.parallel.launch import refuse_when_reimported
+    from bertgpu.tasks.pretrain import run
 
     refuse_when_reimported()
     return run(cfg)
@@ -74,14 +77,15 @@ def pretrain(cfg):
 
 def finetune(cfg):
     """Run `bertgpu finetune` from Python with a FinetuneConfig (starts cfg.run.nproc workers if asked)."""
-    from .parallel.launch import refuse_when_reimported
-    from .tasks.finetune import run_finetune
+    from bertgpu.parallel.launch import refuse_when_reimported
+    from bertgpu.tasks.finetune import run_finetune
 
     refuse_when_reimported()
     return run_finetune(cfg)
 
 
 def __getattr__(name):
+    name = _ALIASES.get(name, name)
     if name in _EXPORTS:
         import importlib
 

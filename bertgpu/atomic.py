@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import UserError
+from bertgpu.errors import UserError
 
 
 def fsync(path: str | os.PathLike) -> None:

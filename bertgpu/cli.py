@@ -16,8 +16,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from . import __version__
-from .config import (
+from bertgpu import __version__
+from bertgpu.config import (
     BenchConfig,
     EvaluateConfig,
     FillMaskConfig,
@@ -28,8 +28,8 @@ from .config import (
     PretrainConfig,
     VocabConfig,
 )
-from .errors import UserError, did_you_mean
-from .paths import refuse_clobbering
+from bertgpu.errors import UserError, did_you_mean
+from bertgpu.paths import refuse_clobbering
 
 
 def _unwrap_optional(t: Any) -> tuple[Any, bool]:
@@ -110,7 +110,7 @@ def _config_value(where: str, value: Any, t: Any, f: dataclasses.Field) -> Any:
     """A --config file's value for a field of type ``t``, as a flag would give it (a string is converted as the
     flag converts what is typed: "1e-4" is a number), or a UserError naming the key, the value and the type
     it needs (argparse would blame the flag, which the user never typed, under a page of usage)."""
-    from .config import parse_batch_sizes
+    from bertgpu.config import parse_batch_sizes
 
     base, optional = _unwrap_optional(t)
     shown = json.dumps(value, ensure_ascii=False)
@@ -273,7 +273,7 @@ def _blame_the_file(
 
 
 def _vocab(cfg: VocabConfig) -> None:
-    from .data.tokenizer import coverage, train_vocab
+    from bertgpu.data.tokenizer import coverage, train_vocab
 
     path = train_vocab(
         cfg.corpus, cfg.size, cfg.out, cased=cfg.cased, text_field=cfg.text_field, overwrite=cfg.overwrite
@@ -287,8 +287,8 @@ def _vocab(cfg: VocabConfig) -> None:
 
 
 def _prepare(cfg: PrepareConfig) -> None:
-    from .data.shard_writer import prepare
-    from .data.tokenizer import vocab_is_cased
+    from bertgpu.data.shard_writer import prepare
+    from bertgpu.data.tokenizer import vocab_is_cased
 
     cased = vocab_is_cased(cfg.vocab) if cfg.cased is None else cfg.cased
     prepare(
@@ -307,25 +307,25 @@ def _prepare(cfg: PrepareConfig) -> None:
 
 
 def _pretrain(cfg: PretrainConfig) -> None:
-    from .tasks import pretrain
+    from bertgpu.tasks import pretrain
 
     pretrain.run(cfg)
 
 
 def _inspect(cfg: InspectConfig) -> None:
-    from .data import inspect
+    from bertgpu.data import inspect
 
     inspect.run(cfg)
 
 
 def _finetune(cfg: FinetuneConfig) -> None:
-    from .tasks import finetune
+    from bertgpu.tasks import finetune
 
     finetune.run_finetune(cfg)
 
 
 def _evaluate(cfg: EvaluateConfig) -> None:
-    from .tasks import evaluate_mlm, predict
+    from bertgpu.tasks import evaluate_mlm, predict
 
     if evaluate_mlm.is_prepared(cfg.data):  # pretraining data: masked-LM metrics of any BERT
         evaluate_mlm.run(cfg)
@@ -334,19 +334,19 @@ def _evaluate(cfg: EvaluateConfig) -> None:
 
 
 def _predict(cfg: PredictConfig) -> None:
-    from .tasks import predict
+    from bertgpu.tasks import predict
 
     predict.run_predict(cfg)
 
 
 def _fill_mask(cfg: FillMaskConfig) -> None:
-    from .tasks import fill_mask
+    from bertgpu.tasks import fill_mask
 
     fill_mask.run(cfg)
 
 
 def _bench(cfg: BenchConfig) -> None:
-    from .bench import run
+    from bertgpu.tasks.bench import run
 
     run(cfg)
 

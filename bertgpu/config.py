@@ -1,10 +1,9 @@
-"""Configuration: small typed dataclasses, the one source of truth.
+"""Configuration: small typed dataclasses, the one source of truth for every command's flags.
 
-``ModelConfig`` mirrors the fields of a Hugging Face ``BertConfig`` (same names, same meaning), so
-that a ``config.json`` moves both ways unchanged; ``ModernBertConfig`` those of transformers'
-``ModernBertConfig`` (the model itself is ``bertgpu.modernbert``). The task configs (``VocabConfig``,
-``PrepareConfig``, ``PretrainConfig``) describe one command each; the CLI builds its flags from
-them (see ``bertgpu.cli``), and ``PretrainConfig`` is saved beside every checkpoint.
+The task configs (``VocabConfig``, ``PrepareConfig``, ``PretrainConfig``, ``FinetuneConfig``, ...) describe one
+command each; the CLI builds its flags from them (see ``bertgpu.cli``), and a run's config is saved beside every
+checkpoint. The models' own configurations (transformers' config.json fields) live with each architecture, in
+``bertgpu/models/<arch>/config.py``.
 
 Field metadata used by the CLI generator:
     help     the flag's help text (the only place an option is documented)
@@ -17,24 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import os
 import re
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
-from .errors import UserError
-from .recipe import apply_fast_recipe
-
-# (layers, hidden, heads); intermediate = 4 * hidden. The BERT size family (Turc et al. 2019, Devlin et al. 2019).
-PRESETS: dict[str, tuple[int, int, int]] = {
-    "tiny": (2, 128, 2),
-    "mini": (4, 256, 4),
-    "small": (4, 512, 8),
-    "medium": (8, 512, 8),
-    "base": (12, 768, 12),
-    "large": (24, 1024, 16),
-}
+from bertgpu.errors import UserError
+from bertgpu.models.architectures import CONFIGS
+from bertgpu.models.config import PRESETS
 
 
 def opt(default: Any = dataclasses.MISSING, help: str = "", **meta: Any) -> Any:
@@ -43,322 +32,6 @@ def opt(default: Any = dataclasses.MISSING, help: str = "", **meta: Any) -> Any:
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
     return field(default=default, metadata=meta)
-
-
-@dataclass
-class ModelConfig:
-    """The architecture, with the field names of transformers' BertConfig."""
-
-    model_type: ClassVar[str] = "bert"  # config.json's; ModernBertConfig's is "modernbert"
-    # What this config's own checks say of its architecture (bertgpu.architectures holds the rest): its name, and
-    # whether it has a next-sentence head.
-    title: ClassVar[str] = "BERT"
-    nsp: ClassVar[bool] = True
-    # --recipe fast's peak rate is the sweep's rate times ``fast_lr_factor``, with this Adam beta2 and warmup (a share
-    # of the run; recipe.choose). A 20% warmup, not 6%: at small, 400 steps, 0.09 nats lower (BENCHMARKS.md: The
-    # recipe's rate and run length).
-    fast_adam_beta2: ClassVar[float] = 0.999
-    fast_warmup: ClassVar[float] = 0.2
-    # --recipe fast's --mlm-bias-init: at the token frequencies, 0.18 nats lower in the fp32 race and off the
-    # plateau at twice the rate (BENCHMARKS.md: The masked-LM bias at the token frequencies).
-    fast_mlm_bias_init: ClassVar[str] = "unigram"
-    # Fine-tuning's default peak rate is finetune_lr(hidden_size) times this.
-    finetune_lr_factor: ClassVar[float] = 1.0
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_hidden_layers: int = 12
-    num_attention_heads: int = 12
-    intermediate_size: int = 3072
-    hidden_act: str = "gelu"
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
-    initializer_range: float = 0.02
-    pad_token_id: int = 0
-    classifier_dropout: float | None = None
-    # Sequence classification (fine-tuning): label names by id, as transformers stores them.
-    id2label: dict[int, str] | None = None
-    # bertgpu's own (not BertConfig's; None: not written): "mean" classifies the mean of the last hidden states
-    # instead of the pooler's tanh(W h_[CLS]) (finetune --pooling; transformers' BertForSequenceClassification
-    # ignores it and reads the pooler).
-    classifier_pooling: str | None = None
-
-    def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
-            raise UserError(
-                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
-            )
-        if self.hidden_act not in ACTIVATIONS:
-            raise UserError(f"unsupported hidden_act {self.hidden_act!r} (supported: {', '.join(ACTIVATIONS)})")
-        if self.id2label is not None:
-            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
-        if self.classifier_pooling not in (None, "pooler", "mean"):
-            raise UserError(f"classifier_pooling must be pooler or mean, not {self.classifier_pooling!r}")
-
-    @property
-    def num_labels(self) -> int:
-        return len(self.id2label) if self.id2label else 2
-
-    @property
-    def fast_lr_factor(self) -> float:
-        """Twice the sweep's rate up to a width of 256 (tiny, mini): with the recipe's masked-LM bias at the token
-        frequencies it left the unigram plateau in the 381 steps of the fp32 race and ended 0.18 nats lower, and
-        fine-tuned as well after the 10-minute reviews run where, with a zero bias, it had stayed on the plateau
-        (BENCHMARKS.md: The masked-LM bias at the token frequencies). Wider, the sweep's rate: small at twice it
-        stayed on the plateau for 400 steps (measured with a zero bias)."""
-        return 2.0 if self.hidden_size <= 256 else 1.0
-
-    def with_dropout(self, p: float) -> ModelConfig:
-        """Every dropout probability set to ``p`` (pretrain --dropout)."""
-        return dataclasses.replace(self, hidden_dropout_prob=p, attention_probs_dropout_prob=p)
-
-    def for_finetuning(self, dropout: float, pooling: str) -> ModelConfig:
-        """As fine-tuning trains it: every dropout, the classifier's included, at ``dropout``; the classifier
-        reading ``pooling`` ("pooler": the pooler, or "mean")."""
-        return dataclasses.replace(
-            self.with_dropout(dropout),
-            classifier_dropout=None,  # follows hidden_dropout_prob
-            classifier_pooling="mean" if pooling == "mean" else None,
-        )
-
-    @classmethod
-    def preset(cls, name: str, vocab_size: int, **overrides: Any) -> ModelConfig:
-        if name not in PRESETS:
-            raise UserError(f"unknown model preset {name!r} (choose from {', '.join(PRESETS)})")
-        layers, hidden, heads = PRESETS[name]
-        return cls(
-            vocab_size=vocab_size,
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=4 * hidden,
-            **overrides,
-        )
-
-    @classmethod
-    def from_hf_dict(cls, d: dict[str, Any]) -> ModelConfig:
-        """Read a Hugging Face BERT config.json dict; keys we do not model are ignored. A ModernBERT one
-        gives a ``ModernBertConfig`` (bertgpu.architectures): the class of its ``model_type``."""
-        kind = MODEL_CONFIGS.get(d.get("model_type", cls.model_type))
-        if kind is None:
-            raise UserError(f"not a {cls.title} config (model_type={d.get('model_type')!r})")
-        if kind is not cls:
-            return kind.from_hf_dict(d)  # type: ignore[return-value]
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in d.items() if k in names}
-        return cls(**kwargs)
-
-    def to_hf_dict(self, architecture: str = "BertForPreTraining") -> dict[str, Any]:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-        if self.id2label:
-            d["id2label"] = {str(i): name for i, name in self.id2label.items()}
-            d["label2id"] = {name: i for i, name in self.id2label.items()}
-        d.update(model_type=self.model_type, architectures=[architecture], position_embedding_type="absolute")
-        return d
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> ModelConfig:
-        """Load from a config.json file or a directory holding one."""
-        path = os.fspath(path)
-        if os.path.isdir(path):
-            path = os.path.join(path, "config.json")
-        try:
-            with open(path, encoding="utf-8") as f:
-                return cls.from_hf_dict(json.load(f))
-        except FileNotFoundError:
-            raise UserError(f"model config not found: {path}") from None
-        except (json.JSONDecodeError, TypeError) as e:
-            raise UserError(f"{path}: not a valid BERT config.json ({e})") from None
-
-
-ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
-
-
-# (layers, hidden, heads, intermediate) of ModernBERT's own two models (answerdotai/ModernBERT-base, -large):
-# deeper and narrower than BERT's of the same name, with a GeGLU width of their own.
-OWN_SHAPES: dict[str, tuple[int, int, int, int]] = {
-    "modernbert-base": (22, 768, 12, 1152),
-    "modernbert-large": (28, 1024, 16, 2624),
-}
-# The GeGLU width of a preset of BERT's shape (tiny ... large): ModernBERT-base's 1152 / 768.
-GEGLU_RATIO = 1.5
-
-
-@dataclass
-class ModernBertConfig:
-    """The architecture, with the field names of transformers' ModernBertConfig (config.json's)."""
-
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    intermediate_size: int = 1152
-    num_hidden_layers: int = 22
-    num_attention_heads: int = 12
-    hidden_activation: str = "gelu"
-    max_position_embeddings: int = 8192
-    initializer_range: float = 0.02
-    initializer_cutoff_factor: float = 2.0
-    norm_eps: float = 1e-5
-    norm_bias: bool = False
-    pad_token_id: int = 0
-    cls_token_id: int | None = None
-    sep_token_id: int | None = None
-    global_attn_every_n_layers: int = 3
-    local_attention: int = 128  # the whole window: a token sees local_attention // 2 positions either side
-    global_rope_theta: float = 160000.0
-    local_rope_theta: float = 10000.0
-    attention_bias: bool = False
-    attention_dropout: float = 0.0
-    embedding_dropout: float = 0.0
-    mlp_bias: bool = False
-    mlp_dropout: float = 0.0
-    decoder_bias: bool = True
-    classifier_pooling: str = "cls"
-    classifier_dropout: float = 0.0
-    classifier_bias: bool = False
-    classifier_activation: str = "gelu"
-    # Which layers attend globally ("full_attention") or locally ("sliding_attention"); None: every
-    # global_attn_every_n_layers-th from layer 0, as ModernBERT.
-    layer_types: list[str] | None = None
-    # Sequence classification (fine-tuning): label names by id, as transformers stores them.
-    id2label: dict[int, str] | None = None
-
-    model_type: ClassVar[str] = "modernbert"
-    title: ClassVar[str] = "ModernBERT"
-    nsp: ClassVar[bool] = False  # masked LM only
-    # Pre-norm layers take twice BERT's rate, with ModernBERT's own beta2 (Warner et al. 2024): at mini, 8 minutes
-    # on 2 cores, 0.21 nats below BERT's rate and 0.7 points better fine-tuned on WordNet topics, every seed
-    # (BENCHMARKS.md: ModernBERT's rate under --recipe fast).
-    fast_lr_factor: ClassVar[float] = 2.0
-    fast_adam_beta2: ClassVar[float] = 0.98
-    # The sweep's 6% warmup: 20% fine-tuned worse on WordNet topics (0.932 against 0.940-0.942, 3 seeds), and no
-    # better where 10 minutes give 550 steps, though its loss was lower (BENCHMARKS.md: a linear probe).
-    fast_warmup: ClassVar[float] = 0.06
-    # Zeros: the unigram bias left the race the same at equal steps and fine-tuned worse on the reviews (0.691
-    # against 0.723, 3 seeds; BENCHMARKS.md: ModernBERT keeps a zero masked-LM bias).
-    fast_mlm_bias_init: ClassVar[str] = "zeros"
-    # Fine-tuned at twice BERT's rate for its width, as ModernBERT's own fine-tuning takes higher rates than
-    # BERT's: from a checkpoint pretrained 10 minutes, 1,000 labels, 3 seeds, 2.9 points better on the Chinese
-    # reviews and 0.6-0.9 on WordNet topics (BENCHMARKS.md: ModernBERT's fine-tuning rate).
-    finetune_lr_factor: ClassVar[float] = 2.0
-
-    def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
-            raise UserError(
-                f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads {self.num_attention_heads}"
-            )
-        if (self.hidden_size // self.num_attention_heads) % 2:
-            raise UserError(f"the head width {self.hidden_size // self.num_attention_heads} must be even (rotary)")
-        for act in (self.hidden_activation, self.classifier_activation):
-            if act not in ACTIVATIONS:
-                raise UserError(f"unsupported activation {act!r} (supported: {', '.join(ACTIVATIONS)})")
-        if self.global_attn_every_n_layers < 1 or self.local_attention < 2:
-            raise UserError("global_attn_every_n_layers must be at least 1 and local_attention at least 2")
-        if self.classifier_pooling not in ("cls", "mean"):
-            raise UserError(f"classifier_pooling must be cls or mean, not {self.classifier_pooling!r}")
-        if self.layer_types is None:
-            n = self.global_attn_every_n_layers
-            self.layer_types = [
-                "sliding_attention" if i % n else "full_attention" for i in range(self.num_hidden_layers)
-            ]
-        if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= {
-            "full_attention",
-            "sliding_attention",
-        }:
-            raise UserError("layer_types must name full_attention or sliding_attention for each of the layers")
-        if self.id2label is not None:
-            self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
-
-    # The fields BERT's config calls otherwise, for code that reads either.
-    @property
-    def hidden_dropout_prob(self) -> float:
-        return self.mlp_dropout
-
-    @property
-    def num_labels(self) -> int:
-        return len(self.id2label) if self.id2label else 2
-
-    @property
-    def window(self) -> int:
-        """How far a local layer's token sees on each side (transformers' sliding_window)."""
-        return self.local_attention // 2
-
-    def with_dropout(self, p: float) -> ModernBertConfig:
-        """Every dropout probability set to ``p`` (pretrain --dropout)."""
-        return dataclasses.replace(self, attention_dropout=p, embedding_dropout=p, mlp_dropout=p)
-
-    def for_finetuning(self, dropout: float, pooling: str) -> ModernBertConfig:
-        """As fine-tuning trains it: every dropout, the classifier's included, at ``dropout``; the classifier
-        reading ``pooling`` ("pooler": the [CLS] token, or "mean")."""
-        return dataclasses.replace(
-            self.with_dropout(dropout),
-            classifier_dropout=dropout,
-            classifier_pooling="mean" if pooling == "mean" else "cls",
-        )
-
-    @classmethod
-    def preset(cls, name: str, vocab_size: int, **overrides: Any) -> ModernBertConfig:
-        """A BERT preset's depth, width and heads (tiny ... large; GeGLU width 1.5 x hidden, as
-        ModernBERT-base), or ModernBERT's own shape (modernbert-base, modernbert-large)."""
-        if name in OWN_SHAPES:
-            layers, hidden, heads, inter = OWN_SHAPES[name]
-        elif name in PRESETS:
-            layers, hidden, heads = PRESETS[name]
-            inter = int(GEGLU_RATIO * hidden)
-        else:
-            raise UserError(f"unknown model preset {name!r} (choose from {', '.join([*PRESETS, *OWN_SHAPES])})")
-        return cls(
-            vocab_size=vocab_size,
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=inter,
-            **overrides,
-        )
-
-    @classmethod
-    def from_hf_dict(cls, d: dict[str, Any]) -> ModernBertConfig:
-        """Read a Hugging Face ModernBERT config.json dict (old and new rotary keys); keys we do not model
-        are ignored."""
-        if d.get("model_type") != cls.model_type:
-            raise UserError(f"not a {cls.title} config (model_type={d.get('model_type')!r})")
-        names = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in d.items() if k in names and v is not None}
-        rope = d.get("rope_parameters") or {}
-        for kind, key in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
-            params = rope.get(kind) or {}
-            if params.get("rope_type", "default") != "default":
-                raise UserError(f"rotary scaling {params['rope_type']!r} is not supported (default rotary only)")
-            if "rope_theta" in params:
-                kwargs[key] = params["rope_theta"]
-        if d.get("rope_scaling"):
-            raise UserError("rotary scaling (rope_scaling) is not supported (default rotary only)")
-        return cls(**kwargs)
-
-    def to_hf_dict(self, architecture: str = "ModernBertForMaskedLM") -> dict[str, Any]:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
-        if self.id2label:
-            d["id2label"] = {str(i): name for i, name in self.id2label.items()}
-            d["label2id"] = {name: i for i, name in self.id2label.items()}
-        # Both the rotary keys of transformers 5 and those of 4.x, and the token ids its tokenizer-less
-        # code reads (bos/eos: ModernBERT's are its [CLS] and [SEP]).
-        d["rope_parameters"] = {
-            "full_attention": {"rope_type": "default", "rope_theta": self.global_rope_theta},
-            "sliding_attention": {"rope_type": "default", "rope_theta": self.local_rope_theta},
-        }
-        d.update(
-            model_type=self.model_type,
-            architectures=[architecture],
-            bos_token_id=self.cls_token_id,
-            eos_token_id=self.sep_token_id,
-            tie_word_embeddings=True,
-        )
-        return {k: v for k, v in d.items() if v is not None}
-
-
-# The config class of each model_type a config.json may name (bertgpu.architectures: one entry each).
-MODEL_CONFIGS: dict[str, type] = {c.model_type: c for c in (ModelConfig, ModernBertConfig)}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -779,7 +452,7 @@ class ParallelConfig:
 
 @dataclass
 class HeldOutConfig:
-    """Held-out evaluation during pretraining (bertgpu.evaluation)."""
+    """Held-out evaluation during pretraining (bertgpu.training.evaluation)."""
 
     eval_data: str = opt("", "a second prepared directory (the same vocab) to evaluate on")
     eval_fraction: float = opt(
@@ -958,7 +631,7 @@ class PretrainConfig:
         "block (2 x 128 queries against 256 keys each) from 1024 on, so no L x L mask is held there; global layers "
         "get a key-padding mask (with --pack's per-document attention, the documents' block-diagonal mask). A "
         "directory's own architecture is kept",
-        choices=list(MODEL_CONFIGS),  # one per architecture (bertgpu.architectures)
+        choices=list(CONFIGS),  # one per architecture (bertgpu.models.architectures)
     )
     out: str = opt("", "run directory (checkpoints, logs, TensorBoard events)", required=True)
     data: DataConfig = field(default_factory=DataConfig)
@@ -1014,8 +687,6 @@ class PretrainConfig:
         return value != default or name in self.given
 
     def __post_init__(self) -> None:
-        # --recipe fast's values where the user gave none (recipe.py decides; some are the architecture's)
-        apply_fast_recipe(self, MODEL_CONFIGS.get(self.arch, ModelConfig))
         if self.time_budget:
             parse_duration(self.time_budget)
             if self.gave("steps", self.optim.steps, OptimConfig.steps):
@@ -1030,7 +701,7 @@ class PretrainConfig:
             raise UserError(f"--pad-vocab-multiple must be at least 1, got {self.pad_vocab_multiple}")
         if self.peak_tflops < 0:
             raise UserError(f"--peak-tflops must be positive, got {self.peak_tflops}")
-        arch = MODEL_CONFIGS.get(self.arch)
+        arch = CONFIGS.get(self.arch)
         if arch is not None and not arch.nsp and self.data.nsp:
             raise UserError(
                 f"--arch {self.arch} trains masked LM only ({arch.title} has no next-sentence head): add --no-nsp"

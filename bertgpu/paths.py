@@ -13,7 +13,7 @@ import glob
 import os
 from collections.abc import Iterable, Mapping
 
-from .errors import UserError
+from bertgpu.errors import UserError
 
 # An input: one path, several (a corpus), or nothing (an optional flag left out).
 Input = str | os.PathLike | Iterable[str | os.PathLike] | None

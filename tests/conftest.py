@@ -26,7 +26,7 @@ if _xdist_workers > 1:
     _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _cores // _xdist_workers)))
 
-from bertgpu import samples  # noqa: E402
+from bertgpu.data import samples  # noqa: E402
 from bertgpu.errors import UserError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,12 +97,12 @@ def write_tiny_bert(path: Path, vocab: Path, **config) -> Path:
     embedding rows as it has tokens."""
     import torch
 
-    from bertgpu.config import ModelConfig
+    from bertgpu.checkpoints.hf_dir import save_pretrained
     from bertgpu.data.tokenizer import load_vocab
-    from bertgpu.hf_dir import save_pretrained
-    from bertgpu.model import BertForPreTraining
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
 
-    model_config = ModelConfig.preset("tiny", vocab_size=len(load_vocab(vocab)), **config)
+    model_config = BertConfig.preset("tiny", vocab_size=len(load_vocab(vocab)), **config)
     torch.manual_seed(0)
     save_pretrained(BertForPreTraining(model_config), model_config, path, vocab_path=vocab, do_lower_case=True)
     return path

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from conftest import ROOT
 
-from bertgpu.runlog import read_records
+from bertgpu.training.runlog import read_records
 
 
 def assert_bitwise_equal(a: dict, b: dict) -> None:

@@ -7,7 +7,7 @@ import functools
 import os
 import time
 
-from bertgpu.model import BertForPreTraining, BertForSequenceClassification
+from bertgpu.models.bert.model import BertForPreTraining, BertForSequenceClassification
 
 
 def slowed(forward):

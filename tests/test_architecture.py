@@ -103,7 +103,7 @@ def _assert_no_cycle(of) -> None:
 def test_the_imports_are_read():
     """The graph this file checks is the package's: a few imports every reader of bertgpu knows are in it."""
     pairs = {(importer, imported) for importer, imported, _, _, _ in IMPORTS}
-    assert ("bertgpu.model", "bertgpu.config") in pairs
+    assert ("bertgpu.models.bert.model", "bertgpu.models.bert.config") in pairs
     assert ("bertgpu.tasks.pretrain", "bertgpu.tasks.common") in pairs  # from .common import ...
     assert ("bertgpu.parallel.layout", "bertgpu.parallel.launch") in pairs  # from . import launch
     assert ("bertgpu", "bertgpu.tasks.pretrain") in pairs  # inside a function
@@ -115,8 +115,8 @@ def test_no_module_imports_one_that_imports_it():
 
 
 def test_no_package_imports_one_that_imports_it():
-    """bertgpu.parallel, bertgpu.data and bertgpu.tasks each as one node: checkpoint.py may use parallel/ or
-    parallel/ checkpoint.py, not both."""
+    """bertgpu.models, bertgpu.training, bertgpu.checkpoints, bertgpu.parallel, bertgpu.data and bertgpu.tasks each
+    as one node: checkpoints/ may use parallel/ or parallel/ checkpoints/, not both."""
     _assert_no_cycle(lambda module: ".".join(module.split(".")[:2]))
 
 
@@ -162,16 +162,23 @@ def test_no_command_imports_another():
 
 
 def test_the_models_know_nothing_of_files_processes_or_the_command_line():
-    """model.py and modernbert.py are computation: no torch.distributed, no checkpoint or Hugging Face
+    """Each architecture's model.py is computation: no torch.distributed, no checkpoint or Hugging Face
     directory, no CLI; and no module of bertgpu imports the CLI (it sits on top)."""
-    for name in ("bertgpu.model", "bertgpu.modernbert"):
+    models = [f"bertgpu.models.{arch}.model" for arch in _registry_names()]
+    assert len(models) >= 2
+    for name in models:
         for node in ast.walk(TREES[name]):
             if isinstance(node, ast.Import):
                 assert not any(a.name.startswith("torch.distributed") for a in node.names), f"{name}:{node.lineno}"
             elif isinstance(node, ast.ImportFrom) and not node.level:
                 assert not (node.module or "").startswith("torch.distributed"), f"{name}:{node.lineno}"
         imported = {imp for importer, imp, _, _, _ in IMPORTS if importer == name}
-        assert not imported & {"bertgpu.checkpoint", "bertgpu.hf_dir", "bertgpu.cli", "bertgpu.atomic"}, name
+        assert not imported & {
+            "bertgpu.checkpoints.checkpoint",
+            "bertgpu.checkpoints.hf_dir",
+            "bertgpu.cli",
+            "bertgpu.atomic",
+        }, name
         assert not any(m.startswith(("bertgpu.parallel", "bertgpu.tasks")) for m in imported), name
     users = [f"{importer}:{line}" for importer, imported, _, line, _ in IMPORTS if imported == "bertgpu.cli"]
     assert users == ["bertgpu.__main__:1"]
@@ -179,47 +186,49 @@ def test_the_models_know_nothing_of_files_processes_or_the_command_line():
 
 # --- one registry entry per architecture (issue 39) -------------------------------------------------------------
 
-# The files that may say which architecture something is, and why: the registry, and each architecture's own.
-ARCHITECTURE_FILES = {
-    "bertgpu.architectures": "the registry: one Architecture entry per architecture",
-    "bertgpu.model": "BERT's classes",
-    "bertgpu.modernbert": "ModernBERT's classes",
-    "bertgpu.parallel.bert_stages": "BERT's pipeline stages",
-    "bertgpu.parallel.modernbert_stages": "ModernBERT's pipeline stages",
-    "bertgpu.parallel.modernbert_tp": "the strided shards of ModernBERT's fused weights",
-}
+# The modules that may say which architecture something is: the registry, and each architecture's own folder
+# (bertgpu/models/<arch>/: its config, model, pipeline stages and registry entry).
+REGISTRY = "bertgpu.models.architectures"
+MODELS = PACKAGE / "models"
+
+
+def architecture_of(module: str) -> str | None:
+    """The architecture whose folder holds ``module``, or None."""
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[:2] == ["bertgpu", "models"] and (MODELS / parts[2] / "__init__.py").exists():
+        return parts[2]
+    return None
+
+
+def architecture_files() -> set[str]:
+    return {REGISTRY} | {m for m in MODULES if architecture_of(m)}
+
+
 # getattr/hasattr on a model that ask what is around it or attached to it, not what it is: (module, function).
 PROBES_ALLOWED = {
-    ("bertgpu.hf_dir", "unwrap"): "DistributedDataParallel's .module and torch.compile's ._orig_mod, around any model",
-    ("bertgpu.lora", "is_lora"): "the peft_config PEFT leaves on any model it adapts",
-    ("bertgpu.lora", "is_quantized"): "the mark lora.quantize leaves on any model it quantises",
+    (
+        "bertgpu.checkpoints.hf_dir",
+        "unwrap",
+    ): "DistributedDataParallel's .module and torch.compile's ._orig_mod, around any model",
+    ("bertgpu.training.lora", "is_lora"): "the peft_config PEFT leaves on any model it adapts",
+    ("bertgpu.training.lora", "is_quantized"): "the mark lora.quantize leaves on any model it quantises",
 }
 
 
 def _registry_names() -> set[str]:
-    """The architectures' names: the keys of architectures.ARCHITECTURES."""
-    for node in ast.walk(TREES["bertgpu.architectures"]):
-        if isinstance(node, ast.AnnAssign | ast.Assign) and isinstance(node.value, ast.Dict):
-            targets = [node.target] if isinstance(node, ast.AnnAssign) else node.targets
-            if any(isinstance(t, ast.Name) and t.id == "ARCHITECTURES" for t in targets):
-                return {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
-    raise AssertionError("no ARCHITECTURES dict in bertgpu/architectures.py")
+    """The architectures' names: the folders of bertgpu/models/ that are packages."""
+    return {p.parent.name for p in MODELS.glob("*/__init__.py")}
 
 
 def _architecture_classes() -> set[str]:
-    """The classes of an architecture: every class of its own files, and the config classes (those of
-    config.py that declare a model_type)."""
-    names = set()
-    for module in ARCHITECTURE_FILES:
-        if module != "bertgpu.architectures" and module in TREES:
-            names |= {n.name for n in ast.walk(TREES[module]) if isinstance(n, ast.ClassDef)}
-    for node in ast.walk(TREES["bertgpu.config"]):
-        if isinstance(node, ast.ClassDef) and any(
-            isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name) and s.target.id == "model_type"
-            for s in node.body
-        ):
-            names.add(node.name)
-    return names
+    """The classes of an architecture: every class of its own folder (its config class included)."""
+    return {
+        n.name
+        for module in MODULES
+        if architecture_of(module)
+        for n in ast.walk(TREES[module])
+        if isinstance(n, ast.ClassDef)
+    }
 
 
 def _names_in(node: ast.AST) -> set[str]:
@@ -253,13 +262,13 @@ def _functions(tree: ast.AST) -> dict[ast.AST, str]:
 
 
 def architecture_branches(trees: dict[str, ast.AST]) -> list[str]:
-    """Where a module outside ARCHITECTURE_FILES asks which architecture something is: a model_type compared
+    """Where a module outside the architectures' files asks which architecture something is: a model_type compared
     with a literal, an --arch (any value) compared with an architecture's name, isinstance/issubclass with an
     architecture's class, or getattr/hasattr probing a model or a config for what it has."""
     archs, classes = _registry_names(), _architecture_classes()
     found = []
     for module, tree in trees.items():
-        if module in ARCHITECTURE_FILES:
+        if module in architecture_files():
             continue
         where = _functions(tree)
         for node in ast.walk(tree):
@@ -283,12 +292,12 @@ def architecture_branches(trees: dict[str, ast.AST]) -> list[str]:
 
 
 def test_no_module_but_the_registry_and_an_architectures_own_asks_which_architecture():
-    """Architecture knowledge is architectures.ARCHITECTURES' entries and the architectures' own files
-    (ARCHITECTURE_FILES); everywhere else a module asks the entry (architectures.of(config)) or calls the model's
+    """Architecture knowledge is architectures.ARCHITECTURES' entries and the architectures' own folders;
+    everywhere else a module asks the entry (architectures.of(config)) or calls the model's
     declared interface (model_interface.EncoderModel). Config fields that define values (model_type ClassVars,
     --arch's choices) are no comparison and pass."""
     assert _registry_names() >= {"bert", "modernbert"}
-    assert {"BertForPreTraining", "ModernBertForMaskedLM", "ModelConfig", "ModernBertConfig"} <= _architecture_classes()
+    assert {"BertForPreTraining", "ModernBertForMaskedLM", "BertConfig", "ModernBertConfig"} <= _architecture_classes()
     found = architecture_branches(TREES)
     assert not found, "branches on the architecture outside the registry:\n" + "\n".join(found)
 
@@ -342,7 +351,7 @@ def test_the_training_loops_read_as_the_algorithm():
 def test_the_parts_of_a_run_are_built_whole():
     """Each part of a training run (tasks/common.py, plan.py) sets its fields in its constructor: a method may
     change a field, never add one, so no part is half made between calls in a documented order (issue 39)."""
-    for name in ("bertgpu.tasks.common", "bertgpu.plan"):
+    for name in ("bertgpu.tasks.common", "bertgpu.training.plan"):
         for cls in (n for n in TREES[name].body if isinstance(n, ast.ClassDef)):
             # a dataclass's fields are made by its generated constructor
             made = {n.target.id for n in cls.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}

@@ -10,9 +10,12 @@ import pytest
 import torch
 from conftest import run_cli, run_in_process
 
-from bertgpu import architectures, bench, metrics
-from bertgpu.config import BenchConfig, ModelConfig
-from bertgpu.precision import card_peak, peak_flops
+from bertgpu.config import BenchConfig
+from bertgpu.models import architectures
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.tasks import bench
+from bertgpu.training import metrics
+from bertgpu.training.precision import card_peak, peak_flops
 
 
 def test_bench_cli_on_cpu_prints_both_sides_and_ends_with_the_speedup(uncased_vocab):
@@ -104,7 +107,7 @@ def test_training_flops_count_the_real_tokens_and_scored_slots_only():
     """A hand-computed batch: 2 rows of 4 slots, 4 and 2 real tokens (25% padding), 1 masked slot scored each.
     With h = 4, i = 8, one layer and V = 10, a row of L tokens and P predictions costs (model.py's count)
     3 x [L(8h² + 4hi + 4Lh) + 2h² + 4h + P(2h² + 2hV)] = 3 x [256L + 16L² + 48 + 112P]."""
-    config = ModelConfig(vocab_size=10, hidden_size=4, num_hidden_layers=1, num_attention_heads=1, intermediate_size=8)
+    config = BertConfig(vocab_size=10, hidden_size=4, num_hidden_layers=1, num_attention_heads=1, intermediate_size=8)
     assert architectures.training_flops_per_sequence(config, 4, 1) == 3 * (256 * 4 + 16 * 16 + 48 + 112)
     # The mean row: 3 real tokens, 1 prediction; two of them.
     assert architectures.training_flops(config, 2, 6, 2) == 2 * 3 * (256 * 3 + 16 * 9 + 48 + 112) == 6432

@@ -5,9 +5,10 @@ import time
 
 import torch
 
-from bertgpu import checkpoint
-from bertgpu.config import ModelConfig, PretrainConfig, RunConfig
-from bertgpu.model import BertForPreTraining
+from bertgpu.checkpoints import checkpoint
+from bertgpu.config import PretrainConfig, RunConfig
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForPreTraining
 
 
 def test_a_checkpoint_is_due_every_n_steps_after_the_last_and_by_the_clock(tmp_path):
@@ -29,7 +30,7 @@ def test_the_clock_says_when_save_every_minutes_is_up(tmp_path):
 
 def test_only_a_due_save_gathers_the_state_and_writes(tmp_path, small_uncased_vocab):
     torch.manual_seed(0)
-    config = ModelConfig.preset("tiny", vocab_size=len(small_uncased_vocab.read_text().splitlines()))
+    config = BertConfig.preset("tiny", vocab_size=len(small_uncased_vocab.read_text().splitlines()))
     model = BertForPreTraining(config)
     optimizer = torch.optim.AdamW(model.parameters())
     saver = checkpoint.Checkpointer(tmp_path, RunConfig(save_every=2, keep=1))

@@ -16,7 +16,7 @@ import pytest
 from conftest import run_cli
 from test_cli_errors import in_process_error
 
-from bertgpu import samples
+from bertgpu.data import samples
 from bertgpu.data.classification import (
     ClassificationDataset,
     check_labels,

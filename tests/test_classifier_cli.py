@@ -15,9 +15,11 @@ import pytest
 from conftest import run_cli, run_in_process, sentiment_reviews
 from test_cli_errors import assert_one_line_error_in_process
 
-from bertgpu.classifier import Classifier
-from bertgpu.config import FinetuneConfig, ModelConfig, ModernBertConfig, finetune_lr
+from bertgpu.config import FinetuneConfig, finetune_lr
 from bertgpu.data.tokenizer import load_vocab
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.modernbert.config import ModernBertConfig
+from bertgpu.tasks.classifier import Classifier
 
 TINY = ["--max-seq-length", "32", "--batch-size", "16", "--device", "cpu", "--log-every", "5"]
 
@@ -66,9 +68,9 @@ def test_modernbert_is_fine_tuned_at_twice_berts_rate_for_its_width_and_says_so(
     assert resolve_lr(cfg, ModernBertConfig.preset("base", vocab_size=100))[1].startswith(
         "lr 4e-5: the default for hidden size 768 (BERT's 2e-5 x 2 for ModernBERT)"
     )
-    bert, line = resolve_lr(cfg, ModelConfig.preset("mini", vocab_size=100))
+    bert, line = resolve_lr(cfg, BertConfig.preset("mini", vocab_size=100))
     assert bert.optim.lr == 1.8e-4 and "(768 / 256)^2; narrower" in line
-    base_line = resolve_lr(cfg, ModelConfig.preset("base", vocab_size=100))[1]
+    base_line = resolve_lr(cfg, BertConfig.preset("base", vocab_size=100))[1]
     assert base_line.startswith("lr 2e-5: the default for hidden size 768 (BERT's);")
 
 

@@ -170,12 +170,13 @@ def test_fp16_with_sharded_gradients_is_refused(monkeypatch):
     those are shards, so the processes could disagree on skipping a step: bf16 is the answer."""
     import torch
 
-    from bertgpu.config import ModelConfig, ParallelConfig, PretrainConfig
+    from bertgpu.config import ParallelConfig, PretrainConfig
     from bertgpu.errors import UserError
+    from bertgpu.models.bert.config import BertConfig
     from bertgpu.tasks.common import check_layout
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    model = ModelConfig.preset("tiny", vocab_size=100)
+    model = BertConfig.preset("tiny", vocab_size=100)
     for parallel in (ParallelConfig(strategy="fsdp"), ParallelConfig(tp=2)):
         cfg = PretrainConfig(model="tiny", out="x", nproc=2, device="cuda", precision="fp16", parallel=parallel)
         with pytest.raises(UserError, match="--precision fp16 works with --strategy ddp only.*bf16"):
@@ -728,13 +729,13 @@ def test_a_gbk_or_latin1_corpus_is_named_as_what_it_is(tmp_path, uncased_vocab, 
 
 def test_a_classifier_given_where_a_masked_lm_is_needed_is_called_a_classifier(tmp_path, small_english_data, capsys):
     """fill-mask, or evaluate on prepared data, with a fine-tuned classifier said "only an encoder"."""
-    from bertgpu.config import ModelConfig
+    from bertgpu.checkpoints.hf_dir import save_pretrained
     from bertgpu.data.tokenizer import load_vocab
-    from bertgpu.hf_dir import save_pretrained
-    from bertgpu.model import BertForSequenceClassification
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForSequenceClassification
 
     vocab = small_english_data.parent / "vocab.txt"  # the data's own: the vocab check passes
-    config = ModelConfig.preset("tiny", vocab_size=len(load_vocab(vocab)), id2label={0: "neg", 1: "pos"})
+    config = BertConfig.preset("tiny", vocab_size=len(load_vocab(vocab)), id2label={0: "neg", 1: "pos"})
     clf = tmp_path / "clf"
     save_pretrained(BertForSequenceClassification(config), config, clf, vocab_path=vocab, do_lower_case=True)
     needle = "is a classifier (labels neg, pos) with no masked-LM head"

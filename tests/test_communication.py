@@ -190,7 +190,7 @@ def test_rmsprop_follows_the_formula_without_decay_on_biases_and_layernorm():
     """One step of --optimizer rmsprop: v = a v + (1 - a) g^2, w -= lr (g + wd w) / (sqrt(v) + eps),
     with wd 0 for biases and LayerNorm weights."""
     from bertgpu.config import OptimConfig
-    from bertgpu.optim import build_optimizer
+    from bertgpu.training.optim import build_optimizer
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))

@@ -16,11 +16,12 @@ import torch
 import transformers
 from conftest import at_real_tokens, run_cli
 
-from bertgpu.config import BenchConfig, ModelConfig, OptimConfig
-from bertgpu.model import BertForPreTraining
-from bertgpu.optim import build_optimizer, skip_if
-from bertgpu.precision import autocast
-from bertgpu.signals import LaggedFlags
+from bertgpu.config import BenchConfig, OptimConfig
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForPreTraining
+from bertgpu.training.optim import build_optimizer, skip_if
+from bertgpu.training.precision import autocast
+from bertgpu.training.signals import LaggedFlags
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 CUDA = torch.device("cuda")
@@ -35,7 +36,7 @@ def exact_fp32_matmuls():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def _twins(config: ModelConfig, attn: str = "sdpa"):
+def _twins(config: BertConfig, attn: str = "sdpa"):
     torch.manual_seed(0)
     ours = BertForPreTraining(config).to(CUDA).eval()
     theirs = transformers.BertForPreTraining(transformers.BertConfig(**config.to_hf_dict(), attn_implementation=attn))
@@ -55,7 +56,7 @@ def _batch(vocab_size: int, batch: int = 8, length: int = 64) -> dict[str, torch
 
 
 def test_logits_match_transformers_on_cuda_in_fp32_and_bf16():
-    config = ModelConfig.preset("mini", vocab_size=30522)
+    config = BertConfig.preset("mini", vocab_size=30522)
     ours, theirs = _twins(config)
     batch = _batch(config.vocab_size)
     with torch.no_grad():
@@ -79,7 +80,7 @@ def test_logits_match_transformers_on_cuda_in_fp32_and_bf16():
 
 
 def test_fast_path_loss_equals_the_plain_path_on_cuda():
-    config = ModelConfig.preset("mini", vocab_size=30522)
+    config = BertConfig.preset("mini", vocab_size=30522)
     torch.manual_seed(0)
     model = BertForPreTraining(config, pad_vocab_multiple=64).to(CUDA).eval()
     batch = _batch(config.vocab_size)
@@ -110,9 +111,9 @@ def test_lagged_flags_on_cuda_read_two_steps_late_through_pinned_copies():
 
 
 def test_varlen_attention_of_padded_rows_matches_masked_sdpa_on_real_tokens():
-    from bertgpu.model import use_varlen_attention
+    from bertgpu.models.bert.model import use_varlen_attention
 
-    config = ModelConfig.preset("mini", vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config = BertConfig.preset("mini", vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)
     plain = BertForPreTraining(config).to(CUDA)
     fast = BertForPreTraining(config).to(CUDA)
@@ -139,10 +140,10 @@ def test_varlen_attention_of_packed_documents_matches_the_block_mask_and_stays_i
     """--pack rows (attention_mask numbering 1, 2, 3 documents, then padding) through the variable-length kernel,
     one sequence per document: bf16 logits within 2% of the block-diagonal SDPA path's (fp32 masks, bf16 as the
     padded-rows test above), and changing document 2's tokens leaves documents 1 and 3 exactly as they were."""
-    from bertgpu.architectures import use_document_attention
-    from bertgpu.model import use_varlen_attention
+    from bertgpu.models.architectures import use_document_attention
+    from bertgpu.models.bert.model import use_varlen_attention
 
-    config = ModelConfig.preset("mini", vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    config = BertConfig.preset("mini", vocab_size=30522, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)
     plain = use_document_attention(BertForPreTraining(config).to(CUDA).eval())
     fast = use_document_attention(BertForPreTraining(config).to(CUDA).eval())
@@ -365,7 +366,7 @@ def test_sharded_layouts_on_two_gpus_with_nccl_bf16_and_compile(tmp_path, small_
 
 
 def test_bench_on_cuda_times_five_configurations_against_the_fastest_transformers(capsys, small_english_data):
-    from bertgpu.bench import run
+    from bertgpu.tasks.bench import run
 
     # The vocab trained on the sample text (small_english_data's): no MiniLM package needed.
     vocab = str(small_english_data / "vocab.txt")
@@ -385,8 +386,8 @@ def test_bench_on_cuda_times_five_configurations_against_the_fastest_transformer
 
 
 def test_finetune_evaluate_and_predict_on_one_gpu(tmp_path, minilm_dir):
-    from bertgpu import samples
-    from bertgpu.classifier import Classifier
+    from bertgpu.data import samples
+    from bertgpu.tasks.classifier import Classifier
 
     try:
         train, test = samples.write_sentiment_dataset(
@@ -432,7 +433,7 @@ def test_lora_and_quantized_finetuning_on_one_gpu(tmp_path, minilm_dir, quantize
     best/ is an fp32 classifier, and PEFT (on the CPU, fp32) loads the adapter onto the base model
     with best/'s logits."""
     peft = pytest.importorskip("peft")
-    from bertgpu import samples
+    from bertgpu.data import samples
 
     try:
         train, _ = samples.write_sentiment_dataset(tmp_path / "data", test_per_class=50, train_per_class=150, seed=0)
@@ -488,7 +489,7 @@ def test_modernbert_flex_attention_on_cuda_equals_transformers_in_fp32_and_bf16(
     """ModernBERT on CUDA attends through FlexAttention (the compiled kernel, block masks); at 512 tokens
     with a 128-token window (local and global layers differ) and padding, its logits are transformers'."""
     pytest.importorskip("torch.nn.attention.flex_attention")
-    from bertgpu.modernbert import ModernBertConfig, ModernBertForMaskedLM
+    from bertgpu.models.modernbert.model import ModernBertConfig, ModernBertForMaskedLM
 
     config = ModernBertConfig(vocab_size=30522, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                               intermediate_size=384, max_position_embeddings=512)  # fmt: skip

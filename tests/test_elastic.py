@@ -221,12 +221,13 @@ def test_bad_elastic_flags_are_one_line(tmp_path, small_english_data):
 BACKGROUND_WRITER = """
 import sys, time, torch
 from pathlib import Path
-from bertgpu import checkpoint
-from bertgpu.config import ModelConfig, PretrainConfig
-from bertgpu.model import BertForPreTraining
+from bertgpu.checkpoints import checkpoint
+from bertgpu.config import PretrainConfig
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForPreTraining
 run, vocab, marker = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 torch.manual_seed(0)
-model = BertForPreTraining(ModelConfig.preset("tiny", vocab_size=30522))
+model = BertForPreTraining(BertConfig.preset("tiny", vocab_size=30522))
 cfg = PretrainConfig(model="tiny", out=str(run))
 optimizer = torch.optim.AdamW(model.parameters())
 saver = checkpoint.BackgroundSaver()
@@ -254,7 +255,7 @@ time.sleep(600)
 def test_a_background_save_keeps_its_steps_state_and_a_kill_midway_keeps_the_previous_one(tmp_path, uncased_vocab):
     import transformers
 
-    from bertgpu.checkpoint import latest_checkpoint
+    from bertgpu.checkpoints.checkpoint import latest_checkpoint
 
     run, marker = tmp_path / "run", tmp_path / "writing"
     proc = subprocess.Popen(

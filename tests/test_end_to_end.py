@@ -68,8 +68,8 @@ def test_vocab_prepare_pretrain_with_two_processes(tmp_path, english_corpus):
         "The if statement is used for conditional execution.", "It selects exactly one suite.", return_tensors="pt"
     )
     assert enc["input_ids"][0, 0].item() == 101
-    from bertgpu.hf_dir import load_pretrained
-    from bertgpu.model import BertForPreTraining
+    from bertgpu.checkpoints.hf_dir import load_pretrained
+    from bertgpu.models.bert.model import BertForPreTraining
 
     ours = load_pretrained(ckpt, BertForPreTraining).eval()
     with torch.no_grad():

@@ -20,8 +20,8 @@ import torch
 from conftest import run_cli, sentiment_reviews, write_tiny_bert
 from safetensors.torch import load_file
 
-from bertgpu.classifier import Classifier
 from bertgpu.config import FinetuneConfig
+from bertgpu.tasks.classifier import Classifier
 from bertgpu.tasks.finetune import check, run_finetune
 
 TRAIN_PER_CLASS = 400

@@ -11,9 +11,10 @@ import pytest
 import torch
 from conftest import TINY_FINETUNE, TINY_RUN, run_cli, write_tiny_bert
 
-from bertgpu import architectures
-from bertgpu.config import FinetuneConfig, ModelConfig
-from bertgpu.model import BertForSequenceClassification
+from bertgpu.config import FinetuneConfig
+from bertgpu.models import architectures
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForSequenceClassification
 from bertgpu.tasks import finetune
 
 TEXTS = [
@@ -61,7 +62,7 @@ def test_a_fast_recipe_checkpoint_is_finetuned_with_dropout_and_mean_pooling(che
 
 
 def test_mean_pooling_reads_the_real_tokens_only_and_round_trips_through_config_json():
-    config = ModelConfig.preset("tiny", vocab_size=100, id2label={0: "a", 1: "b"})
+    config = BertConfig.preset("tiny", vocab_size=100, id2label={0: "a", 1: "b"})
     config = architectures.for_finetuning(config, 0.1, "mean")
     torch.manual_seed(0)
     model = BertForSequenceClassification(config).eval()
@@ -76,7 +77,8 @@ def test_mean_pooling_reads_the_real_tokens_only_and_round_trips_through_config_
     torch.testing.assert_close(with_padding, alone, atol=1e-5, rtol=0)
     torch.testing.assert_close(alone, expected, atol=1e-5, rtol=0)
     saved = config.to_hf_dict("BertForSequenceClassification")
-    assert saved["classifier_pooling"] == "mean" and ModelConfig.from_hf_dict(saved).classifier_pooling == "mean"
+    assert saved["classifier_pooling"] == "mean"
+    assert architectures.config_from_hf_dict(saved).classifier_pooling == "mean"
     plain = architectures.for_finetuning(config, 0.1, "pooler").to_hf_dict()
     assert "classifier_pooling" not in plain  # a pooler classifier's config.json is transformers' own
 

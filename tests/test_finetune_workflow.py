@@ -18,7 +18,7 @@ import pytest
 from conftest import TINY_FINETUNE, run_cli, sentiment_reviews, write_tiny_bert
 from safetensors.torch import load_file
 
-from bertgpu.classifier import Classifier
+from bertgpu.tasks.classifier import Classifier
 
 LABELS = {"positive": "好评", "negative": "差评"}
 EMPTY_EVERY = 15  # every 15th review of the file is left empty, as ChnSentiCorp's CSV has some

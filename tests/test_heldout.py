@@ -193,7 +193,7 @@ def test_the_unigram_plateau_is_the_loss_of_predicting_token_frequencies(small_e
     from bertgpu.config import DataConfig
     from bertgpu.data.heldout import EvalSet
     from bertgpu.data.shards import ShardedCorpus
-    from bertgpu.evaluation import evaluate_mlm
+    from bertgpu.training.evaluation import evaluate_mlm
 
     corpus = ShardedCorpus(small_english_data)
     eval_set = EvalSet(corpus, DataConfig(data=str(small_english_data), max_seq_length=64), 42, 40, "test")
@@ -214,7 +214,7 @@ def test_the_unigram_plateau_is_the_loss_of_predicting_token_frequencies(small_e
 def test_the_evaluation_line_says_when_the_model_is_still_on_the_unigram_plateau():
     """The mark from step 1 while the loss is within PLATEAU_MARGIN of the plateau (or above it), none once the
     model is below it; the warning naming what to change once, from 3/4 of the run on."""
-    from bertgpu.evaluation import PLATEAU_MARGIN, plateau_note
+    from bertgpu.training.evaluation import PLATEAU_MARGIN, plateau_note
 
     assert plateau_note(9.0, 6.1, 0, 100, False) == ("", False)  # the untrained model: nothing to judge yet
     assert plateau_note(6.1 - PLATEAU_MARGIN - 0.01, 6.1, 80, 100, False) == ("", False)
@@ -236,8 +236,8 @@ def test_evaluation_does_not_compile_the_layers_that_training_compiled(small_eng
     from bertgpu.config import DataConfig
     from bertgpu.data.heldout import EvalSet
     from bertgpu.data.shards import ShardedCorpus
-    from bertgpu.evaluation import MODEL_INPUTS, evaluate_mlm
-    from bertgpu.modernbert import ModernBertForMaskedLM
+    from bertgpu.models.modernbert.model import ModernBertForMaskedLM
+    from bertgpu.training.evaluation import MODEL_INPUTS, evaluate_mlm
 
     corpus = ShardedCorpus(small_english_data)
     eval_set = EvalSet(corpus, DataConfig(data=str(small_english_data), max_seq_length=64), 42, 20, "test")

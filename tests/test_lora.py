@@ -19,8 +19,10 @@ from conftest import TINY_FINETUNE, run_cli, sentiment_reviews, write_tiny_bert
 from procs import assert_bitwise_equal, start, wait_for_step
 from safetensors.torch import load_file
 
-from bertgpu.config import AdapterConfig, ModelConfig
-from bertgpu.model import BertForSequenceClassification
+from bertgpu.config import AdapterConfig
+from bertgpu.models import architectures
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForSequenceClassification
 
 # peft is imported by the test that loads an adapter, not at collection (2.5 s with bitsandbytes, in every worker).
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("peft") is None, reason="needs peft: pip install -e '.[lora]'")
@@ -64,9 +66,9 @@ def start_line(stdout: str) -> str:
     return next(line for line in stdout.splitlines() if line.startswith("bertgpu finetune:"))
 
 
-def base_config(setup: tuple[Path, Path]) -> ModelConfig:
+def base_config(setup: tuple[Path, Path]) -> BertConfig:
     """The config of the tiny BERT the runs start from."""
-    return ModelConfig.from_hf_dict(json.loads((setup[0] / "config.json").read_text()))
+    return architectures.config_from_hf_dict(json.loads((setup[0] / "config.json").read_text()))
 
 
 def test_start_line_counts_trainable_parameters(lora_run, setup):
@@ -206,10 +208,11 @@ def test_quantized_base_trains_the_adapters_only_and_exports_full_precision(kind
     model's (its weights dequantised: 2e-8 for nf4; int8 also quantises activations, 7.6e-5)."""
     import bitsandbytes as bnb
 
-    from bertgpu import hf_dir, lora
+    from bertgpu.checkpoints import hf_dir
+    from bertgpu.training import lora
 
     torch.manual_seed(0)
-    config = ModelConfig.preset("tiny", vocab_size=500, id2label={0: "a", 1: "b", 2: "c"})
+    config = BertConfig.preset("tiny", vocab_size=500, id2label={0: "a", 1: "b", 2: "c"})
     model = BertForSequenceClassification(config).eval()
     ids = torch.randint(5, 500, (3, 12), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

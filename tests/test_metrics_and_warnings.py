@@ -52,12 +52,12 @@ def test_per_class_metrics_by_hand():
 @pytest.fixture(scope="module")
 def four_label_classifier(tmp_path_factory, small_uncased_vocab) -> Path:
     """A random tiny BERT classifier of four labels (weights seeded): its predictions spread over all four."""
-    from bertgpu.config import ModelConfig
+    from bertgpu.checkpoints.hf_dir import save_pretrained
     from bertgpu.data.tokenizer import load_vocab
-    from bertgpu.hf_dir import save_pretrained
-    from bertgpu.model import BertForSequenceClassification
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForSequenceClassification
 
-    config = ModelConfig.preset("tiny", vocab_size=len(load_vocab(small_uncased_vocab)), id2label=dict(enumerate(FOUR)))
+    config = BertConfig.preset("tiny", vocab_size=len(load_vocab(small_uncased_vocab)), id2label=dict(enumerate(FOUR)))
     torch.manual_seed(1)
     path = tmp_path_factory.mktemp("clf4") / "clf"
     save_pretrained(
@@ -119,11 +119,11 @@ def test_the_memory_estimate_is_of_the_measured_order_and_warns_for_a_huge_batch
     by 11.8 MiB per sequence in fp32 on CPU (bertgpu/memory.py); the estimate must stay within 30% of it.
     The default batches (pretrain 32, finetune 8) fit any machine that runs the tests; a million sequences
     (about 12 TB) fits none."""
-    from bertgpu import memory
-    from bertgpu.config import ModelConfig
-    from bertgpu.model import BertForPreTraining
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
+    from bertgpu.training import memory
 
-    config = ModelConfig.preset("tiny", vocab_size=30522)
+    config = BertConfig.preset("tiny", vocab_size=30522)
     per_sequence = memory.activation_bytes(config, 1, 128, "fp32", "cpu", prediction_slots=20) / 2**20
     assert 11.8 / 1.3 < per_sequence < 11.8 * 1.3
     assert memory.activation_bytes(config, 1, 128, "bf16", "cuda", prediction_slots=20) / 2**20 < per_sequence
@@ -156,7 +156,7 @@ def test_a_batch_the_memory_cannot_hold_is_warned_of_before_the_first_step(
 ):
     """The warning is wired into both training commands (the machine's free memory made 100 MiB, the
     run itself is a normal one); with the real free memory the default batch gives no such warning."""
-    from bertgpu import memory
+    from bertgpu.training import memory
 
     run = run_cli("pretrain", "--data", small_english_data, "--out", tmp_path / "fits", *TINY_PRETRAIN)
     assert not warning_lines(run.stderr, "needs about"), run.stderr

@@ -10,12 +10,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bertgpu import architectures
 from bertgpu.config import DataConfig
 from bertgpu.data.heldout import split_documents
 from bertgpu.data.pretraining import IGNORE_INDEX, PretrainingDataset, token_counts
 from bertgpu.data.shards import ShardedCorpus
 from bertgpu.data.tokenizer import load_vocab
+from bertgpu.models import architectures
 from bertgpu.tasks.pretrain import init_bias_to_unigram
 
 

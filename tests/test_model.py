@@ -15,10 +15,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from bertgpu.atomic import directory as atomic_directory
-from bertgpu.config import ModelConfig
+from bertgpu.checkpoints.hf_dir import load_pretrained, load_weights, save_pretrained
 from bertgpu.errors import UserError
-from bertgpu.hf_dir import load_pretrained, load_weights, save_pretrained
-from bertgpu.model import (
+from bertgpu.models import architectures
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import (
     BertForPreTraining,
     BertForSequenceClassification,
     BertModel,
@@ -34,7 +35,7 @@ SENTENCES = [
 ]
 
 
-def tiny_config(**overrides) -> ModelConfig:
+def tiny_config(**overrides) -> BertConfig:
     fields = dict(
         vocab_size=1000,
         hidden_size=64,
@@ -43,10 +44,10 @@ def tiny_config(**overrides) -> ModelConfig:
         intermediate_size=128,
         max_position_embeddings=64,
     )
-    return ModelConfig(**{**fields, **overrides})
+    return BertConfig(**{**fields, **overrides})
 
 
-def hf_config(config: ModelConfig) -> transformers.BertConfig:
+def hf_config(config: BertConfig) -> transformers.BertConfig:
     # eager attention: the reference is transformers' plain softmax(QKᵀ)V, not another SDPA call.
     return transformers.BertConfig(**config.to_hf_dict(), attn_implementation="eager")
 
@@ -65,7 +66,7 @@ def padded_batch(vocab_size: int, batch: int = 3, length: int = 16, seed: int = 
     return dict(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
 
 
-def twin_pretraining(config: ModelConfig) -> tuple[BertForPreTraining, transformers.BertForPreTraining]:
+def twin_pretraining(config: BertConfig) -> tuple[BertForPreTraining, transformers.BertForPreTraining]:
     torch.manual_seed(0)
     ours = BertForPreTraining(config).eval()
     theirs = transformers.BertForPreTraining(hf_config(config)).eval()
@@ -247,7 +248,7 @@ def test_sequence_classification_matches_transformers():
 
 
 def test_training_flops_formula():
-    config = ModelConfig()  # bert-base: h 768, i 3072, 12 layers, V 30522
+    config = BertConfig()  # bert-base: h 768, i 3072, 12 layers, V 30522
     flops = training_flops_per_sequence(config, seq_len=128, num_predictions=20)
     h, i, L, V = 768, 3072, 128, 30522
     layer = L * (6 * h * h + 2 * h * h + 4 * h * i + 4 * L * h)
@@ -287,7 +288,7 @@ def test_minilm_hidden_states_match_transformers(minilm_dir):
 
 
 def test_minilm_into_pretraining_model_reports_missing_heads(minilm_dir):
-    config = ModelConfig.load(minilm_dir)
+    config = architectures.load_config(minilm_dir)
     model = BertForPreTraining(config).eval()
     missing, unexpected = load_weights(model, minilm_dir)
     assert unexpected == []
@@ -424,7 +425,7 @@ def test_prefixed_checkpoint_loads_into_bare_encoder_and_old_layernorm_names(tmp
 
 
 def test_load_weights_shape_mismatch_names_the_tensor(minilm_dir):
-    config = dataclasses.replace(ModelConfig.load(minilm_dir), type_vocab_size=3)
+    config = dataclasses.replace(architectures.load_config(minilm_dir), type_vocab_size=3)
     with pytest.raises(UserError, match=r"embeddings\.token_type_embeddings\.weight.*\[2, 384\].*\[3, 384\]"):
         load_weights(BertModel(config), minilm_dir)
 
@@ -484,7 +485,7 @@ def test_fast_path_loss_equals_the_plain_path_on_a_real_batch(small_english_data
     items = [ds[i] for i in range(16)]
     batch = {k: torch.stack([torch.as_tensor(it[k]) for it in items]) for k in items[0]}
     torch.manual_seed(0)
-    model = BertForPreTraining(ModelConfig.preset("mini", vocab_size=corpus.vocab_size)).eval()
+    model = BertForPreTraining(BertConfig.preset("mini", vocab_size=corpus.vocab_size)).eval()
     with torch.no_grad():
         fast, nsp = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["mlm_positions"])
         full, nsp_full = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
@@ -512,12 +513,12 @@ def test_each_architecture_entry_has_what_the_registry_promises(name):
     embeddings; the tensor-parallel plan names modules of every layer; its pipeline stages' module exists."""
     import importlib
 
-    from bertgpu import architectures
-    from bertgpu.config import MODEL_CONFIGS
-    from bertgpu.model_interface import EncoderModel
+    from bertgpu.models import architectures
+    from bertgpu.models.architectures import CONFIGS
+    from bertgpu.models.interface import EncoderModel
 
     entry = architectures.ARCHITECTURES[name]
-    assert MODEL_CONFIGS[name] is entry.config_class and entry.config_class.model_type == name
+    assert CONFIGS[name] is entry.config_class and entry.config_class.model_type == name
     config = architectures.preset(name, "tiny", 64, ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
     assert architectures.of(config) is entry and architectures.by_name(name) is entry
     for model in (architectures.pretraining_model(config), architectures.classification_model(config)):
@@ -532,5 +533,5 @@ def test_each_architecture_entry_has_what_the_registry_promises(name):
     decoder, embedding = masked_lm.tied_embedding
     assert masked_lm.get_parameter(decoder) is masked_lm.get_parameter(embedding)
     assert all(n in dict(masked_lm.named_parameters(remove_duplicate=False)) for n in masked_lm.tied_embedding)
-    stages = importlib.import_module(f"bertgpu.parallel.{entry.stages}")
+    stages = importlib.import_module(entry.stages)
     assert callable(stages.Stage) and callable(stages.keep)

@@ -12,17 +12,17 @@ import transformers
 from conftest import at_real_tokens, run_cli, sentiment_reviews
 from safetensors.torch import load_file
 
-from bertgpu import architectures, checkpoint, hf_dir
-from bertgpu.classifier import Classifier
-from bertgpu.config import ModelConfig
+from bertgpu.checkpoints import checkpoint, hf_dir
 from bertgpu.data.tokenizer import Tokenizer
-from bertgpu.modernbert import (
+from bertgpu.models import architectures
+from bertgpu.models.modernbert.model import (
     ModernBertConfig,
     ModernBertForMaskedLM,
     ModernBertForSequenceClassification,
     ModernBertModel,
     sdpa_masks,
 )
+from bertgpu.tasks.classifier import Classifier
 
 ATOL = 1e-5
 LENGTH = 512  # four windows of 128: local and global layers see different tokens
@@ -174,7 +174,7 @@ def test_pretrain_arch_modernbert_checkpoint_loads_in_transformers(tmp_path, sma
     )
     assert enc["input_ids"].shape[1] == 256 and not enc["attention_mask"].all()
 
-    model = architectures.pretraining_model(ModelConfig.load(ckpt))
+    model = architectures.pretraining_model(architectures.load_config(ckpt))
     hf_dir.load_weights(model, ckpt)
     model.eval()
     with torch.no_grad():
@@ -331,7 +331,7 @@ def test_a_modernbert_given_without_arch_trains_as_modernbert_with_its_recipe(tm
     bias = load_file(ckpt / "model.safetensors")["decoder.bias"]
     assert bias.abs().max() < 0.1  # one step from zero (the unigram bias is a log frequency: -2 and below)
 
-    base = ModelConfig.load(ckpt)
+    base = architectures.load_config(ckpt)
     assert choose_pooling("auto", ckpt, base, keep_head=False) == ("pooler", "auto")
     record = json.loads((ckpt / "bertgpu.json").read_text())
     record["config"]["arch"] = "bert"  # as such a run was recorded before

@@ -135,12 +135,12 @@ def test_label_counts_and_label_typos(tmp_path, small_uncased_vocab):
 def classifier(tmp_path_factory, uncased_vocab):
     import torch
 
-    from bertgpu.config import ModelConfig
-    from bertgpu.hf_dir import save_pretrained
-    from bertgpu.model import BertForSequenceClassification
+    from bertgpu.checkpoints.hf_dir import save_pretrained
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForSequenceClassification
 
     root = tmp_path_factory.mktemp("clf")
-    config = ModelConfig.preset("tiny", vocab_size=30522, id2label={0: "neg", 1: "pos"})
+    config = BertConfig.preset("tiny", vocab_size=30522, id2label={0: "neg", 1: "pos"})
     torch.manual_seed(0)
     model = root / "clf"
     save_pretrained(
@@ -225,11 +225,11 @@ def test_resume_says_what_it_does(tmp_path, small_english_data, classifier):
     assert first["step"] == 3  # a window across the resume: 2 steps before it, 1 after
     assert first["seq_per_s"] / first["steps_per_s"] == pytest.approx(4)  # one step's sequences, not three
     # MFU on the real tokens of that one step: padding is no work, and neither are empty prediction slots.
-    from bertgpu import architectures
-    from bertgpu.config import ModelConfig
+    from bertgpu.models import architectures
+    from bertgpu.models.bert.config import BertConfig
 
     vocab = len((small_english_data / "vocab.txt").read_text().splitlines())
-    config = ModelConfig.preset("tiny", vocab_size=vocab)
+    config = BertConfig.preset("tiny", vocab_size=vocab)
     seqs, tokens, work = first["seq_per_s"], first["tokens_per_s"], first["mfu"] * 1e12
     # At most the rows' 64 positions (equal when this step's rows happen to be full: NSP rows mostly are, and
     # which rows they are depends on the vocab the fixture trains, whose ties tokenizers may break either way).

@@ -28,10 +28,10 @@ def snapshot(*roots: Path) -> dict[str, tuple[str, int]]:
 def world(tmp_path, english_corpus, small_english_data, small_uncased_vocab) -> dict[str, Path]:
     """Real inputs of every command, in one folder: a corpus, a vocab, prepared data, a pretraining run with
     two checkpoints (random tiny BERTs), a classifier and labelled CSV files."""
-    from bertgpu.config import ModelConfig
+    from bertgpu.checkpoints.hf_dir import save_pretrained
     from bertgpu.data.tokenizer import load_vocab
-    from bertgpu.hf_dir import save_pretrained
-    from bertgpu.model import BertForSequenceClassification
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForSequenceClassification
 
     w = {"root": tmp_path}
     w["corpus_dir"] = tmp_path / "corpus"
@@ -43,7 +43,7 @@ def world(tmp_path, english_corpus, small_english_data, small_uncased_vocab) -> 
     for step in (1, 2):
         write_tiny_bert(w["run"] / "checkpoints" / f"step-{step:07d}", w["vocab"])
     w["checkpoint"] = w["run"] / "checkpoints" / "step-0000002"
-    config = ModelConfig.preset("tiny", vocab_size=len(load_vocab(small_uncased_vocab)), id2label={0: "neg", 1: "pos"})
+    config = BertConfig.preset("tiny", vocab_size=len(load_vocab(small_uncased_vocab)), id2label={0: "neg", 1: "pos"})
     w["clf"] = save_pretrained(
         BertForSequenceClassification(config),
         config,

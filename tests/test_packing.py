@@ -25,13 +25,17 @@ from conftest import EXACT, TINY_RUN, run_cli, sentiment_reviews
 from safetensors.torch import load_file
 from test_parallel import losses, worst_difference
 
-from bertgpu import architectures, model, samples
-from bertgpu.config import DataConfig, ModelConfig, ModernBertConfig
+from bertgpu.config import DataConfig
+from bertgpu.data import samples
 from bertgpu.data.pretraining import IGNORE_INDEX, PretrainingDataset
 from bertgpu.data.shard_writer import prepare
 from bertgpu.data.shards import ShardedCorpus
 from bertgpu.data.tokenizer import load_vocab, train_vocab
-from bertgpu.step import drop_full_mask, real_tokens
+from bertgpu.models import architectures
+from bertgpu.models.bert import model
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.modernbert.config import ModernBertConfig
+from bertgpu.training.step import drop_full_mask, real_tokens
 
 
 @pytest.fixture(scope="module")
@@ -113,14 +117,14 @@ def test_inspect_prints_how_full_the_rows_are(reviews_data):
 
 def bert(vocab_size: int, length: int) -> torch.nn.Module:
     torch.manual_seed(0)
-    config = ModelConfig.preset("tiny", vocab_size=vocab_size, max_position_embeddings=max(length, 512))
+    config = BertConfig.preset("tiny", vocab_size=vocab_size, max_position_embeddings=max(length, 512))
     return architectures.pretraining_model(architectures.with_dropout(config, 0.0)).eval()
 
 
 def modernbert(vocab_size: int, length: int, attention: str) -> torch.nn.Module:
     """A 2-layer ModernBERT (layer 0 global, layer 1 local with a 128-token window), ``attention``: sdpa, blocked
     (SDPA's local layers block by block, as from 1,024 tokens on) or flex (FlexAttention, eager on the CPU)."""
-    from bertgpu.modernbert import ModernBertForMaskedLM
+    from bertgpu.models.modernbert.model import ModernBertForMaskedLM
 
     torch.manual_seed(0)
     config = ModernBertConfig.preset("tiny", vocab_size, pad_token_id=0, cls_token_id=101, sep_token_id=102)

@@ -167,8 +167,8 @@ def test_fsdp_ends_on_the_weights_of_ddp(layouts):
 def test_sharded_checkpoints_export_what_transformers_loads_with_the_same_logits(name, layouts, uncased_vocab):
     """The weights of a sharded run are gathered into one Hugging Face directory: transformers reads
     it as it is and computes our logits (1e-5, real tokens)."""
-    from bertgpu.hf_dir import load_pretrained
-    from bertgpu.model import BertForPreTraining
+    from bertgpu.checkpoints.hf_dir import load_pretrained
+    from bertgpu.models.bert.model import BertForPreTraining
 
     ckpt = layouts(name) / "checkpoints" / "step-0000003"
     assert sorted(p.name for p in (ckpt / "optimizer").iterdir())[0] == ".metadata"
@@ -230,13 +230,13 @@ def test_resume_with_another_global_batch_continues_from_the_same_instance(layou
 def test_activation_checkpointing_gives_the_same_gradients():
     """Recomputing each encoder layer in the backward pass changes no gradient, dropout on: the
     recomputation replays the RNG, so it draws the same masks."""
-    from bertgpu.config import ModelConfig
-    from bertgpu.model import BertForPreTraining
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
     from bertgpu.parallel import ParallelDims, parallelize
 
     def gradients(checkpointing: bool) -> dict[str, torch.Tensor]:
         torch.manual_seed(0)
-        model = BertForPreTraining(ModelConfig.preset("tiny", vocab_size=500))
+        model = BertForPreTraining(BertConfig.preset("tiny", vocab_size=500))
         net = parallelize(model, ParallelDims(1), torch.device("cpu"), activation_checkpointing=checkpointing)
         if checkpointing:
             assert type(model.bert.encoder.layer[0]).__name__ == "CheckpointWrapper"
@@ -293,7 +293,7 @@ def test_finetune_layouts_end_on_the_weights_of_one_process(name, finetuned):
     assert metrics[0]["eval_examples"] == metrics[1]["eval_examples"] == 12
     assert metrics[1]["eval_loss"] == pytest.approx(metrics[0]["eval_loss"], abs=1e-5)
     hf = transformers.BertForSequenceClassification.from_pretrained(finetuned[name] / "best").eval()
-    from bertgpu.classifier import Classifier
+    from bertgpu.tasks.classifier import Classifier
 
     ours = Classifier.load(finetuned[name] / "best", device="cpu")
     enc = transformers.BertTokenizer.from_pretrained(finetuned[name] / "best")(
@@ -348,12 +348,13 @@ def _tensor_parallel_dropout_worker(out: str) -> None:
     import torch.distributed as dist
     from torch.distributed.tensor import DTensor
 
-    from bertgpu.config import ModelConfig, OptimConfig, ParallelConfig, PretrainConfig
-    from bertgpu.model import BertForPreTraining
-    from bertgpu.optim import build_optimizer
+    from bertgpu.config import OptimConfig, ParallelConfig, PretrainConfig
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.models.bert.model import BertForPreTraining
     from bertgpu.tasks.common import Session, spread
+    from bertgpu.training.optim import build_optimizer
 
-    config = ModelConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3)
+    config = BertConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.3, attention_probs_dropout_prob=0.3)
     session = Session(
         PretrainConfig(model="tiny", out=out, nproc=2, device="cpu", precision="fp32", parallel=ParallelConfig(tp=2)),
         config,

@@ -23,8 +23,9 @@ from conftest import EXACT, TINY_FINETUNE, run_cli, sentiment_reviews, write_tin
 from safetensors.torch import load_file
 from test_parallel import evaluations, final_weights, losses, worst_difference
 
-from bertgpu.config import ModelConfig, ParallelConfig, PretrainConfig
+from bertgpu.config import ParallelConfig, PretrainConfig
 from bertgpu.errors import UserError
+from bertgpu.models.bert.config import BertConfig
 from bertgpu.parallel.layout import check_layout
 
 COMMON = [
@@ -76,7 +77,7 @@ def four_layers(tmp_path_factory, small_english_data):
     """A tiny BERT's config.json with 4 encoder layers, the data's vocab."""
     from bertgpu.data.shards import ShardedCorpus
 
-    config = ModelConfig.preset("tiny", vocab_size=ShardedCorpus(small_english_data).vocab_size)
+    config = BertConfig.preset("tiny", vocab_size=ShardedCorpus(small_english_data).vocab_size)
     path = tmp_path_factory.mktemp("model") / "config.json"
     path.write_text(json.dumps(dataclasses.replace(config, num_hidden_layers=4).to_hf_dict("BertForPreTraining")))
     return path
@@ -205,7 +206,7 @@ def test_finetune_with_pp_ends_on_the_weights_of_one_process(tmp_path, small_unc
 )
 def test_what_does_not_compose_is_refused_in_one_line(run, parallel, needle, monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
-    model = ModelConfig.preset("tiny", vocab_size=100)  # 2 layers
+    model = BertConfig.preset("tiny", vocab_size=100)  # 2 layers
     cfg = PretrainConfig(
         model="tiny", out="x", nproc=4, **{"device": "cpu", **run}, parallel=ParallelConfig(**{"pp": 2, **parallel})
     )

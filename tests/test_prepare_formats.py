@@ -19,9 +19,8 @@ import zstandard
 from conftest import run_cli
 from test_cli_errors import assert_one_line_error_in_process
 
-from bertgpu import samples
 from bertgpu.data import corpus as corpus_module
-from bertgpu.data import sentences, shard_writer
+from bertgpu.data import samples, sentences, shard_writer
 from bertgpu.data.corpus import CorpusReader, input_format
 from bertgpu.data.sentences import split_paragraph
 from bertgpu.data.shard_writer import prepare

@@ -8,6 +8,7 @@ import pytest
 from bertgpu.cli import COMMANDS, build_config, build_parser, given_fields
 from bertgpu.config import DataConfig
 from bertgpu.errors import UserError
+from bertgpu.training.recipe import apply_fast_recipe
 
 
 def test_pack_needs_no_nsp():
@@ -16,12 +17,13 @@ def test_pack_needs_no_nsp():
 
 
 def _parse(*argv: str):
-    """The config as the CLI builds it, with the flags given (cli.given_fields)."""
+    """The config as the CLI builds it, with the flags given (cli.given_fields), planned by the recipe."""
     argv = ["pretrain", "--model", "tiny", "--out", "o", "--data", "d", *argv]
     parser = build_parser()
     args = parser.parse_args(argv)
     command = next(a for a in parser._actions if a.dest == "command").choices["pretrain"]
-    return build_config(COMMANDS["pretrain"][0], args, given_fields(command, argv[1:], ()))
+    # as pretrain.run plans it: the recipe's values applied to what the CLI built
+    return apply_fast_recipe(build_config(COMMANDS["pretrain"][0], args, given_fields(command, argv[1:], ())))
 
 
 def test_fast_recipe_sets_its_values_and_explicit_flags_win():
@@ -67,8 +69,8 @@ def test_fast_recipe_takes_bf16_on_cpus_that_compute_it_natively(monkeypatch, na
     is slower than fp32), fp32 elsewhere; --recipe bert and an explicit --precision are left alone."""
     import torch
 
-    from bertgpu import precision
-    from bertgpu.recipe import fast_recipe
+    from bertgpu.training import precision
+    from bertgpu.training.recipe import fast_recipe
 
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
     cpu = torch.device("cpu")

@@ -22,7 +22,8 @@ from conftest import ROOT, TINY_RUN, run_cli, write_tiny_bert
 from procs import assert_bitwise_equal, kill_torchrun_worker, losses, start, wait_for_step
 from safetensors.torch import load_file
 
-from bertgpu import checkpoint, samples
+from bertgpu.checkpoints import checkpoint
+from bertgpu.data import samples
 
 STEPS = 12
 ARGS = [*TINY_RUN, "--loader-workers", "1", "--steps", str(STEPS), "--batch-size", "4", "--log-every", "1"]
@@ -116,11 +117,12 @@ def test_torchrun_restarts_a_killed_worker_and_the_run_completes_identically(
 SLOW_WRITER = """
 import sys, time, torch
 from pathlib import Path
-from bertgpu import checkpoint
-from bertgpu.config import ModelConfig, PretrainConfig
-from bertgpu.model import BertForPreTraining
+from bertgpu.checkpoints import checkpoint
+from bertgpu.config import PretrainConfig
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForPreTraining
 run, vocab, marker = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
-model = BertForPreTraining(ModelConfig.preset("tiny", vocab_size=30522))
+model = BertForPreTraining(BertConfig.preset("tiny", vocab_size=30522))
 cfg = PretrainConfig(model="tiny", out=str(run))
 optimizer = torch.optim.AdamW(model.parameters())
 save = lambda step: checkpoint.save_checkpoint(run, step, model, optimizer, model.config, {"position": {}}, cfg,
@@ -141,7 +143,7 @@ save(2)
 def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one_latest(tmp_path, uncased_vocab):
     import transformers
 
-    from bertgpu.checkpoint import latest_checkpoint
+    from bertgpu.checkpoints.checkpoint import latest_checkpoint
 
     run, marker = tmp_path / "run", tmp_path / "writing"
     proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(run), str(uncased_vocab), str(marker)], cwd=ROOT)
@@ -280,7 +282,7 @@ def test_non_finite_loss_is_skipped_then_stops_with_the_last_good_weights(tmp_pa
 def test_a_kill_between_the_renames_of_a_replacement_loses_nothing(tmp_path):
     """atomic.directory replaces NAME by moving it aside (.NAME.old-*), then renaming the new one in;
     a kill between the two leaves no NAME. The cleanup puts the complete old one back."""
-    from bertgpu.checkpoint import latest_checkpoint, remove_stale_temporaries
+    from bertgpu.checkpoints.checkpoint import latest_checkpoint, remove_stale_temporaries
 
     root = tmp_path / "checkpoints"
     for name in (".step-0000003.old-11-aa", ".step-0000004.tmp-12-bb", "step-0000002", ".step-0000002.old-13-cc"):

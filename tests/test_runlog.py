@@ -8,7 +8,7 @@ import json
 import pytest
 
 from bertgpu.errors import UserError
-from bertgpu.runlog import RunLog, read_records
+from bertgpu.training.runlog import RunLog, read_records
 
 RECORDS = [{"step": s, "loss": 10.0 - s} for s in (1, 2, 3)]
 

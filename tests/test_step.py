@@ -18,18 +18,18 @@ import transformers
 from conftest import TINY_RUN, run_cli
 from test_model import padded_batch, tiny_config
 
+from bertgpu.checkpoints.hf_dir import export_state_dict
 from bertgpu.config import DataConfig
 from bertgpu.data.loader import run_loader
 from bertgpu.data.pretraining import IGNORE_INDEX, GlobalBatchSampler, PretrainingDataset
 from bertgpu.data.shards import ShardedCorpus
 from bertgpu.data.tokenizer import load_vocab
-from bertgpu.hf_dir import export_state_dict
-from bertgpu.metrics import Waits, describe_waits
-from bertgpu.model import BertForPreTraining
+from bertgpu.models.bert.model import BertForPreTraining
 from bertgpu.parallel import parallelize
 from bertgpu.parallel.dims import ParallelDims
 from bertgpu.parallel.parallelize import whole_step_compile
-from bertgpu.step import LOG_SUMS, drop_full_mask, pretraining_objective
+from bertgpu.training.metrics import Waits, describe_waits
+from bertgpu.training.step import LOG_SUMS, drop_full_mask, pretraining_objective
 
 
 def _masked(batch: dict[str, torch.Tensor], slots: int = 4) -> dict[str, torch.Tensor]:
@@ -256,8 +256,8 @@ def test_pretrain_logs_its_waits_on_data_and_device(tmp_path, small_english_data
 
 
 def test_fp8_is_a_one_line_error_without_a_hopper_gpu_and_picks_only_large_linears(tmp_path, small_english_data):
-    from bertgpu.config import ModelConfig
-    from bertgpu.fp8 import worth_fp8
+    from bertgpu.models.bert.config import BertConfig
+    from bertgpu.training.fp8 import worth_fp8
 
     proc = run_cli("pretrain", "--data", small_english_data, "--out", tmp_path / "run", "--model", "tiny",
                    "--device", "cpu", "--fp8", "--steps", "1", check=False)  # fmt: skip
@@ -267,7 +267,7 @@ def test_fp8_is_a_one_line_error_without_a_hopper_gpu_and_picks_only_large_linea
         chosen = {
             name: [
                 n
-                for n, m in BertForPreTraining(ModelConfig.preset(name, vocab_size=30522)).named_modules()
+                for n, m in BertForPreTraining(BertConfig.preset(name, vocab_size=30522)).named_modules()
                 if worth_fp8(m, n)
             ]
             for name in ("base", "large")
@@ -280,7 +280,7 @@ def test_fp8_is_a_one_line_error_without_a_hopper_gpu_and_picks_only_large_linea
 def test_padded_rows_as_variable_length_sequences_attend_as_the_masked_sdpa():
     """The sequence bounds ``_padded_varlen`` hands flash attention's variable-length kernel (CUDA only; here a
     plain reference of its contract): at real tokens, the same attention as SDPA with the padding mask."""
-    from bertgpu import model as bert_model
+    from bertgpu.models.bert import model as bert_model
 
     def reference_varlen(q, k, v, cu_q, cu_k, max_q, max_k):  # [T, H, D], each [cu[i], cu[i+1]) a sequence
         assert torch.equal(cu_q, cu_k) and cu_q.dtype == torch.int32 and max_q == max_k

@@ -15,12 +15,14 @@ from conftest import TINY_RUN, run_cli
 from procs import live_records, start
 from slowing import slowed
 
-from bertgpu import checkpoint, recipe
-from bertgpu.budget import TimeBudget
+from bertgpu.checkpoints import checkpoint
 from bertgpu.cli import COMMANDS, build_config, build_parser, given_fields
-from bertgpu.config import ModelConfig, parse_duration
+from bertgpu.config import parse_duration
 from bertgpu.errors import UserError
-from bertgpu.model import BertForPreTraining
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForPreTraining
+from bertgpu.training import recipe
+from bertgpu.training.budget import TimeBudget
 
 # -- the recipe's learning rate -------------------------------------------------------------------------
 
@@ -38,7 +40,7 @@ def _parse(*argv: str):
 def test_fast_recipe_takes_the_swept_lr_of_the_size_scaled_to_the_batch(size, factor):
     """BERT takes the sweep's rate for its size (twice it up to a width of 256) with a 20% warmup."""
     cfg = _parse("--model", size, "--recipe", "fast")
-    optim, why = recipe.choose(cfg, ModelConfig.preset(size, vocab_size=2000))
+    optim, why = recipe.choose(cfg, BertConfig.preset(size, vocab_size=2000))
     swept = recipe.SWEPT_LR[size][1]
     lr = factor * swept
     assert (optim.lr, optim.reference_batch, optim.lr_scaling, optim.warmup) == (lr, 32, "sqrt", 0.2)
@@ -51,26 +53,26 @@ def test_fast_recipe_takes_the_swept_lr_of_the_size_scaled_to_the_batch(size, fa
 
 def test_the_users_lr_and_warmup_win_and_bert_keeps_its_defaults():
     mine, why = recipe.choose(
-        _parse("--model", "mini", "--recipe", "fast", "--lr", "5e-4"), ModelConfig.preset("mini", vocab_size=2000)
+        _parse("--model", "mini", "--recipe", "fast", "--lr", "5e-4"), BertConfig.preset("mini", vocab_size=2000)
     )
     assert (mine.lr, mine.lr_scaling, mine.warmup) == (5e-4, "none", 0.2) and "lr " not in why
     both, why = recipe.choose(
         _parse("--model", "mini", "--recipe", "fast", "--lr", "5e-4", "--warmup", "0.2"),
-        ModelConfig.preset("mini", vocab_size=2000),
+        BertConfig.preset("mini", vocab_size=2000),
     )
     assert (both.lr, both.warmup, why) == (5e-4, 0.2, "")
     # BERT's default lr and warmup typed out are the user's choice, not values left for the recipe
     typed, why = recipe.choose(
         _parse("--model", "mini", "--recipe", "fast", "--lr", "1e-4", "--warmup=0.01"),
-        ModelConfig.preset("mini", vocab_size=2000),
+        BertConfig.preset("mini", vocab_size=2000),
     )
     assert (typed.lr, typed.lr_scaling, typed.warmup, why) == (1e-4, "none", 0.01, "")
-    bert, why = recipe.choose(_parse("--model", "mini"), ModelConfig.preset("mini", vocab_size=2000))
+    bert, why = recipe.choose(_parse("--model", "mini"), BertConfig.preset("mini", vocab_size=2000))
     assert (bert.lr, bert.warmup, why) == (1e-4, 0.01, "")
 
 
 def test_fast_recipe_gives_modernbert_twice_berts_rate_and_its_own_beta2_and_the_users_flags_win():
-    from bertgpu import architectures
+    from bertgpu.models import architectures
 
     modernbert = architectures.preset("modernbert", "mini", 2000)
     optim, why = recipe.choose(_parse("--model", "mini", "--arch", "modernbert", "--recipe", "fast"), modernbert)
@@ -82,16 +84,16 @@ def test_fast_recipe_gives_modernbert_twice_berts_rate_and_its_own_beta2_and_the
         modernbert,
     )
     assert (mine.lr, mine.adam_beta2) == (5e-4, 0.999) and "beta2" not in why, why
-    bert, _ = recipe.choose(_parse("--model", "mini", "--recipe", "fast"), ModelConfig.preset("mini", vocab_size=2000))
+    bert, _ = recipe.choose(_parse("--model", "mini", "--recipe", "fast"), BertConfig.preset("mini", vocab_size=2000))
     assert (bert.lr, bert.adam_beta2) == (2 * recipe.SWEPT_LR["mini"][1], 0.999)  # BERT's betas stay AdamW's
     small, _ = recipe.choose(
-        _parse("--model", "small", "--recipe", "fast"), ModelConfig.preset("small", vocab_size=2000)
+        _parse("--model", "small", "--recipe", "fast"), BertConfig.preset("small", vocab_size=2000)
     )
     assert small.lr == recipe.SWEPT_LR["small"][1]  # wider than 256: the sweep's rate
 
 
 def test_a_size_between_two_swept_ones_takes_a_rate_between_theirs():
-    lr, where = recipe.swept_lr(ModelConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=6))
+    lr, where = recipe.swept_lr(BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=6))
     rates = sorted(lr for _, lr in recipe.SWEPT_LR.values())
     assert rates[0] <= lr <= rates[-1] and "between" in where
 
@@ -164,11 +166,11 @@ def test_a_resumed_plan_continues_the_budget_where_it_stood():
 
 
 def test_a_step_plan_answers_alike_for_fixed_steps_and_for_a_budget():
-    """The loop asks a step plan (bertgpu.plan) the same questions whatever the run's length is made of: the steps
+    """The loop asks a step plan (training/plan.py) the same questions whatever the run's length is made of: the steps
     planned, the last, the schedule, what a checkpoint keeps (a budget under the key older checkpoints have)."""
     from bertgpu.config import OptimConfig
-    from bertgpu.optim import build_schedule
-    from bertgpu.plan import BudgetSteps, FixedSteps
+    from bertgpu.training.optim import build_schedule
+    from bertgpu.training.plan import BudgetSteps, FixedSteps
 
     optim = OptimConfig(lr=1.0, warmup=0.2, steps=10)
     fixed = FixedSteps(optim)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 
 from bertgpu.config import OptimConfig
-from bertgpu.optim import build_optimizer, skip_if
-from bertgpu.signals import LaggedFlags
+from bertgpu.training.optim import build_optimizer, skip_if
+from bertgpu.training.signals import LaggedFlags
 
 
 def test_lagged_flags_are_read_one_step_late_and_all_at_a_flush():

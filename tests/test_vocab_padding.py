@@ -10,21 +10,22 @@ import transformers
 from conftest import at_real_tokens
 from safetensors import safe_open
 
-from bertgpu.config import DataConfig, ModelConfig
+from bertgpu.checkpoints.hf_dir import load_weights, save_pretrained
+from bertgpu.config import DataConfig
 from bertgpu.data.pretraining import IGNORE_INDEX, PretrainingDataset
 from bertgpu.data.shards import ShardedCorpus
 from bertgpu.data.tokenizer import load_vocab
 from bertgpu.errors import UserError
-from bertgpu.hf_dir import load_weights, save_pretrained
-from bertgpu.model import BertForPreTraining, padded_vocab_size
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForPreTraining, padded_vocab_size
 
 MULTIPLE = 64
 EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
 BIAS = "cls.predictions.bias"
 
 
-def tiny(vocab_size: int) -> ModelConfig:
-    return ModelConfig.preset("tiny", vocab_size=vocab_size, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+def tiny(vocab_size: int) -> BertConfig:
+    return BertConfig.preset("tiny", vocab_size=vocab_size, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +160,9 @@ def test_load_weights_into_a_padded_model_round_trips(corpus, batch, saved):
 def test_optimizer_state_of_another_padding_is_refused(tmp_path, corpus):
     """A resume whose model pads the vocab otherwise than the checkpoint's optimizer state is refused
     with one line naming the tensor, before the next step could fail in a kernel."""
-    from bertgpu.checkpoint import load_optimizer_state, save_checkpoint
+    from bertgpu.checkpoints.checkpoint import load_optimizer_state, save_checkpoint
     from bertgpu.config import OptimConfig, PretrainConfig
-    from bertgpu.optim import build_optimizer
+    from bertgpu.training.optim import build_optimizer
 
     V = corpus.vocab_size
     padded = BertForPreTraining(tiny(V), pad_vocab_multiple=MULTIPLE)

@@ -22,9 +22,9 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_cli
 
-from bertgpu import cli, samples
+from bertgpu import cli
 from bertgpu.config import DataConfig, InspectConfig, PretrainConfig
-from bertgpu.data import shard_writer
+from bertgpu.data import samples, shard_writer
 from bertgpu.data.pretraining import IGNORE_INDEX, PretrainingDataset, wwm_fallback_warning
 from bertgpu.data.sentences import split_paragraph
 from bertgpu.data.shard_writer import prepare

@@ -29,10 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import UserError
-from .encoding import decode_text
-from .sharing import owners, share
-from .tokenizer import Tokenizer
+from bertgpu.data.encoding import decode_text
+from bertgpu.data.sharing import owners, share
+from bertgpu.data.tokenizer import Tokenizer
+from bertgpu.errors import UserError
 
 FORMATS = ("csv", "tsv", "jsonl")
 _EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}

@@ -35,9 +35,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO, NamedTuple
 
-from ..errors import UserError, require
-from . import encoding
-from .sentences import MODES
+from bertgpu.data import encoding
+from bertgpu.data.sentences import MODES
+from bertgpu.errors import UserError, require
 
 _SNIFF_BYTES = 8192  # a NUL byte in this many leading bytes marks a file as binary
 # A line longer than this is almost surely not one sentence (a file without newlines, a data dump).

@@ -118,7 +118,7 @@ def decode_text(data: bytes, path: Path | str, what: str = "", marks: bool = Tru
     anything else is a UserError naming the encoding it looks like and how to convert it (``what``: the
     file's role, said before its name). ``marks=False``: a byte-order mark is an error too (a vocab.txt is
     copied into checkpoints, whose readers take UTF-8 without one)."""
-    from ..errors import UserError
+    from bertgpu.errors import UserError
 
     where = f"{what} {path}".strip()
     bom = wide_bom(data)

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import DataConfig
-from ..errors import UserError
-from .pretraining import PretrainingDataset
-from .shards import ShardedCorpus
-from .tokenizer import load_vocab
+from bertgpu.config import DataConfig
+from bertgpu.data.pretraining import PretrainingDataset
+from bertgpu.data.shards import ShardedCorpus
+from bertgpu.data.tokenizer import load_vocab
+from bertgpu.errors import UserError
 
 _TAG_HOLDOUT, _TAG_EVAL = 7, 8  # keep these random streams apart from the training ones
 EVAL_EPOCH = 0

@@ -19,11 +19,11 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from ..config import InspectConfig
-from ..errors import UserError
-from .pretraining import IGNORE_INDEX, PretrainingDataset, warn_wwm_fallback
-from .shards import ShardedCorpus, warn_if_unknown
-from .tokenizer import load_vocab
+from bertgpu.config import InspectConfig
+from bertgpu.data.pretraining import IGNORE_INDEX, PretrainingDataset, warn_wwm_fallback
+from bertgpu.data.shards import ShardedCorpus, warn_if_unknown
+from bertgpu.data.tokenizer import load_vocab
+from bertgpu.errors import UserError
 
 
 def describe(dataset: PretrainingDataset, vocab: list[str], index: int) -> dict[str, Any]:

@@ -10,13 +10,12 @@ copy of the dataset made when it started, draws the instances of the epoch the l
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 from collections.abc import Iterator
 
 import torch
-
-from ..signals import ignore_stop_signals
 
 
 class EpochIndexed(torch.utils.data.Dataset):
@@ -57,7 +56,8 @@ def _loader_worker_init(worker_id: int) -> None:
     """A forked loader worker leaves stop signals to its training process and closes the TCP connections it
     inherited (gloo's, the rendezvous store's): held open here, a killed rank's peers would learn of its death
     only when this worker notices its parent is gone (torch checks every 5 s), not at once."""
-    ignore_stop_signals(worker_id)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     try:
         fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
     except OSError:  # no /proc: nothing inherited is closed, the peers learn of a death later

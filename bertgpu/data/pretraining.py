@@ -34,12 +34,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..config import DataConfig
-from ..errors import UserError
-from .shards import ShardedCorpus
-from .sharing import share
-from .tokenizer import load_vocab
-from .words import is_cjk
+from bertgpu.config import DataConfig
+from bertgpu.data.shards import ShardedCorpus
+from bertgpu.data.sharing import share
+from bertgpu.data.tokenizer import load_vocab
+from bertgpu.data.words import is_cjk
+from bertgpu.errors import UserError
 
 IGNORE_INDEX = -100  # label of positions that are not predicted (as in transformers)
 

@@ -24,7 +24,7 @@ import re
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 
-from ..errors import require
+from bertgpu.errors import require
 
 MODES = ("auto", "lines", "none")
 LANGUAGE = "en"  # sentencex's rules for Latin-script text (its abbreviation lists are per language)

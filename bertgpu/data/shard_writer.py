@@ -24,13 +24,13 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .. import atomic
-from ..errors import UserError
-from ..paths import refuse_clobbering
-from . import sentences, words
-from .corpus import CorpusReader, Document, resolve_inputs
-from .shards import FORMAT, MAX_UNK_SHARE, VERSION, token_dtype
-from .tokenizer import Tokenizer, fragmentation_warning
+from bertgpu import atomic
+from bertgpu.data import sentences, words
+from bertgpu.data.corpus import CorpusReader, Document, resolve_inputs
+from bertgpu.data.shards import FORMAT, MAX_UNK_SHARE, VERSION, token_dtype
+from bertgpu.data.tokenizer import Tokenizer, fragmentation_warning
+from bertgpu.errors import UserError
+from bertgpu.paths import refuse_clobbering
 
 CHUNK_CHARS = 2 * 2**20  # text per work item: large enough to amortize pickling, small enough to stream
 MIN_CHUNK_CHARS = 64 * 2**10  # the smallest work item, at the end of the input (see _tokenized_chunks)

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import UserError
-from .tokenizer import vocab_sha256
+from bertgpu.data.tokenizer import vocab_sha256
+from bertgpu.errors import UserError
 
 FORMAT = "bertgpu-shards"
 VERSION = 2

@@ -22,11 +22,11 @@ import tokenizers
 from tokenizers import decoders, normalizers, pre_tokenizers, processors, trainers
 from tokenizers.models import WordPiece
 
-from .. import atomic
-from ..errors import UserError
-from ..paths import refuse_clobbering
-from .corpus import CorpusReader, resolve_inputs
-from .encoding import decode_text
+from bertgpu import atomic
+from bertgpu.data.corpus import CorpusReader, resolve_inputs
+from bertgpu.data.encoding import decode_text
+from bertgpu.errors import UserError
+from bertgpu.paths import refuse_clobbering
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 _UNUSED = 99  # bert-base-uncased: [PAD]=0, [unused0..98]=1..99, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103

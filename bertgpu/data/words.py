@@ -42,8 +42,8 @@ from itertools import chain
 
 import numpy as np
 
-from ..errors import require
-from .tokenizer import Tokenizer
+from bertgpu.data.tokenizer import Tokenizer
+from bertgpu.errors import require
 
 SEGMENTER = "rjieba"
 

@@ -19,8 +19,8 @@ DTensor's ``parallelize_module``, FSDP2's ``fully_shard``, ``torch.distributed.p
 DistributedDataParallel and torch.distributed.checkpoint (in bertgpu/checkpoint.py).
 """
 
-from .dims import ParallelDims
-from .parallelize import parallelize
-from .wrap import ParallelModel
+from bertgpu.parallel.dims import ParallelDims
+from bertgpu.parallel.parallelize import parallelize
+from bertgpu.parallel.wrap import ParallelModel
 
 __all__ = ["ParallelDims", "ParallelModel", "parallelize"]

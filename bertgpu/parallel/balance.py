@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from ..data.sharing import split
-from . import launch
+from bertgpu.data.sharing import split
+from bertgpu.parallel import launch
 
 TIMED_STEPS = 4  # steps timed after the first
 

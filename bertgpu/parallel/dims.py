@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..config import ModelConfig
-from ..errors import UserError
+from bertgpu.errors import UserError
+from bertgpu.models.bert.config import BertConfig
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -87,7 +87,7 @@ class ParallelDims:
         average instead, so scale by the degree they divide by."""
         return loss * self.dp
 
-    def check_model(self, config: ModelConfig) -> None:
+    def check_model(self, config: BertConfig) -> None:
         """Tensor parallelism splits attention heads and the feed-forward width evenly."""
         if self.tp == 1:
             return

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ..errors import UserError
+from bertgpu.errors import UserError
 
 # A worker exits with one of these after printing its own one-line message, so the launcher adds none.
 USER_ERROR_EXIT = 3

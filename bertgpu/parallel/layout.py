@@ -10,17 +10,18 @@ import os
 
 import torch
 
-from .. import architectures
-from ..config import AdapterConfig, ModelConfig, TrainingConfig, accumulation
-from ..errors import UserError
-from ..precision import resolve_precision
-from . import launch
-from .dims import ParallelDims
-from .pipeline import check_stages
+from bertgpu.config import AdapterConfig, TrainingConfig, accumulation
+from bertgpu.errors import UserError
+from bertgpu.models import architectures
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.parallel import launch
+from bertgpu.parallel.dims import ParallelDims
+from bertgpu.parallel.pipeline import check_stages
+from bertgpu.training.precision import resolve_precision
 
 
 def check_layout(
-    cfg: TrainingConfig, model_config: ModelConfig, *, adapter: AdapterConfig | None = None, cpu_bf16: bool = False
+    cfg: TrainingConfig, model_config: BertConfig, *, adapter: AdapterConfig | None = None, cpu_bf16: bool = False
 ) -> ParallelDims:
     """The run's degrees of parallelism, every mistake in them a one-line error (before any process
     starts, and again in each process). What is a task's own: fine-tuning's ``adapter`` (LoRA and
@@ -30,7 +31,9 @@ def check_layout(
     dims.check_model(model_config)
     arch = architectures.of(model_config)
     if arch.tp_fused:
-        from . import modernbert_tp  # here: it imports DTensor (0.5 s), which a launcher never needs
+        from bertgpu.parallel import (
+            fused_tp as modernbert_tp,  # here: it imports DTensor (0.5 s), which a launcher never needs
+        )
 
         modernbert_tp.check_layout(dims, model_config, f"a {arch.title}'s {arch.tp_fused}")
     precision = resolve_precision(cfg.run.precision, torch.device(cfg.run.device), cpu_bf16=cpu_bf16)
@@ -103,7 +106,7 @@ def cpu_oversubscription(cfg: TrainingConfig) -> str | None:
 
 
 def check_pipeline(
-    cfg: TrainingConfig, model_config: ModelConfig, precision: str, adapter: AdapterConfig | None = None
+    cfg: TrainingConfig, model_config: BertConfig, precision: str, adapter: AdapterConfig | None = None
 ) -> None:
     """What pipeline parallelism does not compose with yet, each refused with the alternative."""
     parallel = cfg.parallel

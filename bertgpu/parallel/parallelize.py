@@ -34,11 +34,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .compression import Compression
-from .compression import register as register_compression
-from .dims import ParallelDims
-from .pipeline import parallelize_pipeline
-from .wrap import (
+from bertgpu.parallel.compression import Compression
+from bertgpu.parallel.compression import register as register_compression
+from bertgpu.parallel.dims import ParallelDims
+from bertgpu.parallel.pipeline import parallelize_pipeline
+from bertgpu.parallel.wrap import (
     ParallelModel,
     apply_activation_checkpointing,
     apply_fsdp,

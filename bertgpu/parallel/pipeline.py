@@ -34,11 +34,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .. import architectures
-from ..errors import UserError
-from .compression import Compression
-from .dims import ParallelDims
-from .wrap import (
+from bertgpu.errors import UserError
+from bertgpu.models import architectures
+from bertgpu.parallel.compression import Compression
+from bertgpu.parallel.dims import ParallelDims
+from bertgpu.parallel.wrap import (
     ParallelModel,
     apply_activation_checkpointing,
     apply_tensor_parallel,
@@ -91,8 +91,8 @@ def parallelize_pipeline(
     ids = [dims.pp_rank + k * dims.pp for k in range(per_rank)]  # looped placement, as interleaved 1F1B wants
     split = stage_layers(model.config.num_hidden_layers, n_stages)
     first, last = 0 in ids, n_stages - 1 in ids
-    # The architecture's stages (Stage, keep): a module of this package its entry names, bert_stages.py for BERT.
-    cut = importlib.import_module(f"{__package__}.{architectures.of(model.config).stages}")
+    # The architecture's stages (Stage, keep): the module its entry names (models/bert/stages.py for BERT).
+    cut = importlib.import_module(architectures.of(model.config).stages)
     cut.keep(model, [split[s] for s in ids], first, last)
     model.to(device)
     if dims.tp > 1:
@@ -107,7 +107,7 @@ def parallelize_pipeline(
     if dims.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        from . import modernbert_tp
+        from bertgpu.parallel import fused_tp as modernbert_tp
 
         mp = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if precision == "bf16" else None,

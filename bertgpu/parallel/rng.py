@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from .launch import all_gather_object
+from bertgpu.parallel.launch import all_gather_object
 
 
 def gather_rng_states(device: torch.device, layout: tuple[int, ...]) -> dict:

@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .. import architectures
-from .compression import Compression, bytes_per_step, is_dtensor, load_state_tensors, state_tensors
-from .dims import ParallelDims
+from bertgpu.models import architectures
+from bertgpu.parallel.compression import Compression, bytes_per_step, is_dtensor, load_state_tensors, state_tensors
+from bertgpu.parallel.dims import ParallelDims
 
 
 def encoder_layers(model: nn.Module) -> nn.ModuleList | nn.ModuleDict:
@@ -232,7 +232,7 @@ def apply_tensor_parallel(model: nn.Module, dims: ParallelDims) -> None:
     (``Architecture.tp_plan``; fused weights as strided shards: ``modernbert_tp``)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from .modernbert_tp import FusedColwiseParallel
+    from bertgpu.parallel.fused_tp import FusedColwiseParallel
 
     plan = {
         name: RowwiseParallel()
@@ -264,7 +264,7 @@ def apply_fsdp(model: nn.Module, dims: ParallelDims, precision: str, reduce_dtyp
     ``reduce_dtype`` (--grad-compression fp16/bf16)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    from .modernbert_tp import fsdp_placement
+    from bertgpu.parallel.fused_tp import fsdp_placement
 
     mp = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if precision == "bf16" else None, reduce_dtype=reduce_dtype or torch.float32

@@ -34,22 +34,24 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .. import checkpoint, memory, model_card
-from ..config import AdapterConfig, ModelConfig, OptimConfig, TrainingConfig, accumulation
-from ..errors import UserError
-from ..metrics import Sums, Throughput, peak_memory_mb
-from ..optim import build_optimizer, optimizer_step
-from ..parallel import ParallelModel, launch, parallelize
-from ..parallel.balance import Balancer
-from ..parallel.balance import describe as describe_balance
-from ..parallel.compression import Compression
-from ..parallel.layout import check_layout
-from ..parallel.rng import gather_rng_states, restore_rng_state
-from ..plan import FixedSteps
-from ..precision import allow_tf32, autocast, resolve_precision
-from ..runlog import RunLog, console_is_tty, format_duration
-from ..signals import LaggedFlags, StopSignal
-from .prelaunch import check_out_dir
+from bertgpu.checkpoints import checkpoint, model_card
+from bertgpu.config import AdapterConfig, OptimConfig, TrainingConfig, accumulation
+from bertgpu.errors import UserError
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.parallel import ParallelModel, launch, parallelize
+from bertgpu.parallel.balance import Balancer
+from bertgpu.parallel.balance import describe as describe_balance
+from bertgpu.parallel.compression import Compression
+from bertgpu.parallel.layout import check_layout
+from bertgpu.parallel.rng import gather_rng_states, restore_rng_state
+from bertgpu.tasks.prelaunch import check_out_dir
+from bertgpu.training import memory
+from bertgpu.training.metrics import Sums, Throughput, peak_memory_mb
+from bertgpu.training.optim import build_optimizer, optimizer_step
+from bertgpu.training.plan import FixedSteps
+from bertgpu.training.precision import allow_tf32, autocast, resolve_precision
+from bertgpu.training.runlog import RunLog, console_is_tty, format_duration
+from bertgpu.training.signals import LaggedFlags, StopSignal
 
 
 def check_shared(out: Path, rank: int, world_size: int) -> None:
@@ -123,7 +125,7 @@ class Contents:
     ``fixed``, the state that stays the same for the whole run. ``settle``: the task's config with the values
     it settled at run time, and notes for bertgpu.json (``Checkpoints.ran_config``)."""
 
-    model_config: ModelConfig
+    model_config: BertConfig
     vocab_path: str | Path
     do_lower_case: bool
     fixed: dict[str, Any]
@@ -144,7 +146,7 @@ class Session:
     def __init__(
         self,
         cfg: TrainingConfig,
-        model_config: ModelConfig,
+        model_config: BertConfig,
         task: str = "pretrain",
         *,
         adapter: AdapterConfig | None = None,
@@ -219,7 +221,7 @@ class Session:
 def warn_if_batch_too_big(
     session: Session,
     model: torch.nn.Module,
-    config: ModelConfig,
+    config: BertConfig,
     seq_length: int,
     prediction_slots: int = 0,
     examples: int | None = None,

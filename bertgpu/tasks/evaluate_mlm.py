@@ -15,18 +15,22 @@ from pathlib import Path
 
 import torch
 
-from .. import architectures, atomic, checkpoint, evaluation
-from ..config import DataConfig, EvaluateConfig, ModelConfig
-from ..data.heldout import EvalSet
-from ..data.pretraining import check_nsp_possible
-from ..data.shards import ShardedCorpus
-from ..data.tokenizer import vocab_sha256
-from ..errors import UserError
-from ..parallel import ParallelDims, launch
-from ..paths import refuse_clobbering
-from ..precision import resolve_precision
-from .model_dirs import load_masked_lm, model_directory
-from .prelaunch import run_local_workers
+from bertgpu import atomic
+from bertgpu.checkpoints import checkpoint
+from bertgpu.config import DataConfig, EvaluateConfig
+from bertgpu.data.heldout import EvalSet
+from bertgpu.data.pretraining import check_nsp_possible
+from bertgpu.data.shards import ShardedCorpus
+from bertgpu.data.tokenizer import vocab_sha256
+from bertgpu.errors import UserError
+from bertgpu.models import architectures
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.parallel import ParallelDims, launch
+from bertgpu.paths import refuse_clobbering
+from bertgpu.tasks.model_dirs import load_masked_lm, model_directory
+from bertgpu.tasks.prelaunch import run_local_workers
+from bertgpu.training import evaluation
+from bertgpu.training.precision import resolve_precision
 
 DEFAULT_LENGTH = 128  # --max-seq-length 0 on prepared data: BERT's pretraining length
 
@@ -36,10 +40,10 @@ def is_prepared(path: str) -> bool:
     return Path(path).is_dir() and (Path(path) / "meta.json").is_file()
 
 
-def _plan(cfg: EvaluateConfig) -> tuple[Path, ModelConfig, ShardedCorpus, DataConfig]:
+def _plan(cfg: EvaluateConfig) -> tuple[Path, BertConfig, ShardedCorpus, DataConfig]:
     """The model directory, its config, the data and the instances' settings; UserError on any mistake."""
     model_dir = model_directory(cfg.model)
-    config = ModelConfig.load(model_dir)
+    config = architectures.load_config(model_dir)
     corpus = ShardedCorpus(cfg.data)
     if not (model_dir / "vocab.txt").is_file() or vocab_sha256(model_dir / "vocab.txt") != corpus.vocab_sha256:
         raise UserError(

@@ -13,14 +13,15 @@ from typing import Any
 
 import torch
 
-from ..classifier import model_lowercase, model_vocab
-from ..config import FillMaskConfig, ModelConfig
-from ..data.encoding import decode_text
-from ..data.tokenizer import Tokenizer
-from ..errors import UserError
-from ..model import BertForPreTraining
-from ..parallel import launch
-from . import model_dirs
+from bertgpu.config import FillMaskConfig
+from bertgpu.data.encoding import decode_text
+from bertgpu.data.tokenizer import Tokenizer
+from bertgpu.errors import UserError
+from bertgpu.models import architectures
+from bertgpu.models.bert.model import BertForPreTraining
+from bertgpu.parallel import launch
+from bertgpu.tasks import model_dirs
+from bertgpu.tasks.classifier import model_lowercase, model_vocab
 
 MASK = "[MASK]"
 
@@ -28,7 +29,7 @@ MASK = "[MASK]"
 def load_masked_lm(path: str, device: torch.device) -> tuple[BertForPreTraining, Tokenizer, Path]:
     """The model with its masked-LM head, its tokenizer and its directory; one line when it has no such head."""
     model_dir = model_dirs.model_directory(path)
-    config = ModelConfig.load(model_dir)
+    config = architectures.load_config(model_dir)
     model, _ = model_dirs.load_masked_lm(model_dir, config, "fill-mask")
     tokenizer = Tokenizer(model_vocab(model_dir), model_lowercase(model_dir))
     return model.to(device).eval(), tokenizer, model_dir

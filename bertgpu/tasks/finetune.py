@@ -22,10 +22,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .. import architectures, atomic, checkpoint, hf_dir, lora, model_card
-from ..classifier import model_lowercase, model_vocab
-from ..config import PRESETS, FinetuneConfig, ModelConfig, OptimConfig, accumulation, finetune_lr, parse_nnodes
-from ..data.classification import (
+from bertgpu import atomic
+from bertgpu.checkpoints import checkpoint, hf_dir, model_card
+from bertgpu.config import FinetuneConfig, OptimConfig, accumulation, finetune_lr, parse_nnodes
+from bertgpu.data.classification import (
     ClassificationDataset,
     Examples,
     check_labels,
@@ -35,22 +35,27 @@ from ..data.classification import (
     split_examples,
     train_batches,
 )
-from ..data.sharing import shares_of
-from ..data.tokenizer import Tokenizer, fragmentation_warning, load_vocab, vocab_is_cased
-from ..errors import UserError, did_you_mean
-from ..metrics import Throughput
-from ..model import BertForSequenceClassification
-from ..optim import describe_lr
-from ..parallel import launch
-from ..parallel.dims import ParallelDims
-from ..parallel.layout import check_layout
-from ..paths import refuse_clobbering
-from ..plan import FixedSteps
-from ..runlog import describe_batch, format_duration, format_rate
-from .common import Contents, LogSpec, LoopState, Run, Session, build_run, warn_if_batch_too_big
-from .model_dirs import check_model_dir
-from .prelaunch import announce_resume, check_out_dir, resolve_device, run_workers, warn_before_start
-from .sharded_eval import compute_metrics, describe_f1, per_class_table, predict_logits
+from bertgpu.data.sharing import shares_of
+from bertgpu.data.tokenizer import Tokenizer, fragmentation_warning, load_vocab, vocab_is_cased
+from bertgpu.errors import UserError, did_you_mean
+from bertgpu.models import architectures
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForSequenceClassification
+from bertgpu.models.config import PRESETS
+from bertgpu.parallel import launch
+from bertgpu.parallel.dims import ParallelDims
+from bertgpu.parallel.layout import check_layout
+from bertgpu.paths import refuse_clobbering
+from bertgpu.tasks.classifier import model_lowercase, model_vocab
+from bertgpu.tasks.common import Contents, LogSpec, LoopState, Run, Session, build_run, warn_if_batch_too_big
+from bertgpu.tasks.model_dirs import check_model_dir
+from bertgpu.tasks.prelaunch import announce_resume, check_out_dir, resolve_device, run_workers, warn_before_start
+from bertgpu.tasks.sharded_eval import compute_metrics, describe_f1, per_class_table, predict_logits
+from bertgpu.training import lora
+from bertgpu.training.metrics import Throughput
+from bertgpu.training.optim import describe_lr
+from bertgpu.training.plan import FixedSteps
+from bertgpu.training.runlog import describe_batch, format_duration, format_rate
 
 # transformers' Trainer defaults that have no flag here (its Adam epsilon and gradient clipping are
 # config.FinetuneOptimConfig's).
@@ -75,7 +80,7 @@ class Plan:
     """What ``check`` worked out: the model to build, where its weights come from, and the data."""
 
     model_dir: Path | None  # None: a preset, random weights
-    model_config: ModelConfig  # id2label = the training labels
+    model_config: BertConfig  # id2label = the training labels
     keep_head: bool  # the directory already holds a classifier for exactly these labels
     lowercase: bool
     train: Examples
@@ -173,11 +178,11 @@ def check(cfg: FinetuneConfig) -> Plan:
     )
 
 
-def _dropout(config: ModelConfig) -> str:
+def _dropout(config: BertConfig) -> str:
     return f"{config.hidden_dropout_prob:g}"
 
 
-def pooler_untrained(model_dir: Path | None, base: ModelConfig) -> bool:
+def pooler_untrained(model_dir: Path | None, base: BertConfig) -> bool:
     """Whether ``model_dir`` (of model config ``base``) is a bertgpu BERT pretraining checkpoint whose pooler no loss
     ever trained: masked LM alone (--no-nsp) leaves it as initialised, and fine-tuning through it sat at chance for
     an epoch (BENCHMARKS.md: The chance-level fine-tune). ModernBERT's classifier reads [CLS] through the masked-LM
@@ -195,7 +200,7 @@ def pooler_untrained(model_dir: Path | None, base: ModelConfig) -> bool:
     return not data["nsp"]
 
 
-def choose_pooling(asked: str, model_dir: Path | None, base: ModelConfig, keep_head: bool) -> tuple[str, str]:
+def choose_pooling(asked: str, model_dir: Path | None, base: BertConfig, keep_head: bool) -> tuple[str, str]:
     """--pooling resolved ("pooler" or "mean"), and why."""
     if asked != "auto":
         return asked, "--pooling"
@@ -208,7 +213,7 @@ def choose_pooling(asked: str, model_dir: Path | None, base: ModelConfig, keep_h
     return "pooler", "auto"
 
 
-def _preset(cfg: FinetuneConfig) -> tuple[ModelConfig, Path]:
+def _preset(cfg: FinetuneConfig) -> tuple[BertConfig, Path]:
     """A preset's config, sized to --vocab, and the vocab (a preset brings none)."""
     if not cfg.vocab:
         raise UserError(
@@ -218,7 +223,7 @@ def _preset(cfg: FinetuneConfig) -> tuple[ModelConfig, Path]:
     vocab = Path(cfg.vocab)
     if not vocab.is_file():
         raise UserError(f"--vocab {cfg.vocab}: no such file")
-    return ModelConfig.preset(cfg.model, vocab_size=len(load_vocab(vocab))), vocab
+    return BertConfig.preset(cfg.model, vocab_size=len(load_vocab(vocab))), vocab
 
 
 def _short(lr: float) -> str:
@@ -226,7 +231,7 @@ def _short(lr: float) -> str:
     return f"{lr:g}" if lr >= 1e-3 else f"{lr:.1e}".replace(".0e", "e").replace("e-0", "e-")
 
 
-def resolve_lr(cfg: FinetuneConfig, model_config: ModelConfig) -> tuple[FinetuneConfig, str]:
+def resolve_lr(cfg: FinetuneConfig, model_config: BertConfig) -> tuple[FinetuneConfig, str]:
     """``cfg`` with --lr set (the width's default when not given), and a line saying which lr and why."""
     if cfg.optim.lr is not None:
         return cfg, f"lr {_short(cfg.optim.lr)} (--lr)"

@@ -6,11 +6,12 @@ from pathlib import Path
 
 from torch import nn
 
-from .. import architectures, checkpoint, hf_dir
-from ..classifier import model_vocab
-from ..config import ModelConfig
-from ..data.tokenizer import load_vocab
-from ..errors import UserError
+from bertgpu.checkpoints import checkpoint, hf_dir
+from bertgpu.data.tokenizer import load_vocab
+from bertgpu.errors import UserError
+from bertgpu.models import architectures
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.tasks.classifier import model_vocab
 
 
 def model_directory(path: str) -> Path:
@@ -28,7 +29,7 @@ def model_directory(path: str) -> Path:
     return model_dir
 
 
-def check_model_dir(path: str) -> tuple[Path, ModelConfig]:
+def check_model_dir(path: str) -> tuple[Path, BertConfig]:
     """A BERT directory with config.json, model.safetensors and vocab.txt."""
     model_dir = Path(path)
     if not model_dir.is_dir():
@@ -43,7 +44,7 @@ def check_model_dir(path: str) -> tuple[Path, ModelConfig]:
                 "with a checkpoint"
             )
         model_dir = newest  # a pretraining run's --out: its newest checkpoint, as finetune's start line says
-    config = ModelConfig.load(model_dir)
+    config = architectures.load_config(model_dir)
     if not (model_dir / hf_dir.WEIGHTS_NAME).is_file():
         if (model_dir / "pytorch_model.bin").is_file():
             raise UserError(
@@ -64,7 +65,7 @@ def check_model_dir(path: str) -> tuple[Path, ModelConfig]:
     return model_dir, config
 
 
-def load_masked_lm(model_dir: Path, config: ModelConfig, needs: str) -> tuple[nn.Module, list[str]]:
+def load_masked_lm(model_dir: Path, config: BertConfig, needs: str) -> tuple[nn.Module, list[str]]:
     """The pretraining model of ``model_dir`` with its weights and the names it lacked; one line when it has
     no masked-LM head (``needs``: who needs one, e.g. "fill-mask")."""
     model = architectures.pretraining_model(config)

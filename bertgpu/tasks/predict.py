@@ -16,10 +16,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from .. import atomic
-from ..classifier import COLUMNS, Classifier, classifier_dir, finetuned_columns, not_a_classifier
-from ..config import EvaluateConfig, PredictConfig
-from ..data.classification import (
+from bertgpu import atomic
+from bertgpu.config import EvaluateConfig, PredictConfig
+from bertgpu.data.classification import (
     ClassificationDataset,
     Examples,
     Table,
@@ -31,14 +30,21 @@ from ..data.classification import (
     read_table,
     require_columns,
 )
-from ..errors import UserError
-from ..parallel import ParallelDims, launch
-from ..paths import refuse_clobbering
-from ..precision import resolve_precision
-from ..runlog import console_is_tty
-from .model_dirs import check_model_dir
-from .prelaunch import run_local_workers
-from .sharded_eval import compute_metrics, describe_f1, missing_labels_warning, per_class_table, predict_logits
+from bertgpu.errors import UserError
+from bertgpu.parallel import ParallelDims, launch
+from bertgpu.paths import refuse_clobbering
+from bertgpu.tasks.classifier import COLUMNS, Classifier, classifier_dir, finetuned_columns, not_a_classifier
+from bertgpu.tasks.model_dirs import check_model_dir
+from bertgpu.tasks.prelaunch import run_local_workers
+from bertgpu.tasks.sharded_eval import (
+    compute_metrics,
+    describe_f1,
+    missing_labels_warning,
+    per_class_table,
+    predict_logits,
+)
+from bertgpu.training.precision import resolve_precision
+from bertgpu.training.runlog import console_is_tty
 
 
 def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:

@@ -13,11 +13,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import checkpoint
-from ..config import TrainingConfig, parse_nnodes
-from ..errors import UserError
-from ..parallel import launch
-from ..parallel.layout import cpu_oversubscription
+from bertgpu.checkpoints import checkpoint
+from bertgpu.config import TrainingConfig, parse_nnodes
+from bertgpu.errors import UserError
+from bertgpu.parallel import launch
+from bertgpu.parallel.layout import cpu_oversubscription
 
 
 def check_out_dir(out: str, overwrite: bool, resume: bool) -> None:

@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import architectures, checkpoint, evaluation, hf_dir, recipe
-from ..config import ModelConfig, OptimConfig, PretrainConfig, accumulation, parse_duration, parse_nnodes
-from ..data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
-from ..data.loader import run_loader
-from ..data.pretraining import (
+from bertgpu.checkpoints import checkpoint, hf_dir
+from bertgpu.config import OptimConfig, PretrainConfig, accumulation, parse_duration, parse_nnodes
+from bertgpu.data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
+from bertgpu.data.loader import run_loader
+from bertgpu.data.pretraining import (
     IGNORE_INDEX,
     GlobalBatchSampler,
     PretrainingDataset,
@@ -40,23 +40,33 @@ from ..data.pretraining import (
     token_counts,
     warn_wwm_fallback,
 )
-from ..data.shards import ShardedCorpus, warn_if_unknown
-from ..data.tokenizer import load_vocab, vocab_sha256
-from ..errors import UserError, did_you_mean
-from ..metrics import Throughput, describe_waits
-from ..model import BertForPreTraining, use_fused_qkv, use_varlen_attention
-from ..optim import describe_lr
-from ..parallel import ParallelModel, launch
-from ..parallel.compression import describe as describe_compression
-from ..parallel.layout import check_layout
-from ..paths import refuse_clobbering
-from ..plan import BudgetSteps, FixedSteps
-from ..precision import peak_flops
-from ..runlog import describe_batch, format_duration, format_rate
-from ..step import LOG_SUMS, MODEL_INPUTS, drop_full_mask, pretraining_loss, pretraining_objective, real_tokens
-from .common import Contents, LogSpec, LoopState, Run, Session, build_run, warn_if_batch_too_big
-from .model_dirs import model_directory
-from .prelaunch import announce_resume, check_out_dir, resolve_device, run_workers, warn_before_start
+from bertgpu.data.shards import ShardedCorpus, warn_if_unknown
+from bertgpu.data.tokenizer import load_vocab, vocab_sha256
+from bertgpu.errors import UserError, did_you_mean
+from bertgpu.models import architectures
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForPreTraining, use_fused_qkv, use_varlen_attention
+from bertgpu.parallel import ParallelModel, launch
+from bertgpu.parallel.compression import describe as describe_compression
+from bertgpu.parallel.layout import check_layout
+from bertgpu.paths import refuse_clobbering
+from bertgpu.tasks.common import Contents, LogSpec, LoopState, Run, Session, build_run, warn_if_batch_too_big
+from bertgpu.tasks.model_dirs import model_directory
+from bertgpu.tasks.prelaunch import announce_resume, check_out_dir, resolve_device, run_workers, warn_before_start
+from bertgpu.training import evaluation, recipe
+from bertgpu.training.metrics import Throughput, describe_waits
+from bertgpu.training.optim import describe_lr
+from bertgpu.training.plan import BudgetSteps, FixedSteps
+from bertgpu.training.precision import peak_flops
+from bertgpu.training.runlog import describe_batch, format_duration, format_rate
+from bertgpu.training.step import (
+    LOG_SUMS,
+    MODEL_INPUTS,
+    drop_full_mask,
+    pretraining_loss,
+    pretraining_objective,
+    real_tokens,
+)
 
 
 @dataclass
@@ -64,7 +74,7 @@ class Plan:
     """What ``check`` worked out from the config: the model to build, where its weights come from, and the
     prepared data, opened once."""
 
-    model_config: ModelConfig
+    model_config: BertConfig
     init_from: Path | None  # a BERT directory whose weights to start from
     corpus: ShardedCorpus
 
@@ -102,7 +112,7 @@ def check(cfg: PretrainConfig) -> Plan:
             )
         if path.is_dir():  # a pretraining run: its newest checkpoint (BERT's second phase starts from the first's)
             path = model_directory(model)
-        mcfg = ModelConfig.load(path)
+        mcfg = architectures.load_config(path)
         architectures.check_arch(cfg.arch, mcfg, f"--model {model}")
         if not architectures.of(mcfg).nsp and cfg.data.nsp:
             raise UserError(
@@ -125,7 +135,7 @@ def check(cfg: PretrainConfig) -> Plan:
     if cfg.data.nsp:
         check_nsp_possible(corpus)
     if cfg.run.fp8:
-        from ..fp8 import check_fp8
+        from bertgpu.training.fp8 import check_fp8
 
         check_fp8(cfg.run.device)
     if cfg.dropout is not None:
@@ -188,7 +198,7 @@ def heldout_split(
     return train_text, eval_set, documents
 
 
-def keep_model_arch(cfg: PretrainConfig, model_config: ModelConfig) -> PretrainConfig:
+def keep_model_arch(cfg: PretrainConfig, model_config: BertConfig) -> PretrainConfig:
     """A directory or config.json trained on without --arch keeps its own architecture (``check_arch`` refuses an
     --arch that contradicts it): the run records that one, and --recipe fast chooses for it."""
     arch = architectures.arch_of(model_config)
@@ -196,8 +206,9 @@ def keep_model_arch(cfg: PretrainConfig, model_config: ModelConfig) -> PretrainC
 
 
 def run(cfg: PretrainConfig) -> None:
-    """Check, then train here (one process, or one worker of torchrun) or in local workers."""
-    cfg = resolve_device(cfg)
+    """Plan (the recipe's values), check, then train here (one process, or one worker of torchrun) or in local
+    workers."""
+    cfg = resolve_device(recipe.apply_fast_recipe(cfg))
     plan = check(cfg)
     corpus, cfg = plan.corpus, keep_model_arch(cfg, plan.model_config)
     if not launch.restarted(cfg.out) and parse_nnodes(cfg.run.nnodes)[1] == 1:  # many machines: rank 0 checks it
@@ -412,7 +423,7 @@ def model_for(
         use_varlen_attention(model)  # padded rows through flash attention's variable-length kernel
     use_fused_qkv(model, cfg.fused_qkv)  # Q, K and V as one matmul (a BERT's; ModernBERT's Wqkv is one weight)
     if cfg.run.fp8:
-        from ..fp8 import apply_fp8
+        from bertgpu.training.fp8 import apply_fp8
 
         float8_layers = apply_fp8(model, session.device)
         if session.is_main:

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..data.classification import ClassificationDataset, eval_batches
-from ..parallel import ParallelDims
-from ..precision import autocast
+from bertgpu.data.classification import ClassificationDataset, eval_batches
+from bertgpu.parallel import ParallelDims
+from bertgpu.training.precision import autocast
 
 
 @torch.no_grad()

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from . import architectures
-from .config import ModelConfig, scaled_lr
+from bertgpu.config import scaled_lr
+from bertgpu.models import architectures
+from bertgpu.models.bert.config import BertConfig
 
 
 def _value(value: Any) -> str:
@@ -22,7 +23,7 @@ def render(
     task: str,
     run_config: Any,
     step: int,
-    model_config: ModelConfig,
+    model_config: BertConfig,
     layout: str,
     metrics: dict[str, tuple[Any, int]] | None = None,
     precision: str | None = None,

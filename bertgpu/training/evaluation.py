@@ -16,9 +16,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .data.heldout import EvalSet
-from .data.pretraining import IGNORE_INDEX
-from .precision import autocast
+from bertgpu.data.heldout import EvalSet
+from bertgpu.data.pretraining import IGNORE_INDEX
+from bertgpu.training.precision import autocast
 
 SUMS = ("mlm_loss", "mlm_correct", "masked", "nsp_loss", "nsp_correct", "sequences")
 MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask", "mlm_positions")

@@ -31,14 +31,15 @@ import torch
 from safetensors import SafetensorError
 from torch import nn
 
-from . import atomic
-from .config import ModelConfig, RunConfig
-from .errors import UserError
-from .hf_dir import full_state_dict, is_main, write_pretrained
+from bertgpu import atomic
+from bertgpu.checkpoints.hf_dir import full_state_dict, is_main, write_pretrained
+from bertgpu.config import RunConfig
+from bertgpu.errors import UserError
+from bertgpu.models.bert.config import BertConfig
 
 STATE_NAME = "training_state.pt"  # plain values: data position, RNGs, scaler, records (rank 0)
 OPTIMIZER_DIR = "optimizer"  # the optimizer's per-parameter tensors: torch.distributed.checkpoint, a file per process
-CARD_NAME = "README.md"  # the model card (bertgpu.model_card)
+CARD_NAME = "README.md"  # the model card (bertgpu.checkpoints.model_card)
 RUN_CONFIG_NAME = "bertgpu.json"  # the task's config dataclass, as JSON
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -108,7 +109,7 @@ def save_checkpoint(
     step: int,
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    model_config: ModelConfig,
+    model_config: BertConfig,
     state: dict[str, Any],
     run_config: Any,
     *,
@@ -199,7 +200,7 @@ class Checkpointer:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
-        model_config: ModelConfig,
+        model_config: BertConfig,
         config: Any,
         *,
         vocab_path: str | os.PathLike,
@@ -271,7 +272,7 @@ class Checkpointer:
 def save_model_dir(
     path: Path,
     model: nn.Module,
-    model_config: ModelConfig,
+    model_config: BertConfig,
     *,
     vocab_path: str | os.PathLike,
     do_lower_case: bool,
@@ -293,7 +294,7 @@ def save_model_dir(
 
 def _model_dir_writer(
     model: nn.Module,
-    model_config: ModelConfig,
+    model_config: BertConfig,
     vocab_path: str | os.PathLike,
     do_lower_case: bool,
     architecture: str | None,
@@ -356,7 +357,7 @@ def _stage(
     process group, so they run in the training's order)."""
     import torch.distributed as dist
 
-    from .parallel import launch
+    from bertgpu.parallel import launch
 
     weights = full_state_dict(model)
     tensors = optimizer_tensors(model, optimizer) if optimizer is not None else None

@@ -7,7 +7,7 @@ import signal
 
 import torch
 
-from .metrics import Waits
+from bertgpu.training.metrics import Waits
 
 
 class StopSignal:
@@ -23,12 +23,6 @@ class StopSignal:
     def restore(self):
         for s, h in self._previous.items():
             signal.signal(s, h)
-
-
-def ignore_stop_signals(_worker_id: int = 0) -> None:
-    """DataLoader workers leave SIGINT/SIGTERM to the training process, which stops cleanly."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 class LaggedFlags:

@@ -2,7 +2,7 @@
 
 Module and parameter names are exactly those of transformers' ``ModernBertModel``,
 ``ModernBertForMaskedLM`` and ``ModernBertForSequenceClassification``, so a state dict moves between
-the two unchanged (``bertgpu.hf_dir`` does the file side). Everything here is pure computation: no
+the two unchanged (``bertgpu.checkpoints.hf_dir`` does the file side). Everything here is pure computation: no
 files, no processes, no distribution.
 
 One ModernBERT layer (pre-LayerNorm, no biases; layer 0 has no attention norm, the embedding norm
@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModernBertConfig
-from .model import ACT_FNS, document_mask, padded_vocab_size
-from .model_interface import EncoderModel
+from bertgpu.models.interface import EncoderModel
+from bertgpu.models.layers import ACT_FNS, document_mask, padded_vocab_size
+from bertgpu.models.modernbert.config import ModernBertConfig
 
 ATTENTION_KINDS = ("sdpa", "flex")
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from . import atomic
-from .errors import UserError
+from bertgpu import atomic
+from bertgpu.errors import UserError
 
 
 class RunLog:

@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import architectures, checkpoint, hf_dir
-from .config import ModelConfig
-from .data.classification import collate
-from .data.tokenizer import Tokenizer, vocab_is_cased
-from .errors import UserError
-from .model import BertForSequenceClassification
+from bertgpu.checkpoints import checkpoint, hf_dir
+from bertgpu.data.classification import collate
+from bertgpu.data.tokenizer import Tokenizer, vocab_is_cased
+from bertgpu.errors import UserError
+from bertgpu.models import architectures
+from bertgpu.models.bert.model import BertForSequenceClassification
 
 # One text, a (text, pair text) tuple, or a batch of either.
 Inputs = str | Sequence[str | tuple[str, str]]
@@ -155,7 +155,7 @@ class Classifier:
         """Load a classifier directory (or a `bertgpu finetune` output directory: its ``best/``).
         ``max_seq_length`` defaults to the length it was fine-tuned with, else the model's positions (512 for BERT)."""
         path = classifier_dir(path)
-        config = ModelConfig.load(path)
+        config = architectures.load_config(path)
         if not config.id2label:
             raise not_a_classifier(path)
         tokenizer = Tokenizer(model_vocab(path), lowercase=model_lowercase(path))

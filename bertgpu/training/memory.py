@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from . import architectures
+from bertgpu.models import architectures
 
 GiB = 2**30
 

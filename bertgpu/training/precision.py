@@ -9,7 +9,7 @@ import re
 
 import torch
 
-from .errors import UserError
+from bertgpu.errors import UserError
 
 
 def resolve_precision(precision: str, device: torch.device, cpu_bf16: bool = False) -> str:

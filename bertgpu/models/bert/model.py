@@ -2,7 +2,7 @@
 
 Module and parameter names are exactly those of transformers' ``BertModel``,
 ``BertForPreTraining`` and ``BertForSequenceClassification``, so a state dict moves between the two
-unchanged (``bertgpu.checkpoint`` does the file side). Everything here is pure computation: no
+unchanged (``bertgpu.checkpoints.checkpoint`` does the file side). Everything here is pure computation: no
 files, no processes, no distribution.
 
 One BERT layer (post-LayerNorm, as in the paper)::
@@ -14,34 +14,15 @@ One BERT layer (post-LayerNorm, as in the paper)::
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
-from .model_interface import EncoderModel
-
-# The names of config.ACTIVATIONS. "gelu" is the exact erf GELU of the original BERT; "gelu_new" is
-# GPT-2's tanh approximation, which transformers computes by hand and PyTorch computes identically.
-ACT_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "gelu": F.gelu,
-    "gelu_new": partial(F.gelu, approximate="tanh"),
-    "gelu_pytorch_tanh": partial(F.gelu, approximate="tanh"),
-    "relu": F.relu,
-    "silu": F.silu,
-    "swish": F.silu,
-}
-
-
-def padded_vocab_size(vocab_size: int, multiple: int) -> int:
-    """vocab_size rounded up to a multiple: GPU matmuls are fastest when every dimension is a
-    multiple of 64 (tensor-core tiles), and the H×V decoder is the largest matmul of a small BERT."""
-    if multiple < 1:
-        raise ValueError(f"pad_vocab_multiple must be at least 1, got {multiple}")
-    return -(-vocab_size // multiple) * multiple
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.interface import EncoderModel
+from bertgpu.models.layers import ACT_FNS, document_mask, padded_vocab_size
 
 
 class BertEmbeddings(nn.Module):
@@ -51,7 +32,7 @@ class BertEmbeddings(nn.Module):
     at zero: no id ever looks them up, and the tied decoder's logits for them are cut off.
     """
 
-    def __init__(self, config: ModelConfig, pad_vocab_multiple: int = 1) -> None:
+    def __init__(self, config: BertConfig, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
         h = config.hidden_size
         rows = padded_vocab_size(config.vocab_size, pad_vocab_multiple)
@@ -72,13 +53,6 @@ class BertEmbeddings(nn.Module):
         else:
             x = x + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(x))
-
-
-def document_mask(documents: torch.Tensor) -> torch.Tensor:
-    """The block-diagonal attention mask [B, 1, L, L] (True: attend) of rows whose ``documents`` [B, L] number
-    each token's document (a --pack row's attention_mask: 1, 2, ... and 0 on padding): a token attends to the
-    tokens of its own document only, padding to padding (so no row of the mask is empty: SDPA would make NaN)."""
-    return documents[:, None, :, None] == documents[:, None, None, :]
 
 
 def document_positions(documents: torch.Tensor) -> torch.Tensor:
@@ -115,7 +89,7 @@ class BertSelfAttention(nn.Module):
     fp32, dropout) the masked SDPA runs.
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         h = config.hidden_size
         self.head_dim = h // config.num_attention_heads
@@ -239,7 +213,7 @@ class BertDenseAddNorm(nn.Module):
     parameter names (``dense``, ``LayerNorm``) are the same.
     """
 
-    def __init__(self, config: ModelConfig, in_features: int) -> None:
+    def __init__(self, config: BertConfig, in_features: int) -> None:
         super().__init__()
         self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
@@ -250,7 +224,7 @@ class BertDenseAddNorm(nn.Module):
 
 
 class BertAttention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.self = BertSelfAttention(config)  # the name transformers uses: attention.self.query...
         self.output = BertDenseAddNorm(config, config.hidden_size)
@@ -260,7 +234,7 @@ class BertAttention(nn.Module):
 
 
 class BertIntermediate(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
         self.act = ACT_FNS[config.hidden_act]
@@ -270,7 +244,7 @@ class BertIntermediate(nn.Module):
 
 
 class BertLayer(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.attention = BertAttention(config)
         self.intermediate = BertIntermediate(config)
@@ -282,7 +256,7 @@ class BertLayer(nn.Module):
 
 
 class BertEncoder(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
 
@@ -295,7 +269,7 @@ class BertEncoder(nn.Module):
 class BertPooler(nn.Module):
     """tanh(W · h_[CLS]): the sequence summary that NSP and classification read."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
 
@@ -329,7 +303,7 @@ class BertModel(EncoderModel):
     bare_names = _BARE
     heads_prefix = "bert."
 
-    def __init__(self, config: ModelConfig, add_pooling_layer: bool = True, pad_vocab_multiple: int = 1) -> None:
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config, pad_vocab_multiple)
@@ -376,7 +350,7 @@ class BertModel(EncoderModel):
 
 
 class BertPredictionHeadTransform(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.act = ACT_FNS[config.hidden_act]
@@ -393,7 +367,7 @@ class BertLMPredictionHead(nn.Module):
     padded rows are cut off, so callers only ever see the vocab_size real words.
     """
 
-    def __init__(self, config: ModelConfig, pad_vocab_multiple: int = 1) -> None:
+    def __init__(self, config: BertConfig, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
         self.vocab_size = config.vocab_size
         rows = padded_vocab_size(config.vocab_size, pad_vocab_multiple)
@@ -407,7 +381,7 @@ class BertLMPredictionHead(nn.Module):
 
 
 class BertPreTrainingHeads(nn.Module):
-    def __init__(self, config: ModelConfig, pad_vocab_multiple: int = 1) -> None:
+    def __init__(self, config: BertConfig, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
         self.predictions = BertLMPredictionHead(config, pad_vocab_multiple)
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
@@ -434,7 +408,7 @@ class BertForPreTraining(_WithEncoder):
 
     ``pad_vocab_multiple`` (64 on GPUs) pads the word embeddings and the tied decoder to a multiple
     of that many rows, for faster matmuls; forward still returns logits over config.vocab_size
-    words, and bertgpu.checkpoint saves and loads the vocab_size real rows only.
+    words, and bertgpu.checkpoints.checkpoint saves and loads the vocab_size real rows only.
     """
 
     # alias -> source: the parameters that are one tensor (stored once on disk, like transformers).
@@ -445,7 +419,7 @@ class BertForPreTraining(_WithEncoder):
     tied_embedding = ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight")
     mlm_head_prefixes = ("cls.predictions",)
 
-    def __init__(self, config: ModelConfig, pad_vocab_multiple: int = 1) -> None:
+    def __init__(self, config: BertConfig, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
         self.config = config
         # False (pretraining under --no-nsp): no pooler and no NSP head run, and the NSP logits are None.
@@ -482,7 +456,7 @@ class BertForSequenceClassification(_WithEncoder):
     """BERT with a linear classifier on the pooled [CLS] output (or, with ``config.classifier_pooling`` "mean",
     on the mean of the last hidden states over the real tokens)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.config = config
         self.bert = BertModel(config)
@@ -514,7 +488,7 @@ class BertForSequenceClassification(_WithEncoder):
         return self.classifier(self.dropout(pooled))
 
 
-def training_flops_per_sequence(config: ModelConfig, seq_len: int, num_predictions: int) -> float:
+def training_flops_per_sequence(config: BertConfig, seq_len: int, num_predictions: int) -> float:
     """Model FLOPs of one pretraining step for one sequence, matmuls only, for MFU.
 
     With h = hidden, i = intermediate, L = seq_len, V = vocab, P = num_predictions, n = layers and

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from .budget import TimeBudget
-from .config import OptimConfig
-from .optim import build_schedule
+from bertgpu.config import OptimConfig
+from bertgpu.training.budget import TimeBudget
+from bertgpu.training.optim import build_schedule
 
 
 class FixedSteps:

@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from ..errors import UserError
+from bertgpu.errors import UserError
 
 
 class FusedColwiseParallel(ColwiseParallel):

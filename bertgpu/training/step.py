@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .data.pretraining import IGNORE_INDEX
+from bertgpu.data.pretraining import IGNORE_INDEX
 
 # What the log sums between two log lines (summed over the data-parallel ranks), in this order.
 LOG_SUMS = ("mlm_loss", "mlm_correct", "masked", "nsp_loss", "nsp_correct", "sequences", "tokens")

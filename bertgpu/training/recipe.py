@@ -10,16 +10,19 @@ were short (120-300 steps at tiny and mini): the architecture's config scales it
 serves (BERT by 1, ModernBERT by 2) and sets the warmup. A ``--lr`` or
 ``--warmup`` the user gives wins (as for every value of the recipe: one that differs from the BERT default).
 
-Every decision the recipe makes is here: the data and model values it sets when the config is built
-(``apply_fast_recipe``, which config.py calls), bf16 on CPUs that compute it (``cpu_bf16``), and the learning
-rate and warmup (``choose``). This module reads configs without importing config.py, which imports it.
+Every decision the recipe makes is here: the data and model values it sets where a run is planned
+(``apply_fast_recipe``, which ``tasks/pretrain.run`` calls first), bf16 on CPUs that compute it (``cpu_bf16``), and
+the learning rate and warmup (``choose``).
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 from typing import Any
+
+from bertgpu.models import architectures
 
 # The global batch of the sweep: the table's rates are for this batch.
 SWEEP_BATCH = 32
@@ -48,12 +51,14 @@ def cpu_bf16(cfg: Any) -> bool:
     return fast_recipe(cfg)
 
 
-def apply_fast_recipe(cfg: Any, arch: Any) -> None:
-    """--recipe fast: change each field of ``cfg`` (a PretrainConfig, as it is built) that the user did not give
+def apply_fast_recipe(cfg: Any) -> Any:
+    """``cfg`` (a PretrainConfig) as --recipe fast plans it: each field the user did not give changed
     (``PretrainConfig.gave``; a flag given wins, even at BERT's default value; docs/pretrain.md: The fast
-    recipe). ``arch``: the model config class of ``cfg.arch``, for the values that are the architecture's."""
+    recipe), some to the values of ``cfg.arch``'s architecture. Applying it twice changes nothing more."""
     if not fast_recipe(cfg):
-        return
+        return cfg
+    cfg = copy.deepcopy(cfg)
+    arch = architectures.CONFIGS.get(cfg.arch, architectures.CONFIGS[architectures.DEFAULT])
     data = cfg.data
     if not data.nsp and not cfg.gave("pack", data.pack, False):
         data.pack = True  # no sequence mostly padding: 117 real tokens of 128 instead of 39 on short documents
@@ -65,6 +70,7 @@ def apply_fast_recipe(cfg: Any, arch: Any) -> None:
         cfg.dropout = 0.0  # Cramming: no dropout when every token is seen about once
     if not cfg.gave("mlm_bias_init", cfg.mlm_bias_init, "zeros"):
         cfg.mlm_bias_init = arch.fast_mlm_bias_init  # BERT: start on the unigram plateau, not at log(vocab)
+    return cfg
 
 
 def with_arch(cfg: Any, arch: str) -> Any:
@@ -72,7 +78,7 @@ def with_arch(cfg: Any, arch: str) -> Any:
     or config.json it continues from: the values --recipe fast takes from the architecture chosen again for it (the
     masked-LM bias), where the user gave none."""
     again = {} if "mlm_bias_init" in cfg.given else {"mlm_bias_init": _default(cfg, "mlm_bias_init")}
-    return dataclasses.replace(cfg, arch=arch, **again)  # the config's __post_init__ applies the recipe again
+    return apply_fast_recipe(dataclasses.replace(cfg, arch=arch, **again))
 
 
 def _layer_params(layers: int, hidden: int) -> float:
@@ -105,7 +111,7 @@ def _default(config: Any, name: str) -> Any:
 
 def choose(cfg: Any, model: Any) -> tuple[Any, str]:
     """The optimizer settings (an OptimConfig) of the pretraining run ``cfg`` (a PretrainConfig) of ``model`` (a
-    ModelConfig): its --lr before --lr-scaling, and, where --recipe fast chose the learning rate, Adam's beta2 (the
+    BertConfig): its --lr before --lr-scaling, and, where --recipe fast chose the learning rate, Adam's beta2 (the
     architecture's) or the warmup, why (for the start line; empty otherwise)."""
     optim = cfg.optim
     if not fast_recipe(cfg):

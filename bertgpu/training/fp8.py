@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .errors import UserError
+from bertgpu.errors import UserError
 
 MIN_FEATURES = 1024  # BERT-base's Q/K/V/O (768 x 768) stay in bf16; its FFN (768 x 3072) is below it too
 MIN_CAPABILITY = (8, 9)  # float8 tensor cores: Ada (8.9), Hopper (9.0) and later

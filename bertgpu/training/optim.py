@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import OptimConfig
+from bertgpu.config import OptimConfig
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
