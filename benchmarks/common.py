@@ -57,7 +57,7 @@ def bertgpu(*args: object, **kwargs: Any) -> subprocess.CompletedProcess:
 
 def evaluate(model_dir: Path, data: Path, output: Path, *more: object, **kwargs: Any) -> dict:
     """``bertgpu evaluate`` of a fine-tuned model on labelled data: its metrics, also written to ``output``."""
-    bertgpu("evaluate", "--model", model_dir, "--data", data, "--output", output, *more, **kwargs)
+    bertgpu("evaluate", "--model", model_dir, "--data", data, "--output", output, "--overwrite", *more, **kwargs)
     return json.loads(Path(output).read_text())
 
 

@@ -58,7 +58,8 @@ def train_vocab(*args, **kwargs):
 
 
 def prepare(*args, **kwargs):
-    """Run `bertgpu prepare` from Python (see bertgpu.data.shards.prepare)."""
+    """Run `bertgpu prepare` from Python (see bertgpu.data.shard_writer.prepare; its keywords are
+    PrepareOptions' fields: workers, lowercase, shard_tokens, overwrite, progress, strict, ...)."""
     from bertgpu.data.shard_writer import prepare
     from bertgpu.parallel.launch import refuse_when_reimported
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
 import sys
 import types
@@ -28,7 +29,7 @@ from bertgpu.config import (
     PretrainConfig,
     VocabConfig,
 )
-from bertgpu.errors import UserError, did_you_mean
+from bertgpu.errors import UserError, did_you_mean, nearest
 from bertgpu.paths import refuse_clobbering
 
 
@@ -110,7 +111,7 @@ def _config_value(where: str, value: Any, t: Any, f: dataclasses.Field) -> Any:
     """A --config file's value for a field of type ``t``, as a flag would give it (a string is converted as the
     flag converts what is typed: "1e-4" is a number), or a UserError naming the key, the value and the type
     it needs (argparse would blame the flag, which the user never typed, under a page of usage)."""
-    from bertgpu.config import parse_batch_sizes
+    from bertgpu.training.batch import parse_batch_sizes
 
     base, optional = _unwrap_optional(t)
     shown = json.dumps(value, ensure_ascii=False)
@@ -187,15 +188,26 @@ def read_config_file(path: str, command: str, cls: type) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise UserError(f"--config {path}: expected a mapping of field names to values")
     names = _flag_fields(cls)
+    negated = _negated_flags(names)
     flat: dict[str, Any] = {}
+    keys: dict[str, str] = {}  # field -> the key that set it, to name two that contradict each other
+
+    def set_field(name: str, value: Any, key: str) -> None:
+        if name in flat and flat[name] != value:
+            raise UserError(f"--config {path}: {keys[name]} and {key} contradict each other: give one")
+        flat[name], keys[name] = value, key
 
     def add(mapping: dict[str, Any], section: type, prefix: str) -> None:
         for key, value in mapping.items():
             name = str(key).replace("-", "_").lstrip("_")
+            where = f"--config {path}: {prefix}{key}"
             if name in _sections(section) and isinstance(value, dict):
                 add(value, _sections(section)[name], f"{prefix}{key}.")
             elif name in names:
-                flat[name] = _config_value(f"--config {path}: {prefix}{key}", value, *names[name])
+                set_field(name, _config_value(where, value, *names[name]), f"{prefix}{key}")
+            elif name in negated:  # a flag's own name, as the docs call keys: no-nsp: true is nsp: false
+                field_name = negated[name]
+                set_field(field_name, not _config_value(where, value, bool, names[field_name][1]), f"{prefix}{key}")
             elif name in _sections(section):  # a section (not also a field) given one value
                 fields = ", ".join(f.name for f in dataclasses.fields(_sections(section)[name])[:3])
                 raise UserError(
@@ -203,12 +215,42 @@ def read_config_file(path: str, command: str, cls: type) -> dict[str, Any]:
                     f"not a field: give its fields ({fields}, ...) under it or at the top level"
                 )
             else:
-                spelled = {n.replace("_", "-") if "-" in str(key) else n: n for n in names}  # as the file spells keys
-                hint = did_you_mean(str(key), spelled) or f" (see bertgpu {command} --help)"
-                raise UserError(f"--config {path}: {key!r} is not a field of `bertgpu {command}`{hint}")
+                raise UserError(
+                    f"--config {path}: {key!r} is not a field of `bertgpu {command}`"
+                    + _nearest_key(str(key), value, names, negated, command)
+                )
 
     add(data, cls, "")
     return flat
+
+
+def _negated_flags(names: dict[str, tuple[Any, dataclasses.Field]]) -> dict[str, str]:
+    """The keys that name a field by its negated flag (``--no-nsp``, ``--no-fused-qkv``; ``--no-cased`` of an
+    optional bool's pair of flags), spelled with ``_``: key -> field."""
+    negated = {}
+    for name, (t, f) in names.items():
+        flag = f.metadata.get("flag", "")
+        if flag.startswith("--no-"):
+            negated[flag[2:].replace("-", "_")] = name
+        elif _unwrap_optional(t) == (bool, True):
+            negated[f"no_{name}"] = name
+    return negated
+
+
+def _nearest_key(
+    key: str, value: Any, names: dict[str, tuple[Any, dataclasses.Field]], negated: typing.Collection[str], command: str
+) -> str:
+    """The hint of an unknown key: the nearest field or flag name (spelled as the file spells keys), ``X: false``
+    for ``no-X: true`` where X is a true-or-false field without a --no- flag, else where the names are listed."""
+    dash = "-" in key
+    spelled = {(n.replace("_", "-") if dash else n): n for n in [*names, *negated]}
+    base = key.replace("-", "_")
+    if base.startswith("no_") and _unwrap_optional(names.get(base[3:], (None,))[0])[0] is bool:
+        return f" (did you mean {key[3:]}: {'true' if value is False else 'false'}?)"
+    near = nearest(key, spelled) or difflib.get_close_matches(key, spelled, n=1, cutoff=0.5)
+    if near:
+        return f" (did you mean {' or '.join(near)}?)"
+    return f" (see bertgpu {command} --help)"
 
 
 # Fields that exclude each other: one typed on the command line overrides the --config file's value of the other
@@ -287,9 +329,10 @@ def _vocab(cfg: VocabConfig) -> None:
 
 
 def _prepare(cfg: PrepareConfig) -> None:
-    from bertgpu.data.shard_writer import prepare
+    from bertgpu.data.shard_writer import check_prepare, prepare
     from bertgpu.data.tokenizer import vocab_is_cased
 
+    cfg = check_prepare(cfg)
     cased = vocab_is_cased(cfg.vocab) if cfg.cased is None else cfg.cased
     prepare(
         cfg.corpus,

@@ -2,192 +2,43 @@
 
 The task configs (``VocabConfig``, ``PrepareConfig``, ``PretrainConfig``, ``FinetuneConfig``, ...) describe one
 command each; the CLI builds its flags from them (see ``bertgpu.cli``), and a run's config is saved beside every
-checkpoint. The models' own configurations (transformers' config.json fields) live with each architecture, in
+checkpoint. The sections they are built from (``DataConfig``, ``OptimConfig``, ``ParallelConfig``, ``RunConfig``,
+...) and ``opt``, how a flag is declared with its help, are ``bertgpu.config_sections``'s, imported here too. The
+models' own configurations (transformers' config.json fields) live with each architecture, in
 ``bertgpu/models/<arch>/config.py``.
 
-Field metadata used by the CLI generator:
-    help     the flag's help text (the only place an option is documented)
-    flag     the flag name, when it is not ``--field-name``
-    choices  the allowed values
-    positional / nargs   for positional arguments
+Declarations only: what a value may be is checked where a command starts (``bertgpu.tasks.checks``), the batch
+arithmetic is ``bertgpu.training.batch``'s, and --recipe fast is applied where a run is planned
+(``bertgpu.training.recipe``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from bertgpu.errors import UserError
+from bertgpu.config_sections import (
+    DEVICE_CHOICES,
+    AdapterConfig,
+    DataConfig,
+    FinetuneOptimConfig,
+    FinetuneRunConfig,
+    HeldOutConfig,
+    OptimConfig,
+    ParallelConfig,
+    RunConfig,
+    nproc_opt,
+    opt,
+    precision_opt,
+    seed_opt,
+)
 from bertgpu.models.architectures import CONFIGS
 from bertgpu.models.config import PRESETS
 
-
-def opt(default: Any = dataclasses.MISSING, help: str = "", **meta: Any) -> Any:
-    """A dataclass field that carries its CLI help (and optional flag/choices) as metadata."""
-    meta["help"] = help
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
 # ---------------------------------------------------------------------------------------------
 # Task configs: one dataclass per command. The CLI flags are generated from these fields.
-
-
-# Flags that several commands share, each documented once here.
-_DEVICE_CHOICES = ["auto", "cpu", "cuda"]
-_PRECISIONS = ["auto", "fp32", "bf16", "fp16"]
-
-
-def _nproc() -> Any:
-    return opt(0, "processes to start (0: one per GPU, or 1 on CPU); ignored under torchrun")
-
-
-def _precision() -> Any:
-    return opt(
-        "auto",
-        "auto: bf16 on GPUs that support it (and, under pretrain's --recipe fast, on CPUs with bf16 instructions: "
-        "AVX512-BF16 or AMX), else fp32",
-        choices=_PRECISIONS,
-    )
-
-
-def _pretrain_seed() -> Any:
-    return opt(42, "seed for data order, masking, pairing and initialisation")
-
-
-def check_run_flags(cfg: Any) -> None:
-    """The flags of the training run's own mechanics (elastic, wall-clock checkpoints), shared by pretrain
-    and finetune."""
-    if cfg.global_batch < 0:
-        raise UserError(f"--global-batch must be positive, got {cfg.global_batch}")
-    if cfg.global_batch and cfg.grad_accum != 1:
-        raise UserError(
-            f"--global-batch {cfg.global_batch} and --grad-accum {cfg.grad_accum}: give one of them (the "
-            "accumulation steps are derived from --global-batch)"
-        )
-    if cfg.rdzv_last_call < 0:
-        raise UserError(f"--rdzv-last-call must be at least 0 seconds, got {cfg.rdzv_last_call}")
-    if cfg.rdzv_heartbeat < 1:
-        raise UserError(f"--rdzv-heartbeat must be at least 1 second, got {cfg.rdzv_heartbeat}")
-    if cfg.save_every_minutes < 0:
-        raise UserError(f"--save-every-minutes must be at least 0, got {cfg.save_every_minutes:g}")
-    low, high = parse_nnodes(cfg.nnodes)
-    if high > 1 and not cfg.rdzv_endpoint:
-        raise UserError(
-            f"--nnodes {cfg.nnodes} needs --rdzv-endpoint HOST:PORT: the address (one of the machines, a port free "
-            "there) where the machines of the run meet, the same on every machine"
-        )
-    if cfg.rdzv_endpoint and ":" not in cfg.rdzv_endpoint:
-        raise UserError(f"--rdzv-endpoint {cfg.rdzv_endpoint}: give HOST:PORT, e.g. node1:29500")
-
-
-def parse_nnodes(value: str) -> tuple[int, int]:
-    """--nnodes N or MIN:MAX as (min, max)."""
-    try:
-        parts = [int(p) for p in str(value).split(":")]
-    except ValueError:
-        parts = []
-    if len(parts) == 1:
-        parts *= 2
-    if len(parts) != 2 or not 1 <= parts[0] <= parts[1]:
-        raise UserError(f"--nnodes {value}: give a number of machines, or MIN:MAX with 1 <= MIN <= MAX (1:4)")
-    return parts[0], parts[1]
-
-
-_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in ``90s``, ``30m``, ``2h``, ``1h30m`` or ``600`` (seconds), as a UserError if none."""
-    m = _DURATION.fullmatch(text.strip().lower())
-    if not text.strip() or m is None or not any(m.groups()):
-        raise UserError(f"--time-budget {text!r}: not a duration (write e.g. 90s, 30m, 2h or 1h30m)")
-    hours, minutes, seconds = (float(g) if g else 0.0 for g in m.groups())
-    total = 3600 * hours + 60 * minutes + seconds
-    if total <= 0:
-        raise UserError(f"--time-budget {text!r} must be longer than zero")
-    return total
-
-
-def accumulation(cfg: Any, dp: int) -> tuple[list[int], int]:
-    """(each data-parallel rank's batch, micro-steps per optimizer step) for ``dp`` ranks: --grad-accum, or
-    what makes --global-batch with this layout; a global batch the layout cannot make is a UserError that
-    names the layouts that can."""
-    sizes = per_rank_sizes(cfg.batch_size, dp)
-    goal, micro = cfg.global_batch, sum(sizes)
-    if not goal:
-        return sizes, cfg.grad_accum
-    if goal % micro == 0:
-        return sizes, goal // micro
-    near = sorted({max(micro, goal // micro * micro), (goal // micro + 1) * micro})
-    hint = f"--global-batch {' or '.join(map(str, near))}"
-    if isinstance(cfg.batch_size, int):
-        batches = [b for b in range(1, goal + 1) if goal % (b * dp) == 0]
-        if batches:
-            closest = sorted(batches, key=lambda b: abs(b - cfg.batch_size))[:3]
-            hint += f", or --batch-size {' or '.join(map(str, sorted(closest)))} on these {dp} data-parallel rank(s)"
-        ranks = [d for d in range(1, goal + 1) if goal % (cfg.batch_size * d) == 0]
-        if ranks:
-            hint += f", or --batch-size {cfg.batch_size} on {' or '.join(map(str, ranks))} data-parallel rank(s)"
-    raise UserError(
-        f"--global-batch {goal} is not a multiple of the {micro} examples of one micro-step "
-        f"({'+'.join(map(str, sizes))} on {dp} data-parallel rank(s)): use {hint}"
-    )
-
-
-def _check_lr_scaling(reference_batch: int) -> None:
-    if reference_batch < 1:
-        raise UserError(f"--reference-batch must be at least 1, got {reference_batch}")
-
-
-def scaled_lr(lr: float, global_batch: int, scaling: str, reference_batch: int) -> float:
-    """``lr`` x (global batch / reference batch) with linear scaling (Goyal et al. 2017), x its square
-    root with sqrt scaling (Krizhevsky 2014; what LAMB's authors use for BERT), unchanged with none."""
-    ratio = global_batch / reference_batch
-    return lr * {"none": 1.0, "linear": ratio, "sqrt": ratio**0.5}[scaling]
-
-
-def _batch_size(default: int, what: str) -> Any:
-    return opt(
-        default,
-        f"{what} per data-parallel rank per micro-step: one number for every rank, or one per rank "
-        "(48,16: unequal GPUs; the global batch is their sum x --grad-accum)",
-        cli_type=str,
-    )
-
-
-def parse_batch_sizes(value: Any) -> int | tuple[int, ...]:
-    """--batch-size as given: one number (the same on every data-parallel rank) or one per rank ("48,16")."""
-    parts = value.split(",") if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else [value]
-    try:
-        sizes = [int(str(p).strip()) for p in parts]
-    except ValueError:
-        raise UserError(f"--batch-size {value}: give a number, or one number per data-parallel rank (48,16)") from None
-    if not sizes or min(sizes) < 1:
-        raise UserError(f"--batch-size must be at least 1, got {value}")
-    return sizes[0] if len(sizes) == 1 else tuple(sizes)
-
-
-def per_rank_sizes(batch_size: int | tuple[int, ...], dp: int) -> list[int]:
-    """Each data-parallel rank's batch size."""
-    if isinstance(batch_size, int):
-        return [batch_size] * dp
-    if len(batch_size) != dp:
-        sizes = ",".join(map(str, batch_size))
-        raise UserError(
-            f"--batch-size {sizes} gives {len(batch_size)} sizes for {dp} data-parallel rank(s): give one "
-            "number, or one per data-parallel rank"
-        )
-    return list(batch_size)
-
-
-def _auto_workers() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
 
 
 @dataclass
@@ -249,326 +100,6 @@ class PrepareConfig:
         "refuse the data when more than this share of its tokens are [UNK] (a vocab "
         "made for another language or corpus); 1 accepts any",
     )
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.max_unk_share <= 1:
-            raise UserError(f"--max-unk-share must be between 0 and 1, not {self.max_unk_share}")
-        if self.workers < 0:
-            raise UserError(
-                f"--workers must be 0 (one per core, at most 8) or a number of processes, not {self.workers}"
-            )
-        if self.workers == 0:
-            self.workers = _auto_workers()
-
-
-@dataclass
-class DataConfig:
-    """How pretraining instances are drawn from prepared shards (the original BERT recipe)."""
-
-    data: str = opt("", "data directory written by `bertgpu prepare`", required=True)
-    max_seq_length: int = opt(128, "tokens per instance, [CLS] and [SEP]s included")
-    max_predictions: int = opt(20, "masked positions per instance at most (prediction slots)")
-    masked_lm_prob: float = opt(0.15, "fraction of tokens to mask")
-    short_seq_prob: float = opt(0.1, "probability of a shorter target length for a document")
-    wwm: bool = opt(
-        False,
-        "whole-word masking: mask all pieces of a ## word together, and all characters of a "
-        "Chinese word in data prepared with --zh-wwm",
-    )
-    nsp: bool = opt(
-        True,
-        "drop next-sentence prediction: masked LM only, on single segments (default: MLM + NSP "
-        "on sentence pairs, as the original BERT)",
-        flag="--no-nsp",
-    )
-    loader_workers: int = opt(2, "DataLoader worker processes per training process (0: in-process)")
-    pack: bool = opt(
-        False,
-        "with --no-nsp: fill every sequence with the corpus's documents in order, a document that does not "
-        "fit continuing in the next sequence (no row more than a few tokens short), instead of one document chunk "
-        "per sequence (most of it padding on corpora of short documents)",
-    )
-    pack_attention: str = opt(
-        "document",
-        "with --pack: document: each document of a row is [CLS] text [SEP] with positions from 0, and attends "
-        "to itself only (a block-diagonal mask; on a GPU one sequence per document in flash attention's "
-        "variable-length kernel for BERT, FlexAttention's block mask for ModernBERT), as MLPerf's "
-        "packed BERT; row: the documents are joined by one [SEP] and every token attends to the whole row, "
-        "as RoBERTa's FULL-SENTENCES",
-        choices=["document", "row"],
-    )
-
-    def __post_init__(self) -> None:
-        if self.pack and self.nsp:
-            raise UserError(
-                "--pack needs --no-nsp: packed sequences cross documents, so there is no next sentence to predict"
-            )
-        if self.max_seq_length < 8:
-            raise UserError(f"--max-seq-length must be at least 8, got {self.max_seq_length}")
-        if self.max_predictions < 1:
-            raise UserError(f"--max-predictions must be at least 1, got {self.max_predictions}")
-        if not 0 < self.masked_lm_prob < 1:
-            raise UserError(f"--masked-lm-prob must be in (0, 1), got {self.masked_lm_prob}")
-
-
-@dataclass
-class OptimConfig:
-    """Optimizer and learning-rate schedule: linear warmup, then linear decay to zero."""
-
-    optimizer: str = opt(
-        "adamw",
-        "adamw (fused), lamb (per-tensor trust ratios, for very large global batches) or rmsprop (torch.optim.RMSprop)",
-        choices=["adamw", "lamb", "rmsprop"],
-    )
-    lr: float = opt(1e-4, "peak learning rate (before --lr-scaling)")
-    lr_scaling: str = opt(
-        "none",
-        "scale the peak learning rate with the global batch: linear (x global / --reference-batch) "
-        "or sqrt (x its square root); more processes make the global batch larger",
-        choices=["none", "linear", "sqrt"],
-    )
-    reference_batch: int = opt(256, "the global batch the given --lr is meant for, with --lr-scaling")
-    warmup: float = opt(0.01, "warmup: steps if >= 1, else a fraction of --steps")
-    steps: int = opt(1000, "optimizer steps to train")
-    weight_decay: float = opt(
-        0.01,
-        "weight decay (not on biases and LayerNorm); decoupled for AdamW and LAMB, "
-        "added to the gradient for RMSprop as torch does",
-    )
-    clip: float = opt(1.0, "clip the global gradient norm to this (0: no clipping)")
-    adam_beta1: float = opt(0.9, "AdamW/LAMB beta1")
-    adam_beta2: float = opt(0.999, "AdamW/LAMB beta2")
-    adam_eps: float = opt(1e-6, "AdamW/LAMB/RMSprop epsilon")
-    rmsprop_alpha: float = opt(0.99, "RMSprop's smoothing constant of the squared-gradient average")
-
-    def __post_init__(self) -> None:
-        if self.steps < 1:
-            raise UserError(f"--steps must be at least 1, got {self.steps}")
-        if self.lr is not None and self.lr <= 0:  # None: fine-tuning's default by the model's width
-            raise UserError(f"--lr must be positive, got {self.lr}")
-        _check_lr_scaling(self.reference_batch)
-        if not 0 <= self.rmsprop_alpha < 1:
-            raise UserError(f"--rmsprop-alpha must be in [0, 1), got {self.rmsprop_alpha}")
-
-    def peak_lr(self, global_batch: int) -> float:
-        """The peak learning rate for this global batch, after --lr-scaling."""
-        return scaled_lr(self.lr, global_batch, self.lr_scaling, self.reference_batch)
-
-    @property
-    def warmup_steps(self) -> int:
-        return int(self.warmup) if self.warmup >= 1 else int(self.warmup * self.steps)
-
-
-@dataclass
-class ParallelConfig:
-    """How a training run is spread over its processes (bertgpu/parallel), for pretrain and finetune alike."""
-
-    strategy: str = opt(
-        "ddp",
-        "data parallelism: ddp (every process holds the whole model and gradients are "
-        "all-reduced) or fsdp (parameters, gradients and optimizer state sharded over the "
-        "data-parallel processes with FSDP2; bf16 parameters and fp32 gradient reduction under "
-        "--precision bf16)",
-        choices=["ddp", "fsdp"],
-    )
-    tp: int = opt(
-        1,
-        "tensor-parallel degree: each encoder layer's matmuls split over this many processes, which "
-        "train one batch together (it must divide the process count and the attention heads; the "
-        "data-parallel degree is processes / tp, and --batch-size is per data-parallel rank)",
-    )
-    activation_checkpointing: bool = opt(
-        False,
-        "keep only each encoder layer's input and recompute the rest in the "
-        "backward pass: activation memory for about a third more compute",
-    )
-    grad_compression: str = opt(
-        "none",
-        "compress the gradients the data-parallel processes exchange: fp16 or bf16 "
-        "(half the bytes), or powersgd (low-rank factors with error feedback: a "
-        "fraction of the bytes; DDP only). Under --strategy fsdp, and --tp, fp16/bf16 "
-        "set the dtype gradients are reduce-scattered in",
-        choices=["none", "fp16", "bf16", "powersgd"],
-    )
-    powersgd_rank: int = opt(4, "PowerSGD's matrix approximation rank (higher: more bytes, closer to the gradient)")
-    powersgd_warmup: int = opt(
-        0,
-        "optimizer steps of uncompressed all-reduce before PowerSGD starts (0: a tenth of the run's steps; at least 2)",
-    )
-    balance: str = opt(
-        "none",
-        "auto: time each process's first steps, then give each a per-rank batch size in "
-        "proportion to its speed, keeping the global batch (unequal GPUs; DDP only)",
-        choices=["none", "auto"],
-    )
-
-    pp: int = opt(
-        1,
-        "pipeline-parallel degree: the encoder layers split evenly into this many stages on different "
-        "processes, the first holding the embeddings, the last the pooler and heads (the data-parallel "
-        "degree is processes / (pp x tp); --batch-size stays per data-parallel rank)",
-    )
-    pp_schedule: str = opt(
-        "1f1b",
-        "the pipeline schedule (torch.distributed.pipelining): gpipe (all forwards, then all backwards), "
-        "1f1b (one forward, one backward: activations of at most pp micro-batches held) or interleaved-1f1b "
-        "(several stages per process, a smaller bubble for more communication)",
-        choices=["gpipe", "1f1b", "interleaved-1f1b"],
-    )
-    pp_microbatches: int = opt(
-        0,
-        "micro-batches each step's batch is split into for the pipeline (0: the number of stages, "
-        "pp x --pp-stages-per-rank); it must divide --batch-size",
-    )
-    pp_stages_per_rank: int = opt(
-        0, "pipeline stages each process holds (0: 2 with interleaved-1f1b, else 1; more needs interleaved-1f1b)"
-    )
-
-    def __post_init__(self) -> None:
-        if self.tp < 1:
-            raise UserError(f"--tp must be at least 1, got {self.tp}")
-        if self.pp < 1:
-            raise UserError(f"--pp must be at least 1, got {self.pp}")
-        if self.pp_microbatches < 0 or self.pp_stages_per_rank < 0:
-            raise UserError("--pp-microbatches and --pp-stages-per-rank must be at least 0 (0: the default)")
-        if self.powersgd_rank < 1:
-            raise UserError(f"--powersgd-rank must be at least 1, got {self.powersgd_rank}")
-        if self.powersgd_warmup < 0:
-            raise UserError(f"--powersgd-warmup must be at least 0, got {self.powersgd_warmup}")
-        if self.pp_stages_per_rank > 1 and self.pp_schedule != "interleaved-1f1b":
-            raise UserError(
-                f"--pp-stages-per-rank {self.pp_stages_per_rank} needs --pp-schedule interleaved-1f1b "
-                f"({self.pp_schedule} runs one stage per process)"
-            )
-
-    @property
-    def stages_per_rank(self) -> int:
-        return self.pp_stages_per_rank or (2 if self.pp_schedule == "interleaved-1f1b" else 1)
-
-    @property
-    def microbatches(self) -> int:
-        return self.pp_microbatches or self.pp * self.stages_per_rank
-
-
-@dataclass
-class HeldOutConfig:
-    """Held-out evaluation during pretraining (bertgpu.training.evaluation)."""
-
-    eval_data: str = opt("", "a second prepared directory (the same vocab) to evaluate on")
-    eval_fraction: float = opt(
-        0.0,
-        "hold out this fraction of the documents of --data (seeded; never trained on; "
-        "the same documents for any process count and on resume), in (0, 0.5]",
-    )
-    eval_every: int = opt(0, "evaluate every N steps (0: at every checkpoint and at the end)")
-    eval_instances: int = opt(
-        2000, "held-out instances in the evaluation set (the same ones, masked the same way, at every evaluation)"
-    )
-    eval_batch_size: int = opt(0, "sequences per process per evaluation forward pass (0: the largest --batch-size)")
-
-    @property
-    def enabled(self) -> bool:
-        return bool(self.eval_data or self.eval_fraction)
-
-    def __post_init__(self) -> None:
-        if self.eval_data and self.eval_fraction:
-            raise UserError("--eval-data and --eval-fraction contradict each other: choose one")
-        if self.eval_fraction and not 0 < self.eval_fraction <= 0.5:
-            raise UserError(f"--eval-fraction must be in (0, 0.5], not {self.eval_fraction:g}")
-        if self.eval_every < 0 or self.eval_instances < 1 or self.eval_batch_size < 0:
-            raise UserError("--eval-every and --eval-batch-size must be at least 0, --eval-instances at least 1")
-
-
-@dataclass
-class RunConfig:
-    """How a training run runs, whatever it trains: processes, device, precision, seed, batches,
-    checkpoints, logs and restarts. The defaults and help here are pretraining's; fine-tuning's are
-    ``FinetuneRunConfig``'s (the same fields, so ``tasks.common.Session`` reads either)."""
-
-    nproc: int = _nproc()
-    device: str = opt("auto", "where to train", choices=_DEVICE_CHOICES)
-    batch_size: int | tuple[int, ...] = _batch_size(32, "sequences")
-    grad_accum: int = opt(1, "micro-steps per optimizer step")
-    precision: str = _precision()
-    seed: int = _pretrain_seed()
-    save_every: int = opt(1000, "write a checkpoint every N steps (and at the end)")
-    log_every: int = opt(10, "log every K steps")
-    keep: int = opt(3, "checkpoints to keep (the newest)")
-    resume: bool = opt(False, "continue from the latest resumable checkpoint in --out")
-    overwrite: bool = opt(False, "start afresh in a non-empty --out directory, deleting what is there")
-    max_restarts: int = opt(
-        0,
-        "restart the local workers this many times after a failure (they resume from the latest "
-        "checkpoint); under torchrun use its --max-restarts",
-    )
-    max_bad_steps: int = opt(
-        10, "stop after this many non-finite losses in a row (each is skipped), the last good weights saved"
-    )
-    compile: bool = opt(
-        False,
-        "torch.compile the step (static shapes: fixed prediction slots per sequence): with one process the "
-        "whole forward (embeddings, encoder, masked-slot heads, loss) as one graph, on one GPU also replayed "
-        "as CUDA graphs (see --no-cuda-graphs); with several processes or --activation-checkpointing each "
-        "encoder layer (held-out evaluation runs eager). On 2 CPU cores: steps 1.08x as fast after about a minute "
-        "of compiling, so it pays in runs of more than about 15 minutes",
-    )
-    cuda_graphs: bool = opt(
-        True,
-        "with --compile on one GPU (--nproc 1, --device cuda, no gradient accumulation): no CUDA graphs "
-        "(torch.compile's mode=reduce-overhead, which replays each step's kernels in one launch; they apply "
-        "there because every batch has the same shape)",
-        flag="--no-cuda-graphs",
-    )
-    fp8: bool = opt(
-        False,
-        "float8 matmuls (torchao's float8 training, pip install -e '.[fp8]') in the encoder's large linear "
-        "layers, on GPUs of compute capability 8.9 or more (H100, H200, L40S, L4); not yet measured here "
-        "(BENCHMARKS.md)",
-    )
-    global_batch: int = opt(
-        0,
-        "the global batch the recipe means (0: --batch-size x data-parallel processes x --grad-accum): the "
-        "accumulation steps are derived from it for the layout the run has, so a restart on fewer or more "
-        "processes (elastic --nnodes, or a resume) trains the same global batches",
-    )
-    save_every_minutes: float = opt(
-        0.0,
-        "also write a checkpoint when this many minutes have passed since the last one (0: off), so the "
-        "work a lost machine takes with it is bounded in time whatever the step time",
-    )
-    async_save: bool = opt(
-        False,
-        "write checkpoints in the background: staged in memory at the step of the save, then written while "
-        "training goes on (the next save waits for it); the save's own step stalls only for the copy",
-    )
-    nnodes: str = opt(
-        "1",
-        "machines: N, or MIN:MAX for an elastic run that goes on when machines are lost and grows when they "
-        "come back (each machine runs the same command; needs --rdzv-endpoint); under torchrun use its own",
-    )
-    rdzv_endpoint: str = opt(
-        "", "HOST:PORT where the machines of a --nnodes run meet (torch elastic's c10d rendezvous)"
-    )
-    rdzv_id: str = opt("", "the rendezvous id that the machines of one run share (default: derived from --out)")
-    rdzv_last_call: int = opt(
-        30,
-        "seconds an elastic rendezvous waits for more machines once the fewest (--nnodes MIN) have come, "
-        "before it starts without them (torch's last_call_timeout)",
-    )
-    rdzv_heartbeat: int = opt(
-        5,
-        "seconds between the heartbeats each machine sends to an elastic rendezvous; a machine is taken for lost "
-        "after 3 missed ones (torch's keep_alive_interval)",
-    )
-
-    def __post_init__(self) -> None:
-        # The checks of --save-every and --log-every stay with each command: their messages differ.
-        self.batch_size = parse_batch_sizes(self.batch_size)
-        if self.grad_accum < 1:
-            raise UserError(f"--grad-accum must be at least 1, got {self.grad_accum}")
-        if self.resume and self.overwrite:
-            raise UserError("--resume and --overwrite contradict each other: choose one")
-        check_run_flags(self)
 
 
 def accepts_flat_fields(cls: type) -> type:
@@ -642,10 +173,18 @@ class PretrainConfig:
     dropout: float | None = opt(None, "set the model's dropout probabilities (0 makes parity checks exact)")
     mlm_bias_init: str = opt(
         "zeros",
-        "the masked-LM decoder's bias when the weights start random: zeros (BERT's) or unigram (each token's log "
-        "frequency in the training text, so that the first steps predict how frequent tokens are instead of "
-        "learning it; --recipe fast's for BERT)",
+        "the masked-LM decoder's bias when it starts fresh (random weights, or a --model whose checkpoint has no "
+        "masked-LM head): zeros (BERT's) or unigram (each token's log frequency in the training text, so that the "
+        "first steps predict how frequent tokens are instead of learning it; --recipe fast's for BERT, and every "
+        "continued --model's)",
         choices=["zeros", "unigram"],
+    )
+    head_warmup: bool = opt(
+        True,
+        "continuing a --model whose checkpoint lacks the masked-LM head (a sentence encoder such as MiniLM), train "
+        "the encoder from step 1 beside the fresh head (default: the fresh heads train alone during the warmup, the "
+        "encoder held still, so that a random head's first gradients do not reach it)",
+        flag="--no-head-warmup",
     )
     pad_vocab_multiple: int = opt(
         64,
@@ -673,9 +212,9 @@ class PretrainConfig:
     )
     time_budget: str = opt(
         "",
-        "train for this wall-clock time instead of --steps (90s, 30m, 2h): the run measures its step time, "
-        "sizes warmup and decay to zero to end at the budget (re-sized if the speed changes; resumes count "
-        "the time already trained), then evaluates and saves",
+        "train for this wall-clock time instead of --steps (90s, 30m, 2h, 1h30m: a unit is needed): the run "
+        "measures its step time, sizes warmup and decay to zero to end at the budget (re-sized if the speed "
+        "changes; resumes count the time already trained), then evaluates and saves",
     )
     # The fields the user gave (flags, --config file), which --recipe fast and --time-budget must not take for
     # defaults left alone when a value equals its default (--lr 1e-4 is BERT's default and still a choice).
@@ -685,27 +224,6 @@ class PretrainConfig:
     def gave(self, name: str, value: Any, default: Any) -> bool:
         """Whether field ``name`` (now ``value``) was given rather than left at its ``default``."""
         return value != default or name in self.given
-
-    def __post_init__(self) -> None:
-        if self.time_budget:
-            parse_duration(self.time_budget)
-            if self.gave("steps", self.optim.steps, OptimConfig.steps):
-                raise UserError(
-                    "--time-budget and --steps contradict each other: give one (the budget sizes the steps)"
-                )
-        if self.run.save_every < 1 or self.run.log_every < 1:
-            raise UserError("--save-every and --log-every must be at least 1")
-        if self.dropout is not None and not 0 <= self.dropout < 1:
-            raise UserError(f"--dropout must be in [0, 1), got {self.dropout}")
-        if self.pad_vocab_multiple < 1:
-            raise UserError(f"--pad-vocab-multiple must be at least 1, got {self.pad_vocab_multiple}")
-        if self.peak_tflops < 0:
-            raise UserError(f"--peak-tflops must be positive, got {self.peak_tflops}")
-        arch = CONFIGS.get(self.arch)
-        if arch is not None and not arch.nsp and self.data.nsp:
-            raise UserError(
-                f"--arch {self.arch} trains masked LM only ({arch.title} has no next-sentence head): add --no-nsp"
-            )
 
 
 class TrainingConfig(Protocol):
@@ -731,7 +249,7 @@ class InspectConfig:
 
     # The data flags are pretrain's, DATA given as a positional argument; loader workers play no part here.
     data: DataConfig = field(default_factory=DataConfig, metadata={"positional": ["data"], "skip": ["loader_workers"]})
-    seed: int = _pretrain_seed()
+    seed: int = seed_opt()
     epoch: int = opt(0, "the epoch to show (pairing and masking are drawn afresh every epoch)")
     index: int = opt(
         0,
@@ -745,12 +263,6 @@ class InspectConfig:
         "them), input_ids, segment_ids, masked_positions, masked_labels (the original tokens), "
         "masked_label_ids, is_random_next, and word_starts with --wwm",
     )
-
-    def __post_init__(self) -> None:
-        if self.epoch < 0 or self.index < 0:
-            raise UserError(f"--epoch and --index must be at least 0, got {self.epoch} and {self.index}")
-        if self.n < 1:
-            raise UserError(f"--n must be at least 1, got {self.n}")
 
 
 @dataclass
@@ -772,15 +284,7 @@ class FillMaskConfig:
     json: bool = opt(
         False, "print one JSON object per [MASK] instead of text (with the text and its number, from 1, when several)"
     )
-    device: str = opt("auto", "where to run", choices=_DEVICE_CHOICES)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.text, str):  # a --config file of one text
-            self.text = [self.text] if self.text else []
-        if self.top_k < 1:
-            raise UserError(f"--top-k must be at least 1, got {self.top_k}")
-        if bool(self.text) == bool(self.input):
-            raise UserError("give texts with [MASK] or --input FILE (one text per line), not both nor neither")
+    device: str = opt("auto", "where to run", choices=DEVICE_CHOICES)
 
 
 @dataclass
@@ -788,11 +292,11 @@ class BenchConfig:
     """`bertgpu bench`: time pretraining steps of bertgpu and of transformers' BertForPreTraining."""
 
     model: str = opt("mini", "model preset (with bert-base's 30,522-token vocab)", choices=list(PRESETS))
-    device: str = opt("auto", "where to run (auto: CUDA when present)", choices=_DEVICE_CHOICES)
+    device: str = opt("auto", "where to run (auto: CUDA when present)", choices=DEVICE_CHOICES)
     batch_size: int = opt(32, "sequences per step")
     seq_len: int = opt(128, "tokens per sequence")
     max_predictions: int = opt(20, "masked positions per sequence")
-    precision: str = _precision()
+    precision: str = precision_opt()
     steps: int = opt(20, "timed steps per side (the median is reported)")
     warmup: int = opt(5, "untimed warm-up steps per side")
     compile: bool | None = opt(
@@ -816,41 +320,6 @@ class BenchConfig:
         "NVIDIA's data sheets; a card not listed gets no MFU)",
     )
 
-    def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.steps < 1:
-            raise UserError("--batch-size and --steps must be at least 1")
-        if not 0 <= self.dropout < 1:
-            raise UserError(f"--dropout must be in [0, 1), got {self.dropout}")
-        if self.peak_tflops < 0:
-            raise UserError(f"--peak-tflops must be positive, got {self.peak_tflops}")
-
-
-def to_dict(cfg: Any) -> dict[str, Any]:
-    return dataclasses.asdict(cfg)
-
-
-def from_dict(cls: type, d: dict[str, Any]) -> Any:
-    """Rebuild a (nested) config dataclass from ``to_dict`` output. A config saved before its command's
-    run settings (and fine-tuning's optimizer) became sections has them at the top level: they move
-    into their section."""
-    import typing
-
-    hints = typing.get_type_hints(cls)
-    d = dict(d)
-    for name, _, fields in _flat_sections(cls):
-        flat = {key: d.pop(key) for key in list(d) if key in fields}
-        if flat:
-            d[name] = {**d.get(name, {}), **flat}
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in d:
-            continue
-        value = d[f.name]
-        if dataclasses.is_dataclass(hints[f.name]) and isinstance(value, dict):
-            value = from_dict(hints[f.name], value)
-        kwargs[f.name] = value
-    return cls(**kwargs)
-
 
 # ---------------------------------------------------------------------------------------------
 # Fine-tuning, evaluation and prediction. Defaults are those of transformers' Trainer (lr 2e-5,
@@ -867,140 +336,10 @@ _TEXT_HELP = "column holding the text"
 _PAIR_HELP = "column holding the second text of sentence-pair tasks"
 _LABEL_HELP = "column holding the label (names or integers)"
 _SAVED_COLUMN = " (default: the classifier's, from its fine-tuning run; else {})"
-LORA_TARGETS = "query,value"
-LORA_DROPOUT = 0.1
-QUANTIZE = ["int8", "nf4"]
-
-
-@dataclass
-class AdapterConfig:
-    """LoRA (Hu et al. 2021) and QLoRA-style quantised base weights (Dettmers et al. 2023) for fine-tuning."""
-
-    lora_rank: int | None = opt(
-        None,
-        "train LoRA adapters of this rank instead of the whole model: the encoder is "
-        "frozen, only the adapters and the classifier head train; best/ is the merged "
-        "classifier and best/adapter/ the adapter in PEFT's format (needs peft: "
-        "pip install 'bertgpu[lora]')",
-    )
-    lora_alpha: float | None = opt(
-        None, "LoRA scaling numerator: the adapters' product is scaled by alpha / rank (default: 2 x --lora-rank)"
-    )
-    lora_dropout: float | None = opt(None, f"dropout on the adapters' input (default: {LORA_DROPOUT})")
-    lora_targets: str = opt(
-        "",
-        f"comma-separated linear layers of the encoder to adapt, matched as PEFT's "
-        f"target_modules (by the end of the module name): query, key, value, "
-        f"attention.output.dense, intermediate.dense, output.dense, dense "
-        f"(default: {LORA_TARGETS})",
-    )
-    quantize: str | None = opt(
-        None,
-        "store the frozen encoder's linear layers in 8-bit (int8, LLM.int8()) or 4-bit "
-        "(nf4: NormalFloat4 with double quantisation, as QLoRA) through bitsandbytes, "
-        "with --lora-rank (needs bitsandbytes: pip install 'bertgpu[quant]')",
-        choices=QUANTIZE,
-    )
-
-    def __post_init__(self) -> None:
-        if self.lora_rank is None:
-            given = [
-                flag
-                for flag, value in (
-                    ("--lora-alpha", self.lora_alpha),
-                    ("--lora-dropout", self.lora_dropout),
-                    ("--lora-targets", self.lora_targets),
-                    ("--quantize", self.quantize),
-                )
-                if value not in (None, "")
-            ]
-            if given:
-                raise UserError(
-                    f"{given[0]} needs --lora-rank R: it applies to LoRA fine-tuning (the frozen base model's adapters)"
-                )
-            return
-        if self.lora_rank < 1:
-            raise UserError(f"--lora-rank must be at least 1, got {self.lora_rank} (leave it out for full fine-tuning)")
-        if self.lora_alpha is not None and self.lora_alpha <= 0:
-            raise UserError(f"--lora-alpha must be positive, got {self.lora_alpha:g}")
-        if self.lora_dropout is not None and not 0 <= self.lora_dropout < 1:
-            raise UserError(f"--lora-dropout must be in [0, 1), got {self.lora_dropout:g}")
-        if self.lora_targets and not self.targets:
-            raise UserError(f"--lora-targets {self.lora_targets!r} names no layer")
-
-    @property
-    def enabled(self) -> bool:
-        return self.lora_rank is not None
-
-    @property
-    def alpha(self) -> float:
-        return self.lora_alpha if self.lora_alpha is not None else 2.0 * (self.lora_rank or 0)
-
-    @property
-    def dropout(self) -> float:
-        return self.lora_dropout if self.lora_dropout is not None else LORA_DROPOUT
-
-    @property
-    def targets(self) -> list[str]:
-        return [t.strip() for t in (self.lora_targets or LORA_TARGETS).split(",") if t.strip()]
-
-
-def _check_length(max_seq_length: int, allow_auto: bool) -> None:
-    if allow_auto and max_seq_length == 0:
-        return
-    if max_seq_length < 8:
-        raise UserError(f"--max-seq-length must be at least 8, got {max_seq_length}")
-
-
-@dataclass
-class FinetuneOptimConfig(OptimConfig):
-    """Fine-tuning's optimizer: AdamW with transformers' Trainer defaults. Only the learning rate, its
-    scaling, warm-up and weight decay are flags; the number of steps follows from --epochs."""
-
-    lr: float | None = opt(
-        None,
-        "peak learning rate (AdamW; before --lr-scaling) (default: by the model's width, 2e-5 from hidden size "
-        "768 up, as BERT's and transformers' Trainer's, 2e-5 x (768 / hidden)^2 below it: tiny 7.2e-4, mini "
-        "1.8e-4, small and medium 4.5e-5; twice these for ModernBERT)",
-    )
-    warmup: float = opt(0.0, "linear warmup: steps if >= 1, else a fraction of all steps")
-    weight_decay: float = opt(0.01, "AdamW weight decay (not on biases and LayerNorm)")
-    clip: float = opt(1.0, "clip the global gradient norm to this (0: no clipping)")
-    adam_eps: float = opt(1e-8, "AdamW/LAMB/RMSprop epsilon")
-
-
-def finetune_lr(hidden_size: int, factor: float = 1.0) -> float:
-    """Fine-tuning's default peak lr for a model of this width: 2e-5 (BERT's, transformers' Trainer's) from
-    hidden size 768 up; below it 2e-5 x (768 / hidden)^2, to 2 significant figures, since narrower models
-    take larger steps (tiny reached 0.914 held-out accuracy on the reviews with 5e-4 and 0.799 with 2e-5;
-    BENCHMARKS.md: Fine-tuning's learning rate by width); times the architecture's ``factor``
-    (``finetune_lr_factor``: ModernBERT's 2)."""
-    base = 2e-5 if hidden_size >= 768 else 2e-5 * (768 / hidden_size) ** 2
-    return float(f"{base * factor:.2g}")
 
 
 # The optimizer fields fine-tuning keeps at their defaults (no flag).
 _FINETUNE_OPTIM_FIXED = ["optimizer", "steps", "clip", "adam_beta1", "adam_beta2", "adam_eps", "rmsprop_alpha"]
-
-
-@dataclass
-class FinetuneRunConfig(RunConfig):
-    """``RunConfig`` with fine-tuning's defaults and help (transformers' Trainer's batch of 8)."""
-
-    batch_size: int | tuple[int, ...] = _batch_size(8, "examples")
-    grad_accum: int = opt(
-        1,
-        "micro-steps per optimizer step (gradient accumulation): the global batch is "
-        "--batch-size x data-parallel processes x this",
-    )
-    seed: int = opt(42, "seed for the head's (and adapters') initialisation, data order, dropout and --eval-split")
-    save_every: int = opt(
-        500,
-        "also write a resumable checkpoint every N steps (one is always written at the "
-        "end of each epoch and on SIGINT/SIGTERM; only the newest is kept)",
-    )
-    log_every: int = opt(50, "log the training loss every K steps")
-    keep: int = opt(1, "resumable checkpoints to keep (the newest); --save-total-limit keeps the epochs'")
 
 
 @accepts_flat_fields
@@ -1075,27 +414,6 @@ class FinetuneConfig:
         default_factory=FinetuneRunConfig, metadata={"flat": True, "skip": ["keep", "compile", "cuda_graphs", "fp8"]}
     )
 
-    def __post_init__(self) -> None:
-        if self.epochs is not None and self.epochs < 1:  # None: fine-tuning's default by the data's size
-            raise UserError(f"--epochs must be at least 1, got {self.epochs}")
-        if self.save_total_limit < 0 or self.run.log_every < 1:
-            raise UserError("--save-total-limit must be at least 0 and --log-every at least 1")
-        if self.eval and self.eval_split is not None:
-            raise UserError("--eval and --eval-split contradict each other: choose one")
-        if self.eval_split is not None and not 0 < self.eval_split < 1:
-            # 0 used to fall back to the default 0.1 silently; fine-tuning picks best/ on held-out data, so it
-            # needs some
-            raise UserError(
-                f"--eval-split must be a fraction between 0 and 1 (exclusive), not {self.eval_split:g}: "
-                "fine-tuning evaluates every epoch to choose best/; give --eval FILE to hold out nothing "
-                "of --train"
-            )
-        if self.run.save_every < 1:
-            raise UserError(f"--save-every must be at least 1, got {self.run.save_every}")
-        if self.dropout is not None and not 0 <= self.dropout < 1:
-            raise UserError(f"--dropout must be in [0, 1), got {self.dropout:g}")
-        _check_length(self.max_seq_length, allow_auto=False)
-
 
 @dataclass
 class EvaluateConfig:
@@ -1119,12 +437,17 @@ class EvaluateConfig:
     label_column: str = opt("", _LABEL_HELP + _SAVED_COLUMN.format("label"))
     format: str | None = opt(None, _FORMAT_HELP, choices=["csv", "tsv", "jsonl"])
     delimiter: str = opt("", _DELIMITER_HELP)
-    output: str = opt("", "where to write the metrics as JSON (default: eval_results.json in --model)")
+    output: str = opt(
+        "",
+        "where to write the metrics as JSON (default: eval_results.json in a classifier's --model, replaced at "
+        "each evaluation, as transformers does)",
+    )
+    overwrite: bool = opt(False, "replace an existing --output file")
     batch_size: int = opt(32, "examples per process per forward pass")
     max_seq_length: int = opt(0, "tokens per example at most (0: the length the model was fine-tuned with)")
-    nproc: int = _nproc()
-    device: str = opt("auto", "where to run", choices=_DEVICE_CHOICES)
-    precision: str = _precision()
+    nproc: int = nproc_opt()
+    device: str = opt("auto", "where to run", choices=DEVICE_CHOICES)
+    precision: str = precision_opt()
     # Prepared data only: the evaluation set, built as pretraining builds its instances.
     eval_instances: int = opt(
         2000, "prepared data: instances in the evaluation set (a seeded choice, masked as pretraining masks)"
@@ -1137,13 +460,6 @@ class EvaluateConfig:
     )
     seed: int = opt(42, "prepared data: the seed that picks and masks the evaluation instances")
     json: bool = opt(False, "print the metrics as one JSON object (the --output file's) instead of a line")
-
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
-        if self.eval_instances < 1:
-            raise UserError(f"--eval-instances must be at least 1, got {self.eval_instances}")
-        _check_length(self.max_seq_length, allow_auto=True)
 
 
 @dataclass
@@ -1175,23 +491,11 @@ class PredictConfig:
         "(.csv, .tsv or .jsonl; default: the input's format); without it, a line per row is printed "
         "(label, probability, text; tab-separated)",
     )
+    overwrite: bool = opt(False, "replace an existing --output file")
     text_column: str = opt("", _TEXT_HELP + " (with --input)" + _SAVED_COLUMN.format("text"))
     pair_column: str = opt("", _PAIR_HELP + " (with --input)" + _SAVED_COLUMN.format("none"))
     format: str | None = opt(None, _FORMAT_HELP + " (of --input)", choices=["csv", "tsv", "jsonl"])
     delimiter: str = opt("", _DELIMITER_HELP + " (of --input)")
     batch_size: int = opt(32, "examples per forward pass")
     max_seq_length: int = opt(0, "tokens per example at most (0: the length the model was fine-tuned with)")
-    device: str = opt("auto", "where to run", choices=_DEVICE_CHOICES)
-
-    def __post_init__(self) -> None:
-        if self.texts == ["-"] and not self.input:  # the usual spelling of stdin, not a text "-" to classify
-            self.texts, self.input = [], "-"
-        if self.input and self.texts:
-            raise UserError("give either texts to classify or --input FILE, not both")
-        if not self.input and not self.texts:
-            raise UserError("give texts to classify (or a text and its pair text), or --input FILE")
-        if self.output and not self.input:
-            raise UserError("--output goes with --input FILE; texts given on the command line are printed")
-        if self.batch_size < 1:
-            raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
-        _check_length(self.max_seq_length, allow_auto=True)
+    device: str = opt("auto", "where to run", choices=DEVICE_CHOICES)

@@ -74,3 +74,15 @@ def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return False
+
+
+def refuse_existing(flag: str, path: str | os.PathLike | None, overwrite: bool) -> None:
+    """An output file that exists is replaced only with ``--overwrite``, as every command treats its outputs
+    (``vocab`` and ``prepare`` as ``predict`` and ``evaluate``); a directory is no file to write. Call it before
+    the work, with ``refuse_clobbering``."""
+    if path is None or str(path) == "":
+        return
+    if os.path.isdir(path):
+        raise UserError(f"{flag} {path} is a directory: give the file to write")
+    if os.path.lexists(path) and not overwrite:
+        raise UserError(f"{flag} {path} already exists; pass --overwrite to replace it")

@@ -41,28 +41,28 @@ TINY_FINETUNE = ["--max-seq-length", "32", "--device", "cpu", "--precision", "fp
 
 
 # The modules that take most of the suite's time, heaviest first (the sums of their --durations=0 lines on a
-# fresh clone, 2026-11-28: the longest first is what balances two workers); the others follow in their own
-# order. pytest-xdist (--dist loadscope, pyproject.toml) hands out whole modules in this order, so that their
-# module-scoped runs are made once and the two workers finish close together. test_elastic leads: it waits on
-# torch's rendezvous more than it computes, and those waits overlap the other worker's heaviest module instead
-# of ending the suite.
+# fresh clone, 2026-11-28, less what issue 57 took off test_finetune, test_end_to_end, test_zh_wwm and test_bench,
+# 2026-12-02: the longest first is what balances two workers); the others follow in their own order. pytest-xdist
+# (--dist loadscope, pyproject.toml) hands out whole modules in this order, so that their module-scoped runs are
+# made once and the two workers finish close together. test_elastic leads: it waits on torch's rendezvous more
+# than it computes, and those waits overlap the other worker's heaviest module instead of ending the suite.
 HEAVY_FIRST = [
     "test_elastic.py",
     "test_resume.py",
     "test_communication.py",
     "test_finetune.py",
+    "test_gpu_script.py",
     "test_time_budget.py",
     "test_finetune_resume.py",
-    "test_gpu_script.py",
     "test_parallel.py",
-    "test_zh_wwm.py",
-    "test_pipeline.py",
-    "test_end_to_end.py",
-    "test_modernbert_parallel.py",
     "test_lora.py",
+    "test_pipeline.py",
+    "test_modernbert_parallel.py",
+    "test_zh_wwm.py",
     "test_cli_errors.py",
     "test_modernbert.py",
     "test_new_user.py",
+    "test_end_to_end.py",
     "test_bench.py",
     "test_packing.py",
     "test_metrics_and_warnings.py",

@@ -1,14 +1,19 @@
-"""The shape of the package, read from its source with ``ast`` (nothing is imported, nothing runs).
+"""The shape of the package, read from its source with ``ast`` (nothing is imported, nothing runs, but the tiny
+models whose module and parameter names the architecture checks look for: ``architecture_names``).
 
 Every import counts, those inside functions too: a module that imports another lazily still depends on it.
 Each module sits above or below every other, never both; a bertgpu package (``bertgpu.parallel``,
 ``bertgpu.data``, ``bertgpu.tasks``) counts as one module for that too, so a top-level module does not reach
 into a package that reaches back into it. A ``_name`` stays in its module. No command imports another command.
+Each architecture lives in its folder (``bertgpu/models/<arch>/``): no module outside it imports it (the registry
+aside, which imports its entry) or names its modules and parameters.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "bertgpu"
@@ -318,6 +323,194 @@ def f(cfg, config, model, d, cls):
     assert [line.split(" ", 1)[0] for line in found] == [f"bertgpu.somewhere:{n}" for n in (3, 4, 5, 6, 7, 8)], found
 
 
+# --- each architecture in its own folder (issue 57) -------------------------------------------------------------
+
+
+def folder_imports(imports: list[tuple[str, str, str | None, int, str | None]]) -> list[str]:
+    """Imports of a module of an architecture's folder from outside it: from another architecture's folder, or
+    from any other module but the registry, which imports each folder's package (its entry) and nothing deeper."""
+    found = []
+    for importer, imported, _, line, _ in imports:
+        arch = architecture_of(imported)
+        if arch is None or architecture_of(importer) == arch:
+            continue
+        if importer == REGISTRY and imported == f"bertgpu.models.{arch}":
+            continue
+        found.append(f"{importer}:{line} imports {imported}")
+    return found
+
+
+def test_no_module_outside_an_architectures_folder_imports_it():
+    """The rest of bertgpu reaches an architecture through the registry (``architectures.of(config)``, its entry)
+    and the model's declared interface (``interface.EncoderModel``), never by importing the folder's modules."""
+    assert any(importer == REGISTRY and imported == "bertgpu.models.bert" for importer, imported, *_ in IMPORTS)
+    found = folder_imports(IMPORTS)
+    assert not found, "imports of an architecture's folder from outside it:\n" + "\n".join(found)
+
+
+def test_the_folder_import_check_finds_each_kind():
+    imports = [
+        ("bertgpu.tasks.pretrain", "bertgpu.models.bert.model", "use_fused_qkv", 1, None),
+        ("bertgpu.models.modernbert.model", "bertgpu.models.bert.model", "init_weights", 2, None),
+        ("bertgpu.models.architectures", "bertgpu.models.bert.config", "BertConfig", 3, None),
+        ("bertgpu.parallel.wrap", "bertgpu.models.modernbert", None, 4, "modernbert"),
+        ("bertgpu.models.architectures", "bertgpu.models.modernbert", None, 5, "modernbert"),  # its entry: fine
+        ("bertgpu.models.bert.model", "bertgpu.models.bert.config", "BertConfig", 6, None),  # its own folder: fine
+        ("bertgpu.tasks.pretrain", "bertgpu.models.interface", "EncoderModel", 7, None),  # shared: fine
+    ]
+    assert [line.split(" ", 1)[0] for line in folder_imports(imports)] == [
+        "bertgpu.tasks.pretrain:1",
+        "bertgpu.models.modernbert.model:2",
+        "bertgpu.models.architectures:3",
+        "bertgpu.parallel.wrap:4",
+    ]
+
+
+@functools.cache
+def architecture_names() -> dict[str, set[str]]:
+    """Each architecture's module and parameter names (``bert.encoder.layer.0.attention.self.query``, ...), read
+    from its tiny pretraining and classification models (on the CPU: the meta device would import torch._dynamo,
+    3 s, where these take 1 s)."""
+    from bertgpu.models import architectures
+
+    names = {}
+    for arch in architectures.ARCHS:
+        config = architectures.preset(arch, "tiny", vocab_size=64)
+        models = [architectures.pretraining_model(config), architectures.classification_model(config)]
+        names[arch] = {n for m in models for n, _ in (*m.named_modules(), *m.named_parameters()) if n}
+    return names
+
+
+def _runs(names: dict[str, set[str]]) -> tuple[dict[tuple[str, ...], str], set[str]]:
+    """(every contiguous run of two or more components of a name -> its architecture, the generic components).
+
+    Generic: a digit (a layer's index), or a component that every architecture's names share (weight, bias,
+    dense, embeddings, decoder, classifier today): such a name says nothing of which architecture a model is, and
+    code that serves all of them may write it (``".weight"``, lora.py's head ``"classifier"``). Every other
+    component is one architecture's own (``layer`` is BERT's, ``layers`` ModernBERT's; ``encoder``, ``model``:
+    where each holds its encoder), so a third architecture without, say, a ``decoder`` makes that one specific."""
+    components = [{c for name in arch_names for c in name.split(".")} for arch_names in names.values()]
+    generic = set.intersection(*components) | {str(i) for i in range(100)}
+    runs = {}
+    for arch, arch_names in names.items():
+        for name in arch_names:
+            parts = tuple(name.split("."))
+            for i in range(len(parts)):
+                for j in range(i + 2, len(parts) + 1):
+                    if any(p not in generic for p in parts[i:j]):
+                        runs.setdefault(parts[i:j], arch)
+    return runs, generic
+
+
+def _distinctive(names: dict[str, set[str]], generic: set[str]) -> dict[str, str]:
+    """The single components that are one architecture's coinage -> its architecture: those with a capital or an
+    underscore (``Wqkv``, ``Wi``, ``LayerNorm``, ``seq_relationship``, ``tok_embeddings``). A plain lowercase word
+    (``bert``, ``model``, ``pooler``, ``query``, ``head``) is also an everyday identifier and value elsewhere
+    (--pooling pooler, --lora-targets query,value, a "model" key): alone it names nothing; in a dotted run it does."""
+    found = {}
+    for arch, arch_names in names.items():
+        for c in (c for name in arch_names for c in name.split(".")):
+            if c not in generic and not (c.isalpha() and c.islower()):
+                found.setdefault(c, arch)
+    return found
+
+
+_WORDS = re.compile(r"[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*")
+
+
+def _named(parts: list[str], runs: dict[tuple[str, ...], str]) -> str | None:
+    """The architecture whose module or parameter path ``parts`` (components, in order) contains, or None."""
+    for i in range(len(parts)):
+        for j in range(len(parts), i + 1, -1):
+            if tuple(parts[i:j]) in runs:
+                return runs[tuple(parts[i:j])]
+    return None
+
+
+def architecture_paths(trees: dict[str, ast.AST], names: dict[str, set[str]]) -> list[str]:
+    """Where a module outside the architectures' folders names an architecture's modules or parameters: a string
+    literal holding a dotted run of a name's components (``"bert.encoder."``, ``"cls.seq_relationship"``, an
+    f-string's ``".attn.Wqkv"``, the words of a message) or one of its distinctive components (``"Wqkv"``), or an
+    attribute chain that does (``model.bert.pooler``, ``layer.attn.Wqkv``; a chain from an imported module, such
+    as ``nn.LayerNorm``, is that module's). Docstrings and comments may name them. Sorted by module and line."""
+    runs, generic = _runs(names)
+    distinctive = _distinctive(names, generic)
+    found = []
+    for module, tree in trees.items():
+        if architecture_of(module):
+            continue
+        docstrings = {
+            id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+        }
+        inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        imported = {
+            (alias.asname or alias.name).split(".")[0]
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Import | ast.ImportFrom)
+            for alias in n.names
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                # a distinctive component as the whole string: "Wqkv", an f-string's ".Wqkv"; in prose it is the
+                # word (--weight-decay's help: "not on biases and LayerNorm")
+                if arch := distinctive.get(node.value.strip(".")):
+                    found.append((module, node.lineno, f"names {arch}'s {node.value!r}"))
+                for word in _WORDS.findall(node.value):
+                    if arch := _named(word.split("."), runs):
+                        found.append((module, node.lineno, f"names {arch}'s {word!r}"))
+            elif isinstance(node, ast.Attribute) and id(node) not in inner:
+                chain, base = [], node
+                while isinstance(base, ast.Attribute):
+                    chain.insert(0, base.attr)
+                    base = base.value
+                if isinstance(base, ast.Name) and base.id in imported:
+                    continue
+                arch = _named(chain, runs) or next((distinctive[a] for a in chain if a in distinctive), None)
+                if arch:
+                    found.append((module, node.lineno, f"names {arch}'s {'.'.join(chain)}"))
+    return [f"{module}:{line} {what}" for module, line, what in sorted(found)]
+
+
+def test_no_module_outside_an_architectures_folder_names_its_modules_or_parameters():
+    """Which modules and parameters a model has is its architecture's to say: the rest of bertgpu asks the model
+    (``interface.EncoderModel``: ``mlm_head_prefixes``, ``nsp_head_prefixes``, ``vocab_rows``,
+    ``encoder_layers()``, ``use_next_sentence()``, ...) or the registry's entry (``tp_plan``, ``lora_targets``)."""
+    names = architecture_names()
+    assert set(names) == _registry_names()
+    assert {"bert.encoder.layer.0.attention.self.query.weight", "cls.seq_relationship"} <= names["bert"]
+    assert {"model.layers.0.attn.Wqkv.weight", "head.dense"} <= names["modernbert"]
+    found = architecture_paths(TREES, names)
+    assert not found, "an architecture's module or parameter names outside its folder:\n" + "\n".join(found)
+
+
+def test_the_path_check_finds_each_kind():
+    """Each kind of naming that test above refuses is found, in a module of its own; generic names, docstrings
+    and a library's attributes are not."""
+    source = '''
+"""A docstring may say cls.seq_relationship and Wqkv."""
+import torch
+from torch import nn
+def f(model, name, missing, layer):
+    """So may a function's: model.bert.pooler."""
+    a = any(n.startswith("cls.seq_relationship") for n in missing)
+    b = name.startswith("bert.encoder.")
+    c = f"{name}.attn.Wqkv.weight"
+    d = model.bert.pooler
+    e = "Wqkv"
+    g = model.cls.seq_relationship.weight.grad
+    h = "no masked-LM head (cls.predictions.*): fill-mask needs one"
+    i = layer.mlp.Wi
+    j = name.endswith(("x.model.layers", "LayerNorm"))
+    k = self.Wqkv
+    ok = ("classifier.weight", ".weight", "layer", "model.safetensors", "bertgpu.models.bert.model", "query")
+    ok = (nn.LayerNorm, torch.nn.attention, model.encoder_layers(), model.config.hidden_size, "e.g. 1.5", "pooler")
+    ok = "weight decay, not on biases and LayerNorm"
+'''
+    found = architecture_paths({"bertgpu.somewhere": ast.parse(source)}, architecture_names())
+    lines = [line.split(" ", 1)[0] for line in found]
+    assert lines == [f"bertgpu.somewhere:{n}" for n in (7, 8, 9, 10, 11, 12, 13, 14, 15, 15, 16)], found
+
+
 def test_the_training_loops_read_as_the_algorithm():
     """pretrain's and finetune's train() read at once (issue 39): a builder makes the run's parts, then the loop;
     the loop asks the run's parts and writes none of their fields (``run.X = ...``), and no class is over 250
@@ -368,3 +561,75 @@ def test_the_parts_of_a_run_are_built_whole():
                                 elif t.attr not in made:
                                     added.append(f"{name}.{cls.name}.{method.name}:{node.lineno} sets self.{t.attr}")
             assert not added, "\n".join(added)
+
+
+# --- each command's run built whole from its config sections (issue 57) ---------------------------------------
+
+MAX_PARAMETERS = 8
+
+
+def long_signatures(trees: dict[str, ast.AST]) -> list[str]:
+    """Every function or method of more than ``MAX_PARAMETERS`` parameters: self and cls not counted, keyword-only
+    ones counted, ``*args`` and ``**kwargs`` one each."""
+    found = []
+    for module, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                count = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+                count -= bool((a.posonlyargs or a.args) and (a.posonlyargs or a.args)[0].arg in ("self", "cls"))
+                if count > MAX_PARAMETERS:
+                    found.append(f"{module}:{node.lineno} {node.name} takes {count} parameters")
+    return found
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    """What travels together goes as one object, not threaded by hand: a config section, a small dataclass
+    (``SpreadOptions``, ``checkpoint.ModelFiles``, ``checkpoint.Snapshot``, ``model_card.RunFacts``,
+    ``launch.Elastic``), a command's ``common.Task``."""
+    found = long_signatures(TREES)
+    assert not found, f"more than {MAX_PARAMETERS} parameters:\n" + "\n".join(found)
+
+
+def test_the_signature_check_counts_each_kind():
+    source = """
+def nine(a, b, c, d, e, f, g, h, i): ...
+def eight(a, b, c, d, e, f, g, *, h): ...
+def stars(a, b, c, d, e, f, g, *args, **kwargs): ...
+async def waits(a, b, c, d, e, f, g, h, /, i): ...
+class C:
+    def method(self, a, b, c, d, e, f, g, h): ...
+    def more(self, a, b, c, d, e, f, g, *, h, i): ...
+    @classmethod
+    def made(cls, a, b, c, d, e, f, g, h): ...
+"""
+    found = long_signatures({"bertgpu.somewhere": ast.parse(source)})
+    assert [line.split(" ")[1] for line in found] == ["nine", "stars", "waits", "more"], found
+
+
+def test_a_run_is_built_from_its_task_and_each_train_step_shows_its_optimizer_step():
+    """``build_run`` is given the session and the command's task, made whole from the config: no callable is
+    threaded in (no lambda among its arguments); and each loop's ``train_step`` reads as nanoGPT's and
+    torchtitan's: forward and backward, then clip, the optimizer step, zero, the schedule, in that order."""
+    calls = [
+        node
+        for tree in TREES.values()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "build_run"
+    ]
+    assert len(calls) >= 2
+    for call in calls:
+        given = [*call.args, *(k.value for k in call.keywords)]
+        assert not any(isinstance(n, ast.Lambda) for arg in given for n in ast.walk(arg)), ast.unparse(call)
+    wanted = ["opt.clip_grad_norm", "opt.step", "opt.zero_grad", "opt.schedule.step"]
+    for name in ("bertgpu.tasks.pretrain", "bertgpu.tasks.finetune"):
+        step = next(n for n in TREES[name].body if isinstance(n, ast.FunctionDef) and n.name == "train_step")
+        called = [
+            ast.unparse(n.func)
+            for statement in step.body
+            for n in ast.walk(statement)
+            if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+        ]
+        assert [c for c in called if c in wanted] == wanted, f"{name}.train_step calls {called}"
+        before = called[: called.index(wanted[0])]
+        assert any("forward_backward" in c for c in before), f"{name}.train_step: no forward and backward first"

@@ -34,10 +34,8 @@ def test_only_a_due_save_gathers_the_state_and_writes(tmp_path, small_uncased_vo
     model = BertForPreTraining(config)
     optimizer = torch.optim.AdamW(model.parameters())
     saver = checkpoint.Checkpointer(tmp_path, RunConfig(save_every=2, keep=1))
-    saver.set_contents(
-        model, optimizer, config, PretrainConfig(model="tiny", out=str(tmp_path)), vocab_path=small_uncased_vocab,
-        do_lower_case=True,
-    )  # fmt: skip
+    files = checkpoint.ModelFiles(config, small_uncased_vocab, do_lower_case=True)
+    saver.set_contents(model, optimizer, files, PretrainConfig(model="tiny", out=str(tmp_path)))
     asked = []
 
     def state():

@@ -15,11 +15,12 @@ import pytest
 from conftest import run_cli, run_in_process, sentiment_reviews
 from test_cli_errors import assert_one_line_error_in_process
 
-from bertgpu.config import FinetuneConfig, finetune_lr
+from bertgpu.config import FinetuneConfig
 from bertgpu.data.tokenizer import load_vocab
 from bertgpu.models.bert.config import BertConfig
 from bertgpu.models.modernbert.config import ModernBertConfig
 from bertgpu.tasks.classifier import Classifier
+from bertgpu.training.batch import finetune_lr
 
 TINY = ["--max-seq-length", "32", "--batch-size", "16", "--device", "cpu", "--log-every", "5"]
 
@@ -150,7 +151,7 @@ def test_evaluate_reads_the_columns_from_the_classifier_and_prints_json(from_pre
     printed = json.loads(proc.stdout)  # stdout is the JSON object alone
     assert printed == json.loads(result.read_text()) and printed["examples"] == 80
     assert 0 <= printed["accuracy"] <= 1 and printed["labels"] == ["negative", "positive"]
-    proc = run_cli("evaluate", "--model", out, "--data", reviews["test"], "--output", result)
+    proc = run_cli("evaluate", "--model", out, "--data", reviews["test"], "--output", result, "--overwrite")
     assert "80 examples | loss" in proc.stdout
 
 

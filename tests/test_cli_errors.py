@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -92,6 +93,20 @@ def test_bad_flags(tmp_path, english_data, capsys):
         assert_one_line_error_in_process(args, needle)
     args = ["pretrain", "--data", tmp_path / "nodata", "--model", "tiny", "--out", tmp_path / "r"]
     assert_one_line_error_in_process(args, "nodata", "bertgpu prepare")
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune", "evaluate"])
+def test_nproc_below_zero_is_named_as_such(tmp_path, command, capsys):
+    """`--nproc -1` was "--pp 1 x --tp 1 needs at least 1 processes, the run has -1": flags never given."""
+    out = tmp_path / "run"
+    args = {
+        "pretrain": ["--data", tmp_path / "data", "--model", "tiny", "--out", out],
+        "finetune": ["--model", "tiny", "--train", tmp_path / "t.csv", "--out", out],
+        "evaluate": ["--model", tmp_path / "clf", "--data", tmp_path / "t.csv", "--output", out],
+    }[command]
+    err = in_process_error(command, *args, "--nproc", "-1")
+    assert err == "bertgpu: error: --nproc must be at least 1, got -1 (or 0: one per GPU, or 1 on CPU)", err
+    assert not out.exists()
 
 
 @pytest.mark.parametrize(
@@ -362,6 +377,23 @@ def test_truncated_checkpoint_file(tmp_path, english_data, two_step_run, damaged
     )
     if damaged == "model.safetensors":
         assert_one_line_error(proc, str(path))
+        assert not (tmp_path / "other").exists()  # refused before the run made its --out
+
+
+def test_a_damaged_model_leaves_no_out_directory(tmp_path, tiny_classifier_setup, capsys):
+    """`finetune` from a truncated model.safetensors left an empty --out behind its one line, which the next start
+    then refused without --overwrite; a --out that was there before stays."""
+    model, reviews = tiny_classifier_setup
+    damaged = shutil.copytree(model, tmp_path / "damaged")
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    out = tmp_path / "run"
+    args = ["finetune", "--model", damaged, "--train", reviews, "--text-column", "review", "--out", out]
+    assert_one_line_error_in_process([*args, "--device", "cpu"], f"{weights}: cannot read safetensors weights")
+    assert not out.exists()
+    out.mkdir()
+    assert_one_line_error_in_process([*args, "--device", "cpu"], f"{weights}: cannot read safetensors weights")
+    assert out.is_dir()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -621,6 +653,39 @@ def test_config_file_values_as_a_command_line_gives_them(tmp_path):
         assert read_config_file(str(saved), command, cls), command
 
 
+def test_config_file_keys_may_be_the_negated_flags(tmp_path, english_data, capsys):
+    """The docs call keys flag names, and `no-nsp: true` was "'no-nsp' is not a field": a --no-X flag's name is a
+    key meaning X: false; a key near no field names the nearest one."""
+    from bertgpu.cli import COMMANDS, read_config_file
+    from bertgpu.errors import UserError
+
+    def read(text: str, command: str = "pretrain") -> dict:
+        config = tmp_path / "run.yaml"
+        config.write_text(text)
+        return read_config_file(str(config), command, COMMANDS[command][0])
+
+    assert read("no-nsp: true\nno_fused_qkv: true\nrun:\n  no-cuda-graphs: false\n") == {
+        "nsp": False,
+        "fused_qkv": False,
+        "cuda_graphs": True,
+    }
+    assert read("no-cased: true\n", "prepare") == {"cased": False}  # an optional bool's --no-cased
+    assert read("no-group-by-length: true\n", "finetune") == {"group_by_length": False}
+    for text, needle in [
+        ("nsp: true\nno-nsp: true\n", "run.yaml: nsp and no-nsp contradict each other: give one"),
+        ("no-nsp: 1\n", "run.yaml: no-nsp: 1 is not true or false"),
+        ("no-wwm: true\n", "'no-wwm' is not a field of `bertgpu pretrain` (did you mean wwm: false?)"),
+        ("eval-fractoin: 0.1\n", "(did you mean eval-fraction?)"),
+    ]:
+        with pytest.raises(UserError, match=re.escape(needle)):
+            read(text)
+    # On the command line's way: the file's no-nsp: false is the field's nsp: true, which --pack refuses.
+    config = tmp_path / "pack.yaml"
+    config.write_text(f"data: {english_data}\nmodel: tiny\npack: true\nno-nsp: false\n")
+    err = in_process_error("pretrain", "--config", config, "--out", tmp_path / "run")
+    assert "pack.yaml: pack needs --no-nsp" in err and not (tmp_path / "run").exists(), err
+
+
 def test_an_unknown_preset_is_named_with_the_presets(
     tmp_path, english_data, tiny_classifier_setup, uncased_vocab, capsys
 ):
@@ -636,6 +701,26 @@ def test_an_unknown_preset_is_named_with_the_presets(
     assert_one_line_error_in_process(args, "--model bsae: no such preset, file or directory", presets, "mean base?")
     args = ["bench", "--model", "minii"]
     assert_one_line_error_in_process(args, "--model: invalid choice: 'minii' (did you mean mini?)", "tiny, mini,")
+    assert not out.exists()
+
+
+def test_a_hub_name_is_answered_with_how_to_download_it(tmp_path, english_data, tiny_classifier_setup, capsys):
+    """`--model bert-base-uncased` said "no such preset or directory" and no more: nothing downloads at run time,
+    but the hub's own tools put the model on the disk, and the line says how (a preset's typo gets no such hint)."""
+    _, train = tiny_classifier_setup
+    out = tmp_path / "out"
+    download = "`huggingface-cli download bert-base-uncased --local-dir bert-base-uncased` (or `hf download`"
+    for args in (
+        ["finetune", "--model", "bert-base-uncased", "--train", train, "--text-column", "review", "--out", out],
+        ["pretrain", "--data", english_data, "--model", "bert-base-uncased", "--out", out],
+    ):
+        err = assert_one_line_error_in_process(args, "--model bert-base-uncased: no such preset", download)
+        assert err.endswith("then --model bert-base-uncased/"), err
+    args = ["predict", "--model", "answerdotai/ModernBERT-base", "a text"]
+    download = "`huggingface-cli download answerdotai/ModernBERT-base --local-dir ModernBERT-base`"
+    assert_one_line_error_in_process(args, "no such directory", download, "then --model ModernBERT-base/")
+    args = ["finetune", "--model", "minii", "--train", train, "--out", out]
+    assert "download" not in assert_one_line_error_in_process(args, "no such preset")
     assert not out.exists()
 
 
@@ -761,3 +846,24 @@ def test_a_percent_in_a_flags_help_or_default_is_text():
     add_config_arguments(parser, Fields)
     text = " ".join(parser.format_help().split())
     assert "the share of the data (20% is a lot) (default: 5%)" in text
+
+
+def test_a_config_built_in_python_is_checked_as_the_flags_are(tmp_path):
+    """The flags' checks are no dataclass's __post_init__ (bertgpu/tasks/checks.py): bertgpu.pretrain and
+    bertgpu.finetune still refuse a bad value, in the flag's words, before anything is read or written, and take
+    --batch-size as one number per rank from Python too."""
+    import bertgpu
+    from bertgpu.config import DataConfig, FinetuneConfig, PretrainConfig
+    from bertgpu.errors import UserError
+    from bertgpu.tasks.checks import check_pretrain_flags
+
+    out, data = tmp_path / "run", DataConfig(data=str(tmp_path / "nodata"))
+    with pytest.raises(UserError, match=r"^--pack needs --no-nsp"):
+        bertgpu.pretrain(PretrainConfig(model="tiny", out=str(out), data=DataConfig(data=data.data, pack=True)))
+    with pytest.raises(UserError, match=r"^--batch-size must be at least 1, got 4,0$"):
+        bertgpu.pretrain(PretrainConfig(model="tiny", out=str(out), data=data, batch_size="4,0"))
+    with pytest.raises(UserError, match=r"^--epochs must be at least 1, got 0$"):
+        bertgpu.finetune(FinetuneConfig(model="tiny", train=str(tmp_path / "t.csv"), out=str(out), epochs=0))
+    assert not out.exists()
+    checked = check_pretrain_flags(PretrainConfig(model="tiny", out=str(out), data=data, batch_size="4,2"))
+    assert checked.run.batch_size == (4, 2)

@@ -148,7 +148,7 @@ def test_balance_auto_moves_work_to_the_faster_process_and_keeps_the_union_batch
 
 
 def test_lr_scaling_follows_the_formula(tmp_path, small_english_data):
-    from bertgpu.config import scaled_lr
+    from bertgpu.training.batch import scaled_lr
 
     assert scaled_lr(1e-4, 512, "linear", 256) == pytest.approx(2e-4)
     assert scaled_lr(1e-4, 64, "sqrt", 256) == pytest.approx(0.5e-4)

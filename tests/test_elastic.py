@@ -21,7 +21,10 @@ from pathlib import Path
 import pytest
 from conftest import EXACT, ROOT, TINY_RUN, run_cli
 from procs import live_records
+from slowing import slowed
 from test_communication import free_port, weights, worst_difference
+
+from bertgpu.models.bert.model import BertForPreTraining
 
 STEPS = 20
 RUN = [
@@ -175,25 +178,24 @@ def test_a_run_directory_that_is_not_shared_is_refused(tmp_path, small_english_d
     assert "Traceback" not in text
 
 
-def test_save_every_minutes_checkpoints_on_time(tmp_path, small_english_data):
+def test_save_every_minutes_checkpoints_on_time(tmp_path, small_english_data, monkeypatch):
     """Slow steps (0.4 s each) and a checkpoint every 0.02 minutes: checkpoints at steps that --save-every
-    (1000) would never write; written in the background (--async-save), each complete."""
+    (1000) would never write; written in the background (--async-save), each complete. One process, which trains
+    in the test process (its forward passes slowed here, as tests/slow_rank.py slows a command line's)."""
+    monkeypatch.setattr(BertForPreTraining, "forward", slowed(BertForPreTraining.forward))
     out = tmp_path / "run"
-    args = [*RUN[: RUN.index("--steps")], "--steps", "6", *RUN[RUN.index("--steps") + 2 :]]
+    # 8 slow steps (~3.2 s): two checkpoints on the clock (~1.2 s apart) before the last step's, with a step to spare
+    args = [*RUN[: RUN.index("--steps")], "--steps", "8", *RUN[RUN.index("--steps") + 2 :]]
     args[args.index("--save-every") + 1] = "1000"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "slow_rank.py"), "pretrain", "--data", str(small_english_data)]
-        + ["--out", str(out), *args, "--save-every-minutes", "0.02", "--keep", "0", "--async-save"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", "SLOW_RANK": "any", "SLOW_SECONDS": "0.05"},
-        timeout=600,
-    )
+    proc = run_cli(
+        "pretrain", "--data", small_english_data, "--out", out, *args, "--nproc", "1",
+        "--save-every-minutes", "0.02", "--keep", "0", "--async-save",
+        env={"SLOW_RANK": "any", "SLOW_SECONDS": "0.05"}, check=False,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").iterdir())
-    assert len([s for s in steps if s < 6]) >= 2, steps  # on time, before the end
-    assert 6 in steps and "Traceback" not in proc.stderr and "warning" not in proc.stderr, proc.stderr
+    assert len([s for s in steps if s < 8]) >= 2, steps  # on time, before the end
+    assert 8 in steps and "Traceback" not in proc.stderr and "warning" not in proc.stderr, proc.stderr
     for step in steps:  # every one complete: weights and optimizer shards
         assert (out / "checkpoints" / f"step-{step:07d}" / "optimizer" / ".metadata").is_file()
         weights(out, step)
@@ -231,8 +233,9 @@ model = BertForPreTraining(BertConfig.preset("tiny", vocab_size=30522))
 cfg = PretrainConfig(model="tiny", out=str(run))
 optimizer = torch.optim.AdamW(model.parameters())
 saver = checkpoint.BackgroundSaver()
-save = lambda step: checkpoint.save_checkpoint(run, step, model, optimizer, model.config, {"position": {}}, cfg,
-                                               vocab_path=vocab, do_lower_case=True, keep=3, saver=saver)
+files = checkpoint.ModelFiles(model.config, vocab, do_lower_case=True)
+save = lambda step: checkpoint.save_checkpoint(run, step, model, optimizer, files,
+                                               checkpoint.Snapshot({"position": {}}, config=cfg), keep=3, saver=saver)
 weight = model.bert.embeddings.word_embeddings.weight
 with torch.no_grad():
     weight.fill_(1.0)

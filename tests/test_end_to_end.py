@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
-from conftest import ROOT, TINY_RUN, run_cli
+from conftest import run_cli
 
 
 def read_log(run_dir: Path) -> list[dict]:
@@ -79,39 +76,4 @@ def test_vocab_prepare_pretrain_with_two_processes(tmp_path, english_corpus):
     torch.testing.assert_close(nsp, ref.seq_relationship_logits, atol=1e-5, rtol=0)
 
 
-def test_same_command_under_torchrun(tmp_path, small_english_data):
-    run = tmp_path / "run"
-    torchrun = Path(sys.executable).with_name("torchrun")
-    proc = subprocess.run(
-        [
-            str(torchrun),
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "-m",
-            "bertgpu",
-            "pretrain",
-            "--data",
-            str(small_english_data),
-            "--out",
-            str(run),
-            *TINY_RUN,
-            "--steps",
-            "6",
-            "--batch-size",
-            "4",
-            "--log-every",
-            "3",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "2 processes = dp 2, ddp" in proc.stdout and "global batch 8" in proc.stdout
-    # rank 0 alone prints: one start line and one closing summary
-    assert proc.stdout.count("bertgpu pretrain:") == 2 and proc.stdout.count("bertgpu pretrain: done") == 1
-    assert (run / "checkpoints" / "step-0000006" / "model.safetensors").exists()
-    assert [r["step"] for r in read_log(run)] == [3, 6]
+# The same command under torchrun: tests/test_resume.py's torchrun test, whose run checks what one would here.

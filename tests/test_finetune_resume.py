@@ -20,16 +20,17 @@ from conftest import TINY_FINETUNE, run_cli, sentiment_reviews, write_tiny_bert
 from procs import assert_bitwise_equal, kill_torchrun_worker, start, wait_for_step
 from safetensors.torch import load_file
 
-# 360 training reviews / global batch 16 = 23 steps per epoch, 46 in all; resumable every 5 steps.
+# 180 training reviews / global batch 16 = 12 steps per epoch, 24 in all; resumable every 5 steps and at each epoch's
+# end. (Two epochs, so that a resume can start in either; not more steps: each run saves a checkpoint every 5.)
 ARGS = [*TINY_FINETUNE, "--epochs", "2", "--batch-size", "8", "--lr", "1e-3", "--log-every", "1", "--save-every", "5"]
-STEPS = 46
+STEPS = 24
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory, small_uncased_vocab) -> tuple[Path, Path]:
-    """(a random tiny BERT directory, 400 real labelled reviews)."""
+    """(a random tiny BERT directory, 200 real labelled reviews)."""
     root = tmp_path_factory.mktemp("finetune-resume")
-    _, reviews = sentiment_reviews(root, test_per_class=200, train_per_class=10, seed=0)
+    _, reviews = sentiment_reviews(root, test_per_class=100, train_per_class=10, seed=0)
     return write_tiny_bert(root / "tiny", small_uncased_vocab), reviews
 
 
@@ -115,7 +116,7 @@ def test_sigterm_checkpoints_the_step_and_resume_completes_identically(tmp_path,
 def test_torchrun_restarts_a_killed_worker_and_the_run_completes_identically(tmp_path, setup, uninterrupted):
     out = tmp_path / "run"
     proc = start(command(setup, out), torchrun=True)
-    wait_for_step(out, 27, proc)  # into the second epoch, past the first evaluation
+    wait_for_step(out, 15, proc)  # into the second epoch, past the first evaluation
     kill_torchrun_worker(proc)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]

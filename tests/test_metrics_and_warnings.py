@@ -127,7 +127,9 @@ def test_the_memory_estimate_is_of_the_measured_order_and_warns_for_a_huge_batch
     per_sequence = memory.activation_bytes(config, 1, 128, "fp32", "cpu", prediction_slots=20) / 2**20
     assert 11.8 / 1.3 < per_sequence < 11.8 * 1.3
     assert memory.activation_bytes(config, 1, 128, "bf16", "cuda", prediction_slots=20) / 2**20 < per_sequence
-    checkpointed = memory.activation_bytes(config, 1, 128, "fp32", "cpu", activation_checkpointing=True)
+    checkpointed = memory.activation_bytes(
+        config, 1, 128, "fp32", "cpu", split=memory.Split(activation_checkpointing=True)
+    )
     assert checkpointed < memory.activation_bytes(config, 1, 128, "fp32", "cpu")
     state = memory.state_bytes(BertForPreTraining(config))
     assert state == sum(p.numel() for p in BertForPreTraining(config).parameters()) * 16
@@ -151,21 +153,32 @@ def reviews(tmp_path_factory) -> Path:
 TINY_PRETRAIN = ["--model", "tiny", "--device", "cpu", "--loader-workers", "0", "--steps", "1"]
 
 
-def test_a_batch_the_memory_cannot_hold_is_warned_of_before_the_first_step(
+def test_a_batch_the_memory_cannot_hold_is_refused_before_the_first_step(
     tmp_path, monkeypatch, small_english_data, reviews, small_uncased_vocab
 ):
-    """The warning is wired into both training commands (the machine's free memory made 100 MiB, the
-    run itself is a normal one); with the real free memory the default batch gives no such warning."""
+    """The check is wired into both training commands (the machine's free memory made 100 MiB, the run itself is
+    a normal one): refused in one line with the estimate and what is free, leaving no --out (a batch estimated at
+    57 GiB with 19 GiB free was warned about and started anyway, and the machine swapped); started with a warning
+    under --ignore-memory-estimate. With the real free memory the default batch is neither."""
     from bertgpu.training import memory
 
     run = run_cli("pretrain", "--data", small_english_data, "--out", tmp_path / "fits", *TINY_PRETRAIN)
     assert not warning_lines(run.stderr, "needs about"), run.stderr
     monkeypatch.setattr(memory, "available_bytes", lambda device: 100 * 2**20)
-    run = run_cli("pretrain", "--data", small_english_data, "--out", tmp_path / "pretrain", *TINY_PRETRAIN)
+    out = tmp_path / "pretrain"
+    run = run_cli("pretrain", "--data", small_english_data, "--out", out, *TINY_PRETRAIN, check=False)
+    assert run.returncode == 2 and run.stderr.count("\n") == 1 and not out.exists(), run.stderr
+    assert run.stderr.startswith("bertgpu: error: a batch of 32 x 128 tokens per process on cpu needs about ")
+    assert "only 0.1 GiB is free" in run.stderr and "; --ignore-memory-estimate starts it anyway" in run.stderr
+    run = run_cli("pretrain", "--data", small_english_data, "--out", out, *TINY_PRETRAIN, "--ignore-memory-estimate")
     (line,) = warning_lines(run.stderr, "needs about")
     assert "a batch of 32 x 128 tokens per process on cpu needs about" in line and "only 0.1 GiB is free" in line
+    assert line.endswith("(started anyway: --ignore-memory-estimate)") and (out / "checkpoints").is_dir()
     finetune = ["finetune", "--model", "tiny", "--vocab", small_uncased_vocab, "--train", reviews, "--epochs", "1"]
-    run = run_cli(*finetune, "--out", tmp_path / "finetune", "--device", "cpu", "--batch-size", "40")
+    batch_40 = ["--out", tmp_path / "finetune", "--device", "cpu", "--batch-size", "40"]
+    run = run_cli(*finetune, *batch_40, check=False)
+    assert run.returncode == 2 and "--ignore-memory-estimate starts it anyway" in run.stderr, run.stderr
+    run = run_cli(*finetune, *batch_40, "--ignore-memory-estimate")
     (line,) = warning_lines(run.stderr, "needs about")
     assert re.search(r"a batch of 40 x \d+ tokens per process on cpu", line), line
     # A batch is no larger than the training set and no longer than its longest example (dynamic padding):
@@ -262,7 +275,8 @@ def test_evaluate_on_prepared_data_says_what_the_data_is_to_the_run(tmp_path, sm
 
     def evaluate(model: Path, data: Path) -> tuple[dict, str, str]:
         output = tmp_path / "metrics.json"
-        proc = run_cli("evaluate", "--model", model, "--data", data, "--eval-instances", "40", "--output", output)
+        args = ["--eval-instances", "40", "--output", output, "--overwrite"]  # the same file each time
+        proc = run_cli("evaluate", "--model", model, "--data", data, *args)
         return json.loads(output.read_text()), proc.stdout, proc.stderr
 
     result, stdout, stderr = evaluate(fraction, small_english_data)

@@ -2,7 +2,7 @@
 tests/test_parallel.py proves for BERT): DDP, FSDP, unequal batches with activation checkpointing, tensor
 parallel (alone, with DDP and with FSDP), pipeline stages (alone and with FSDP) and the 3D layout pp x dp x tp
 with FSDP; 1e-6 after 3 AdamW steps (3D 2e-6), fp32, dropout 0. Sequences of 256 tokens, so that local and
-global layers attend differently. Tensor parallel uses ModernBERT's own plan (parallel/modernbert_tp.py: each
+global layers attend differently. Tensor parallel uses ModernBERT's own plan (parallel/fused_tp.py: each
 process's rows of the fused Wqkv and Wi are the matching q/k/v and input/gate slices); a wrong slicing would
 attend with other heads and fail the parity. Under FSDP those weights are sharded by columns: FSDP's default
 (rows) trains right but gathers the checkpoint's Wqkv/Wi in the wrong order, 0.0785 off (measured)."""

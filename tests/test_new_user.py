@@ -172,6 +172,19 @@ def test_outputs_never_overwrite_their_inputs(tmp_path, classifier, capsys):
     run_cli("predict", "--model", model, "--input", data, "--output", out)
     assert out.read_text().splitlines()[0] == "label,text,prediction,probability"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+    # An existing --output is replaced only with --overwrite, as vocab's and prepare's outputs (issue 60).
+    out.write_text("kept\n")
+    args = ["predict", "--model", model, "--input", data, "--output", out]
+    assert_one_line_error_in_process(args, f"--output {out} already exists; pass --overwrite to replace it")
+    metrics = tmp_path / "metrics.json"
+    metrics.write_text("kept\n")
+    args = ["evaluate", "--model", model, "--data", data, "--output", metrics]
+    assert_one_line_error_in_process(args, f"--output {metrics} already exists; pass --overwrite")
+    assert out.read_text() == metrics.read_text() == "kept\n"
+    run_cli("predict", "--model", model, "--input", data, "--output", out, "--overwrite")
+    run_cli("evaluate", "--model", model, "--data", data, "--output", metrics, "--overwrite")
+    assert out.read_text().splitlines()[0] == "label,text,prediction,probability"
+    assert json.loads(metrics.read_text())["examples"] == 2
 
 
 def test_eval_split_zero_is_an_error(tmp_path, classifier, capsys):
@@ -280,6 +293,45 @@ def pretrained(tmp_path_factory, small_english_data):
     run = tmp_path_factory.mktemp("pretrained") / "run"
     proc = run_cli("pretrain", "--data", small_english_data, "--out", run, "--steps", "4", *RUN, "--log-every", "2")
     return run, proc
+
+
+def test_resume_on_other_data_is_refused_naming_both(tmp_path, pretrained, small_english_data, english_corpus, capsys):
+    """`pretrain --resume` with another --data trained on it without a word (`finetune --resume` refuses): its
+    position and held-out documents mean nothing there. The same shards elsewhere (a copy) are the same data."""
+    from bertgpu.data.shard_writer import prepare
+
+    run = tmp_path / "run"
+    shutil.copytree(pretrained[0], run)
+    half = tmp_path / "half.txt"
+    lines = english_corpus.read_text(encoding="utf-8").splitlines()
+    half.write_text("\n".join(lines[: len(lines) // 2]) + "\n", encoding="utf-8")
+    other = tmp_path / "other-data"
+    prepare([str(half)], str(small_english_data / "vocab.txt"), str(other), workers=1, progress=False)
+    args = ["pretrain", "--out", run, "--resume", "--steps", "4", *RUN]
+    err = assert_one_line_error_in_process(
+        [*args, "--data", other],
+        f"cannot resume from {run / 'checkpoints' / 'step-0000004'}: it was trained on --data {small_english_data}, "
+        f"now --data {other}; resume with the same data, or start afresh with --overwrite",
+    )
+    assert "prepared again" not in err
+    copy = shutil.copytree(small_english_data, tmp_path / "copy")  # moved or copied: the same shards
+    proc = run_cli(*args, "--data", copy)
+    assert f"the run in {run} is finished" in proc.stdout
+
+
+def test_the_readme_says_what_the_demos_pretraining_does():
+    """README said the demo's pretraining "leaves the model on the unigram plateau (its last evaluation says so)",
+    but the demo evaluates nothing during pretraining: what README says of it is what scripts/demo.sh runs."""
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    demo = (ROOT / "scripts" / "demo.sh").read_text(encoding="utf-8")
+    said = readme[readme.index("Its pretraining (") :].split("\n\n")[0]
+    pretrain = re.search(r"^bertgpu pretrain (?:.*\\\n)*.*$", demo, re.MULTILINE).group(0)  # its continued lines
+    steps = re.search(r"STEPS=[$][{]STEPS:-(\d+)[}]", demo).group(1)
+    assert f"({steps} steps" in said and '--steps "$STEPS"' in pretrain, said
+    if "--eval-fraction" not in pretrain and "--eval-data" not in pretrain:
+        assert "evaluation" not in said, said
 
 
 def test_summary_eta_and_model_card_of_pretraining(pretrained):

@@ -232,12 +232,14 @@ def test_activation_checkpointing_gives_the_same_gradients():
     recomputation replays the RNG, so it draws the same masks."""
     from bertgpu.models.bert.config import BertConfig
     from bertgpu.models.bert.model import BertForPreTraining
-    from bertgpu.parallel import ParallelDims, parallelize
+    from bertgpu.parallel import ParallelDims, SpreadOptions, parallelize
 
     def gradients(checkpointing: bool) -> dict[str, torch.Tensor]:
         torch.manual_seed(0)
         model = BertForPreTraining(BertConfig.preset("tiny", vocab_size=500))
-        net = parallelize(model, ParallelDims(1), torch.device("cpu"), activation_checkpointing=checkpointing)
+        net = parallelize(
+            model, ParallelDims(1), torch.device("cpu"), SpreadOptions(activation_checkpointing=checkpointing)
+        )
         if checkpointing:
             assert type(model.bert.encoder.layer[0]).__name__ == "CheckpointWrapper"
         g = torch.Generator().manual_seed(1)

@@ -27,6 +27,7 @@ from bertgpu.config import ParallelConfig, PretrainConfig
 from bertgpu.errors import UserError
 from bertgpu.models.bert.config import BertConfig
 from bertgpu.parallel.layout import check_layout
+from bertgpu.tasks.checks import check_parallel
 
 COMMON = [
     *EXACT,
@@ -198,7 +199,7 @@ def test_finetune_with_pp_ends_on_the_weights_of_one_process(tmp_path, small_unc
         ({}, {"balance": "auto"}, "--balance auto does not work with --pp"),
         ({}, {"pp": 3}, "--pp 3 x --tp 1 does not divide the 4 process"),
         ({}, {"pp": 2, "pp_stages_per_rank": 2, "pp_schedule": "interleaved-1f1b"}, "makes 4 stages, more than"),
-        ({"batch_size": "6"}, {"pp_microbatches": 4}, "--pp-microbatches 4 does not divide"),
+        ({"batch_size": 6}, {"pp_microbatches": 4}, "--pp-microbatches 4 does not divide"),
         ({}, {"pp_microbatches": 1}, "1f1b needs at least as many micro-batches as --pp 2"),
         ({}, {"pp": 2, "tp": 2}, ""),  # 4 processes = pp 2 x tp 2: fine
     ],
@@ -220,4 +221,19 @@ def test_what_does_not_compose_is_refused_in_one_line(run, parallel, needle, mon
 
 def test_stages_per_rank_needs_the_interleaved_schedule():
     with pytest.raises(UserError, match="needs --pp-schedule interleaved-1f1b"):
-        ParallelConfig(pp=2, pp_stages_per_rank=2, pp_schedule="1f1b")
+        check_parallel(ParallelConfig(pp=2, pp_stages_per_rank=2, pp_schedule="1f1b"))
+
+
+def test_the_pipelines_model_has_no_forward_pass_of_its_own_to_fuse_with_the_loss():
+    """``WholeModel.forward_backward_objective`` runs the forward pass and the loss as one function, which needs the
+    whole pass on one process; the pipeline's stages run it across processes, the loss on the last: its
+    ``PipelineModel`` derives from ``ParallelModel`` (``forward_backward``), not from ``WholeModel``. No spread
+    model has a ``step`` that is no optimizer step."""
+    from bertgpu.parallel.pipeline import PipelineModel
+    from bertgpu.parallel.wrap import ParallelModel, WholeModel
+
+    assert issubclass(PipelineModel, ParallelModel) and not issubclass(PipelineModel, WholeModel)
+    assert hasattr(WholeModel, "forward_backward_objective")
+    assert not hasattr(PipelineModel, "forward_backward_objective") and not hasattr(ParallelModel, "whole_step")
+    assert PipelineModel.forward_backward is not ParallelModel.forward_backward  # its own, through the schedule
+    assert not any(hasattr(cls, "step") for cls in (ParallelModel, WholeModel, PipelineModel))

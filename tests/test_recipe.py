@@ -7,13 +7,14 @@ import pytest
 
 from bertgpu.cli import COMMANDS, build_config, build_parser, given_fields
 from bertgpu.config import DataConfig
+from bertgpu.data.pretraining import check_data
 from bertgpu.errors import UserError
 from bertgpu.training.recipe import apply_fast_recipe
 
 
 def test_pack_needs_no_nsp():
     with pytest.raises(UserError, match="--pack needs --no-nsp"):
-        DataConfig(data="x", pack=True)
+        check_data(DataConfig(data="x", pack=True))
 
 
 def _parse(*argv: str):

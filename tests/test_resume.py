@@ -104,14 +104,23 @@ def test_sigterm_finishes_the_step_checkpoints_and_says_how_to_resume(tmp_path, 
 def test_torchrun_restarts_a_killed_worker_and_the_run_completes_identically(
     tmp_path, small_english_data, uninterrupted
 ):
+    """The same command under torchrun (2 processes on this machine): rank 0 alone prints, and a worker killed
+    mid-run is started again by torchrun, whose new workers resume from the latest checkpoint and end on the
+    uninterrupted run's weights. (One torchrun run for both: a run that is not killed would print the same.)"""
     out = tmp_path / "run"
     proc = start(["pretrain", "--data", small_english_data, "--out", out, *ARGS], torchrun=True)
     wait_for_step(out, 7, proc)
     kill_torchrun_worker(proc)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, stderr[-3000:]
+    assert "2 processes = dp 2, ddp" in stdout and "global batch 8" in stdout, stdout
+    # rank 0 alone prints: one start line for each of the two starts, one closing summary
+    assert stdout.count("bertgpu pretrain:") == 3 and stdout.count("bertgpu pretrain: done") == 1, stdout
     assert "resuming from" in stdout
     assert_bitwise_equal(weights(uninterrupted), weights(out))
+    assert [r["step"] for r in map(json.loads, (out / "log.jsonl").read_text().splitlines())] == list(
+        range(1, STEPS + 1)
+    )
 
 
 SLOW_WRITER = """
@@ -125,8 +134,9 @@ run, vocab, marker = Path(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
 model = BertForPreTraining(BertConfig.preset("tiny", vocab_size=30522))
 cfg = PretrainConfig(model="tiny", out=str(run))
 optimizer = torch.optim.AdamW(model.parameters())
-save = lambda step: checkpoint.save_checkpoint(run, step, model, optimizer, model.config, {"position": {}}, cfg,
-                                               vocab_path=vocab, do_lower_case=True, keep=3)
+files = checkpoint.ModelFiles(model.config, vocab, do_lower_case=True)
+save = lambda step: checkpoint.save_checkpoint(run, step, model, optimizer, files,
+                                               checkpoint.Snapshot({"position": {}}, config=cfg), keep=3)
 save(1)
 real = checkpoint.write_pretrained  # the name checkpoint calls (imported from hf_dir)
 def slow(*args, **kwargs):

@@ -25,7 +25,7 @@ from bertgpu.data.pretraining import IGNORE_INDEX, GlobalBatchSampler, Pretraini
 from bertgpu.data.shards import ShardedCorpus
 from bertgpu.data.tokenizer import load_vocab
 from bertgpu.models.bert.model import BertForPreTraining
-from bertgpu.parallel import parallelize
+from bertgpu.parallel import SpreadOptions, WholeModel, parallelize
 from bertgpu.parallel.dims import ParallelDims
 from bertgpu.parallel.parallelize import whole_step_compile
 from bertgpu.training.metrics import Waits, describe_waits
@@ -48,7 +48,7 @@ def _objective(model, batch, nsp=True):
     n_masked = (batch["mlm_labels"] != IGNORE_INDEX).sum().float()
     keys = ("input_ids", "token_type_ids", "attention_mask", "mlm_positions", "mlm_labels", "nsp_label")
     return pretraining_objective(
-        model, **{k: batch[k] for k in keys}, n_masked=n_masked, global_batch=len(batch["input_ids"]), nsp=nsp
+        model, {k: batch[k] for k in keys}, n_masked=n_masked, global_batch=len(batch["input_ids"]), nsp=nsp
     )
 
 
@@ -92,7 +92,9 @@ def test_without_nsp_the_pooler_and_nsp_head_do_not_run_and_mlm_is_unchanged():
     with_nsp, _ = _objective(model, batch, nsp=True)
     assert len(ran) == 2
     ran.clear()
-    model.next_sentence = False
+    model.use_next_sentence(False)  # as pretrain --no-nsp: neither runs nor trains
+    frozen = [*model.bert.pooler.parameters(), *model.cls.seq_relationship.parameters()]
+    assert not any(p.requires_grad for p in frozen) and all(p.requires_grad for p in model.cls.predictions.parameters())
     mlm, nsp_logits = model(
         batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], batch["mlm_positions"]
     )
@@ -101,7 +103,8 @@ def test_without_nsp_the_pooler_and_nsp_head_do_not_run_and_mlm_is_unchanged():
     s = dict(zip(LOG_SUMS, sums.tolist()))
     assert s["nsp_loss"] == 0 and abs(loss.item() - s["mlm_loss"] / s["masked"]) <= 1e-6
     assert loss.item() < with_nsp.item()  # the NSP term is gone, the MLM term the same
-    model.next_sentence = True
+    model.use_next_sentence(True)
+    assert all(p.requires_grad for p in frozen)
     assert abs(with_nsp.item() - _objective(model, batch, nsp=True)[0].item()) <= 1e-6
 
 
@@ -119,7 +122,7 @@ def test_a_batch_without_padding_drops_its_mask_with_the_same_outputs():
     n_masked = torch.tensor(8.0)
     batch = _masked(full)
     keys = ("input_ids", "token_type_ids", "mlm_positions", "mlm_labels", "nsp_label")
-    _, sums = pretraining_objective(model, **{k: batch[k] for k in keys}, attention_mask=None, n_masked=n_masked,
+    _, sums = pretraining_objective(model, {**{k: batch[k] for k in keys}, "attention_mask": None}, n_masked=n_masked,
                                     global_batch=3, nsp=True)  # fmt: skip
     assert dict(zip(LOG_SUMS, sums.tolist()))["tokens"] == full["input_ids"].numel()
 
@@ -131,8 +134,8 @@ def test_compile_makes_the_whole_step_one_graph_with_one_process_and_keeps_the_n
     # Traced by dynamo and AOT autograd as --compile does, run without inductor's code generation (minutes of
     # C++ compiling on 2 cores; its kernels are torch's to test): what is checked is that embeddings, encoder,
     # heads and loss are one graph, forward and backward, with no break, and the same numbers.
-    checkpointed = parallelize(BertForPreTraining(tiny_config()), dims, torch.device("cpu"), compile=True,
-                               activation_checkpointing=True)  # fmt: skip
+    checkpointed = parallelize(BertForPreTraining(tiny_config()), dims, torch.device("cpu"),
+                               SpreadOptions(compile=True, activation_checkpointing=True))  # fmt: skip
     assert checkpointed.whole_step is None  # checkpointed layers: each compiled on its own, as before
     real_compile = torch.compile
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **kw, backend="aot_eager"))
@@ -145,12 +148,13 @@ def test_compile_makes_the_whole_step_one_graph_with_one_process_and_keeps_the_n
     results = []
     for compile in (False, True, True):
         torch.manual_seed(0)
-        net = parallelize(BertForPreTraining(config), dims, torch.device("cpu"), compile=compile)
-        assert net.whole_step == ("default" if compile else None)
+        net = parallelize(BertForPreTraining(config), dims, torch.device("cpu"), SpreadOptions(compile=compile))
+        assert isinstance(net, WholeModel) and net.whole_step == ("default" if compile else None)
         assert not any(getattr(m, "_compiled_call_impl", None) for m in net.model.modules())  # no per-layer compile
         n_masked = (batch["mlm_labels"] != IGNORE_INDEX).sum().float()
-        sums = net.step([{k: batch[k] for k in keys}], pretraining_objective, keys, torch.zeros(len(LOG_SUMS),
-                        dtype=torch.float64), n_masked=n_masked, global_batch=3, nsp=True)  # fmt: skip
+        sums = net.forward_backward_objective([{k: batch[k] for k in keys}], pretraining_objective, keys,
+                                              torch.zeros(len(LOG_SUMS), dtype=torch.float64), n_masked=n_masked,
+                                              global_batch=3, nsp=True)  # fmt: skip
         results.append((sums, [p.grad.clone() for p in net.model.parameters() if p.grad is not None]))
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]  # one graph, reused
     assert list(net._compiled) == [(pretraining_objective, "default")]

@@ -17,12 +17,12 @@ from slowing import slowed
 
 from bertgpu.checkpoints import checkpoint
 from bertgpu.cli import COMMANDS, build_config, build_parser, given_fields
-from bertgpu.config import parse_duration
 from bertgpu.errors import UserError
 from bertgpu.models.bert.config import BertConfig
 from bertgpu.models.bert.model import BertForPreTraining
 from bertgpu.training import recipe
-from bertgpu.training.budget import TimeBudget
+from bertgpu.training.batch import peak_lr
+from bertgpu.training.budget import TimeBudget, parse_duration
 
 # -- the recipe's learning rate -------------------------------------------------------------------------
 
@@ -44,7 +44,7 @@ def test_fast_recipe_takes_the_swept_lr_of_the_size_scaled_to_the_batch(size, fa
     swept = recipe.SWEPT_LR[size][1]
     lr = factor * swept
     assert (optim.lr, optim.reference_batch, optim.lr_scaling, optim.warmup) == (lr, 32, "sqrt", 0.2)
-    assert optim.peak_lr(128) == pytest.approx(2 * lr)  # sqrt(128 / 32)
+    assert peak_lr(optim, 128) == pytest.approx(2 * lr)  # sqrt(128 / 32)
     where = f"{factor} x {size}'s best" if factor != 1 else f"{size}'s best"
     assert f"lr {lr:g}, {where}" in why and "a 20% warmup" in why, why
     # The sizes differ by far more than the sweep's noise: the choice follows the size.
@@ -196,10 +196,28 @@ def test_a_step_plan_answers_alike_for_fixed_steps_and_for_a_budget():
 
 
 def test_durations():
-    assert [parse_duration(t) for t in ("90s", "30m", "2h", "1h30m", "45")] == [90, 1800, 7200, 5400, 45]
+    assert [parse_duration(t) for t in ("90s", "30m", "2h", "1h30m", "1.5m")] == [90, 1800, 7200, 5400, 90]
     for bad in ("soon", "0s", "", "5 minutes"):
         with pytest.raises(UserError, match="--time-budget"):
             parse_duration(bad)
+    # A bare number was 5 seconds, silently: 2 steps where 5 minutes was likely meant. A checkpoint's record of
+    # such a budget still reads as the seconds it ran.
+    for bare in ("5", " 45 ", "2.5"):
+        with pytest.raises(UserError, match=rf"^--time-budget {bare.strip()}: give a unit, {bare.strip()}s, "):
+            parse_duration(bare)
+    assert parse_duration("45", bare_seconds=True) == 45
+
+
+def test_a_bare_number_of_seconds_is_refused_before_anything_runs(tmp_path, small_english_data, capsys):
+    from test_cli_errors import in_process_error
+
+    args = ["pretrain", "--data", small_english_data, "--out", tmp_path / "x", *ARGS, "--time-budget", "5"]
+    assert in_process_error(*args) == "bertgpu: error: --time-budget 5: give a unit, 5s, 5m or 5h"
+    config = tmp_path / "run.yaml"  # a file's number: blamed on the file's key, not on a flag never typed
+    config.write_text("time-budget: 300\n")
+    err = in_process_error("pretrain", "--config", config, *args[1:-2])
+    assert err == f"bertgpu: error: --config {config}: time_budget 300: give a unit, 300s, 300m or 300h", err
+    assert not (tmp_path / "x").exists()
 
 
 # -- real runs ------------------------------------------------------------------------------------------

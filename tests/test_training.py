@@ -105,3 +105,50 @@ def test_a_run_without_nsp_logs_no_nsp_figures():
     assert log_values(sums, nsp=False) == {"loss": 2.0, "mlm_loss": 2.0, "mlm_acc": 1 / 3}
     with_nsp = log_values(sums, nsp=True)
     assert with_nsp["loss"] == 2.7 and with_nsp["nsp_acc"] == 0.5
+
+
+def test_the_stop_signal_is_the_first_that_came():
+    """Two Ctrl-C's, the second during the save, were reported as "stopped by SIGTERM": the launcher's exit
+    terminates its workers after the user's SIGINT."""
+    import os
+    import signal
+
+    from bertgpu.training.signals import StopSignal
+
+    stop = StopSignal()
+    try:
+        assert stop.signum == 0
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher's, after a second Ctrl-C
+    finally:
+        stop.restore()
+    assert stop.signum == signal.SIGINT
+
+
+def test_every_optimizer_choice_is_built_by_its_table_entry_and_skips_a_non_finite_step():
+    """--optimizer's choices are the names of ``optim.OPTIMIZERS``; each optimizer's step, in the halves a loop's
+    ``train_step`` calls (``unscale_and_clip``, then ``optimizer_step``), leaves the weights as they were after a
+    non-finite gradient and moves them after a finite one."""
+    import dataclasses
+
+    from bertgpu.parallel.dims import ParallelDims
+    from bertgpu.parallel.wrap import ParallelModel
+    from bertgpu.training.optim import OPTIMIZERS, optimizer_step, unscale_and_clip
+
+    choices = next(f for f in dataclasses.fields(OptimConfig) if f.name == "optimizer").metadata["choices"]
+    assert list(OPTIMIZERS) == list(choices) == ["adamw", "lamb", "rmsprop"]
+    for name in choices:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        net = ParallelModel(model, model, ParallelDims(1))
+        optimizer = build_optimizer(model, OptimConfig(optimizer=name, lr=0.1, steps=10), torch.device("cpu"))
+        assert type(optimizer).__name__.lower() == name
+        scaler = torch.amp.GradScaler("cpu", enabled=False)
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        for poison, moved in ((float("nan"), False), (1.0, True)):
+            model(torch.randn(2, 4)).sum().mul(poison).backward()
+            bad = unscale_and_clip(net, optimizer, scaler, 1.0)
+            assert bad.item() == float(not moved), name
+            optimizer_step(optimizer, scaler, bad, "fp32")
+            optimizer.zero_grad(set_to_none=True)
+            assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items()) == moved, name

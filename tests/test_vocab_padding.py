@@ -160,7 +160,7 @@ def test_load_weights_into_a_padded_model_round_trips(corpus, batch, saved):
 def test_optimizer_state_of_another_padding_is_refused(tmp_path, corpus):
     """A resume whose model pads the vocab otherwise than the checkpoint's optimizer state is refused
     with one line naming the tensor, before the next step could fail in a kernel."""
-    from bertgpu.checkpoints.checkpoint import load_optimizer_state, save_checkpoint
+    from bertgpu.checkpoints.checkpoint import ModelFiles, Snapshot, load_optimizer_state, save_checkpoint
     from bertgpu.config import OptimConfig, PretrainConfig
     from bertgpu.training.optim import build_optimizer
 
@@ -174,11 +174,8 @@ def test_optimizer_state_of_another_padding_is_refused(tmp_path, corpus):
         1,
         padded,
         optimizer,
-        padded.config,
-        {},
-        PretrainConfig(model="tiny", out="x"),
-        vocab_path=corpus.vocab_path,
-        do_lower_case=True,
+        ModelFiles(padded.config, corpus.vocab_path, do_lower_case=True),
+        Snapshot({}, config=PretrainConfig(model="tiny", out="x")),
         keep=1,
     )
     again = BertForPreTraining(tiny(V), pad_vocab_multiple=MULTIPLE)

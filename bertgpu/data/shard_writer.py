@@ -8,6 +8,7 @@ number of workers; the directory is built under a temporary name and appears who
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,14 +18,17 @@ import warnings
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass
 from itertools import chain
 from multiprocessing import get_context
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
 from bertgpu import atomic
+from bertgpu.config import PrepareConfig
 from bertgpu.data import sentences, words
 from bertgpu.data.corpus import CorpusReader, Document, resolve_inputs
 from bertgpu.data.shards import FORMAT, MAX_UNK_SHARE, VERSION, token_dtype
@@ -229,20 +233,40 @@ class _ShardWriter:
         self._files = None
 
 
-def prepare(
-    inputs: list[str],
-    vocab: str | os.PathLike,
-    out_dir: str | os.PathLike,
-    workers: int = 1,
-    lowercase: bool = True,
-    shard_tokens: int = 32 * 2**20,
-    overwrite: bool = False,
-    progress: bool = True,
-    strict: bool = False,
-    text_field: str = "text",
-    split_sentences: str | None = None,
-    zh_wwm: bool = False,
-    max_unk_share: float = MAX_UNK_SHARE,
+def check_prepare(cfg: PrepareConfig) -> PrepareConfig:
+    """`bertgpu prepare`'s flags, before anything starts; ``cfg`` with --workers 0 made one per core, at most 8."""
+    if not 0 <= cfg.max_unk_share <= 1:
+        raise UserError(f"--max-unk-share must be between 0 and 1, not {cfg.max_unk_share}")
+    if cfg.workers < 0:
+        raise UserError(f"--workers must be 0 (one per core, at most 8) or a number of processes, not {cfg.workers}")
+    return dataclasses.replace(cfg, workers=cfg.workers or max(1, min(8, os.cpu_count() or 1)))
+
+
+@dataclass(frozen=True)
+class PrepareOptions:
+    """How ``prepare`` tokenizes a corpus into shards: its keywords, with their defaults."""
+
+    workers: int = 1
+    lowercase: bool = True
+    shard_tokens: int = 32 * 2**20
+    overwrite: bool = False
+    progress: bool = True
+    strict: bool = False
+    text_field: str = "text"
+    split_sentences: str | None = None
+    zh_wwm: bool = False
+    max_unk_share: float = MAX_UNK_SHARE
+
+
+def prepare(inputs: list[str], vocab: str | os.PathLike, out_dir: str | os.PathLike, **options: Any) -> dict:
+    """Tokenize a corpus into shards in ``out_dir`` and return its meta dict: ``write_shards`` with the keywords
+    ``options`` (``PrepareOptions``' fields: workers=1, lowercase=True, shard_tokens, overwrite, progress,
+    strict, text_field, split_sentences, zh_wwm, max_unk_share), as ``bertgpu.prepare`` takes them."""
+    return write_shards(inputs, vocab, out_dir, PrepareOptions(**options))
+
+
+def write_shards(
+    inputs: list[str], vocab: str | os.PathLike, out_dir: str | os.PathLike, options: PrepareOptions
 ) -> dict:
     """Tokenize a corpus into shards in ``out_dir`` and return its meta dict.
 
@@ -256,8 +280,11 @@ def prepare(
     skipped, counted in the meta and warned about, or with ``strict`` an error. ``zh_wwm`` also segments
     the text into Chinese words (jieba) and stores which tokens start a word, for ``pretrain --wwm``
     (``words``); the token ids stay those of plain ``prepare``. More than ``max_unk_share`` of the
-    tokens being [UNK] is an error: the vocab does not fit the text.
+    tokens being [UNK] is an error: the vocab does not fit the text. (Each name is a field of ``options``.)
     """
+    workers, shard_tokens, lowercase, zh_wwm = options.workers, options.shard_tokens, options.lowercase, options.zh_wwm
+    strict, text_field, split_sentences = options.strict, options.text_field, options.split_sentences
+    overwrite, progress, max_unk_share = options.overwrite, options.progress, options.max_unk_share
     refuse_clobbering({"--out": out_dir}, {"the corpus": inputs, "--vocab": vocab})
     if workers < 1:
         raise UserError(f"workers must be at least 1, not {workers}")

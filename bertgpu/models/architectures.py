@@ -4,9 +4,10 @@ TrainSpec), the one place the rest of bertgpu asks.
 Each architecture is a folder of ``bertgpu/models/``: ``bert/`` (BERT as Devlin et al., transformers' ``BertFor*``)
 and ``modernbert/`` (transformers' ``ModernBertFor*``). A config is one of their ``EncoderConfig`` classes; a
 config.json says which by its ``model_type`` (``load_config``). Other modules ask ``of(config)`` (or
-``by_name(--arch)``) for the entry, or call a model's own methods (``interface.EncoderModel``); none branches on
-which architecture it is, names its modules or parameters, nor probes a model with ``getattr``/``hasattr``
-(tests/test_architecture.py checks all three).
+``by_name(--arch)``) for the entry, or call a model's own methods (``interface.EncoderModel``); none imports an
+architecture's folder (this registry imports each one's package, its entry), branches on which architecture it
+is, names its modules or parameters, nor probes a model with ``getattr``/``hasattr`` (tests/test_architecture.py
+checks all four).
 
 A third architecture is one new folder plus its line in ``ARCHITECTURES`` below. The folder provides:
 
@@ -15,9 +16,10 @@ A third architecture is one new folder plus its line in ``ARCHITECTURES`` below.
   ``to_hf_dict()`` and ``classifier_pooling``;
 - ``model.py``: its model classes, named as transformers names them (the entry's ``masked_lm_class`` and
   ``classification_class``), each an ``EncoderModel`` that declares its tied weights, the prefixes of its
-  encoder and masked-LM head, where it holds the bare encoder, and defines ``encoder_layers()`` and
-  ``use_documents()`` (and, where they differ from the defaults, ``encoder_to_load()``, ``freeze_unread()``,
-  ``use_flex_attention()``); the masked-LM model's
+  encoder and masked-LM head, where it holds the bare encoder, its tensors with a row per vocabulary word, and
+  defines ``encoder_layers()`` and ``use_documents()`` (and, where they differ from the defaults, the NSP
+  head's prefixes, the file keys it ignores, ``encoder_to_load()``, ``freeze_unread()``, ``use_flex_attention()``,
+  ``use_varlen_attention()``, ``use_fused_qkv()``, ``use_next_sentence()``); the masked-LM model's
   forward(input_ids, token_type_ids, attention_mask, mlm_positions) returns (mlm_logits, nsp_logits or zeros
   [B, 2]), the classifier's forward(input_ids, token_type_ids, attention_mask) the logits; and
   ``training_flops_per_sequence(config, seq_len, num_predictions)``, for MFU;
@@ -44,6 +46,8 @@ ARCHITECTURES: dict[str, Architecture] = {entry.name: entry for entry in (bert.A
 ARCHS = tuple(ARCHITECTURES)
 CONFIGS: dict[str, type] = {entry.name: entry.config_class for entry in ARCHITECTURES.values()}
 DEFAULT = ARCHS[0]  # pretrain --arch's default, and the architecture of a run record that names none
+# --lora-targets' choices, as its help lists them: the linear layers of every architecture --lora-rank fine-tunes.
+LORA_CHOICES = tuple(dict.fromkeys(name for entry in ARCHITECTURES.values() for name in entry.lora_targets))
 
 
 def arch_of(config: Any) -> str:
@@ -130,6 +134,11 @@ def encoder(model: nn.Module) -> nn.Module:
 def mlm_head_missing(model: nn.Module, missing: list[str]) -> bool:
     """Whether loading left the masked-LM head of ``model`` (a pretraining model) without weights."""
     return any(name.startswith(model.mlm_head_prefixes) for name in missing)
+
+
+def nsp_head_missing(model: nn.Module, missing: list[str]) -> bool:
+    """Whether loading left the next-sentence head of ``model`` (a pretraining model that has one) without weights."""
+    return any(name.startswith(model.nsp_head_prefixes) for name in missing)
 
 
 def class_names(config: Any) -> tuple[str, str]:

@@ -2,7 +2,7 @@
 
 The tasks, ``hf_dir``, ``checkpoint`` and ``parallel/`` read these attributes and call these methods, each
 declared here with its default, so that none of them probes a model with ``getattr``/``hasattr`` or asks
-which architecture it is (``bertgpu.architectures`` holds what is per architecture beside the classes).
+which architecture it is (``bertgpu.models.architectures`` holds what is per architecture beside the classes).
 Pure declarations: no files, no processes.
 """
 
@@ -29,6 +29,14 @@ class EncoderModel(nn.Module):
     encoder_prefixes: ClassVar[tuple[str, ...]] = ()
     # The masked-LM head's parameters (a pretraining model's): missing, the checkpoint cannot fill masks.
     mlm_head_prefixes: ClassVar[tuple[str, ...]] = ()
+    # The next-sentence head's parameters (a pretraining model's that has one): missing, NSP is not evaluated.
+    nsp_head_prefixes: ClassVar[tuple[str, ...]] = ()
+    # The ends of the names of the tensors with one row per vocabulary word: a file holds config.vocab_size rows
+    # of each, a model built with pad_vocab_multiple more (hf_dir cuts and pads them).
+    vocab_rows: ClassVar[tuple[str, ...]] = ()
+    # The ends of the names of tensors some transformers versions saved beside the weights (buffers computed on
+    # the fly here): skipped when a file loads, not reported as unexpected.
+    ignored_keys: ClassVar[tuple[str, ...]] = ()
     # Where this class holds its bare encoder ("bert.", "model."; "" when it is one), and the first names of the
     # bare encoder's parameters: a file of a bare encoder loads into a model with heads and the other way round.
     base_prefix: ClassVar[str] = ""
@@ -55,6 +63,20 @@ class EncoderModel(nn.Module):
     def use_flex_attention(self) -> None:
         """Attend through FlexAttention (CUDA) where the architecture has it and the model attends through
         SDPA; elsewhere nothing."""
+
+    def use_varlen_attention(self) -> bool:
+        """Let attention take flash attention's variable-length kernel for batches padded at the end (a GPU)
+        where the architecture has that path and this torch runs it here; return whether it does."""
+        return False
+
+    def use_fused_qkv(self, on: bool) -> None:
+        """Compute Q, K and V as one matmul (``on``) or as three, the parameters the same either way; nothing
+        where they are one weight already."""
+
+    def use_next_sentence(self, on: bool) -> None:
+        """Run the next-sentence head and what only it reads (``on``), or not (pretraining under --no-nsp): then
+        neither runs nor gets a gradient, so no process of a data-parallel run waits for one, and the NSP
+        logits are None. Nothing for a model without one."""
 
     def mlm_output_bias(self) -> nn.Parameter | None:
         """The masked-LM decoder's bias (one per vocabulary row, padded rows included), or None: a model

@@ -22,7 +22,9 @@ class Architecture:
     masked_lm_class: str  # transformers' class of a pretraining checkpoint, and ours of that name
     classification_class: str  # transformers' class of a fine-tuned classifier, and ours
     tokenizer_json: bool  # transformers reads its tokenizer from tokenizer.json only (no slow one to convert)
-    lora: bool  # --lora-rank can fine-tune it (PEFT's targets are BERT's linear layers)
+    # The linear layers --lora-targets may name (PEFT matches them by the end of a module's name), as its help and
+    # errors list them; none: --lora-rank cannot fine-tune it.
+    lora_targets: tuple[str, ...]
     presets: tuple[str, ...]  # pretrain --model's preset names
     preset: Callable[[str, int, list[str] | None], Any]  # (name, vocab_size, vocab's tokens) -> its config
     # Activations of the intermediate width that one token's MLP keeps for the backward pass, in units of

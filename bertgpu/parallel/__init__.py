@@ -7,8 +7,9 @@
     layout.py       check_layout(): the degrees, precision and options that go together, or one line why not
     parallelize.py  parallelize(): tensor parallel -> activation checkpointing -> compile -> FSDP or
                     DDP, in torchtitan's order (or the pipeline's stages, with --pp)
-    wrap.py         what parallelize() and the pipeline build with: ParallelModel, each step applied per
-                    encoder layer, gradient clipping over sharded gradients
+    wrap.py         what parallelize() and the pipeline build with: SpreadOptions, ParallelModel (WholeModel
+                    where every process runs the whole forward pass), each step applied per encoder layer,
+                    gradient clipping over sharded gradients
     pipeline.py     --pp: pipeline stages cut from the model (Hugging Face names kept), each spread as
                     above, run by torch.distributed.pipelining's schedules; the tied embedding's two copies
     rng.py          every rank's dropout RNG streams, into a checkpoint and back
@@ -21,6 +22,6 @@ DistributedDataParallel and torch.distributed.checkpoint (in bertgpu/checkpoint.
 
 from bertgpu.parallel.dims import ParallelDims
 from bertgpu.parallel.parallelize import parallelize
-from bertgpu.parallel.wrap import ParallelModel
+from bertgpu.parallel.wrap import ParallelModel, SpreadOptions, WholeModel
 
-__all__ = ["ParallelDims", "ParallelModel", "parallelize"]
+__all__ = ["ParallelDims", "ParallelModel", "SpreadOptions", "WholeModel", "parallelize"]

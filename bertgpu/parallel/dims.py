@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from bertgpu.errors import UserError
-from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.config import EncoderConfig
 
 STRATEGIES = ("ddp", "fsdp")
 
@@ -87,7 +87,7 @@ class ParallelDims:
         average instead, so scale by the degree they divide by."""
         return loss * self.dp
 
-    def check_model(self, config: BertConfig) -> None:
+    def check_model(self, config: EncoderConfig) -> None:
         """Tensor parallelism splits attention heads and the feed-forward width evenly."""
         if self.tp == 1:
             return

@@ -1,12 +1,12 @@
-"""Tensor parallelism of fused weights, a ModernBERT's (its plan: ``architectures``' ``tp_plan``).
+"""Tensor parallelism of fused weights: a linear layer whose weight stacks ``chunks`` matrices by rows, as an
+architecture's tensor-parallel plan names them (``Architecture.tp_plan``: ("colwise", chunks)).
 
-ModernBERT fuses Q, K and V into one matrix (``attn.Wqkv``: rows q, then k, then v) and the GeGLU's input
-and gate into another (``mlp.Wi``: rows input, then gate). A plain column-wise split would give the first
-process all of q and half of k. Here each is split as ``chunks`` matrices at once: DTensor's
-``_StridedShard(0, split_factor=chunks)`` gives process r the r-th slice of every chunk, concatenated
-(q_r, k_r, v_r; input_r, gate_r), which is exactly what its heads and its share of the GeGLU width need;
-the full matrix (checkpoints, transformers' layout) is gathered back in order. ``Wo`` of attention and of
-the MLP are row-wise, as BERT's output projections. Embeddings, norms and heads stay whole.
+A fused Q, K and V (rows q, then k, then v: 3 chunks) or a GeGLU's input and gate (rows input, then gate: 2)
+split as one plain column-wise matrix would give the first process all of q and half of k. Here each is split
+as ``chunks`` matrices at once: DTensor's ``_StridedShard(0, split_factor=chunks)`` gives process r the r-th
+slice of every chunk, concatenated (q_r, k_r, v_r; input_r, gate_r), which is exactly what its heads and its
+share of the GeGLU width need; the full matrix (checkpoints, transformers' layout) is gathered back in order.
+The other layers of the plan are plain column- and row-wise; embeddings, norms and heads stay whole.
 
 **FSDP over the strided weights** (``--tp`` with ``--strategy fsdp``, or with ``--pp``): FSDP2's ``fully_shard``
 splits each tensor-parallel shard again, by default by rows (``Shard(0)``), and describes the result to DTensor
@@ -62,7 +62,7 @@ def fsdp_placement(param: nn.Parameter) -> Shard | None:
 def check_layout(dims: Any, config: Any, fused: str) -> None:
     """FSDP splits the fused weights' columns (``fsdp_placement``) evenly only: the data-parallel shards must
     divide the hidden size (a one-line error before any process starts, not FSDP's own in every process).
-    ``fused``: what they are, as the error names them ("a ModernBERT's fused Q/K/V and GeGLU weights")."""
+    ``fused``: what they are, as the error names them (the architecture's title and ``Architecture.tp_fused``)."""
     shards = dims.dp_shard if dims.fsdp else 1
     if dims.tp > 1 and shards > 1 and config.hidden_size % shards:
         raise UserError(

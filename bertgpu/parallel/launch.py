@@ -137,30 +137,40 @@ def resolve_nproc(nproc: int, device: str) -> int:
     return nproc or 1
 
 
+@dataclass(frozen=True)
+class Elastic:
+    """How torch's elastic launcher runs a group of workers (``launch``): restarted ``max_restarts`` times after a
+    failure (the workers resume from the latest checkpoint); with ``nnodes`` (min, max) above 1, one machine's
+    agent of a multi-machine run, as torchrun is: the agents meet at ``rdzv_endpoint`` (c10d rendezvous) under
+    ``run_id``, waiting ``last_call`` seconds for late machines and beating every ``heartbeat`` seconds."""
+
+    max_restarts: int = 0
+    nnodes: tuple[int, int] = (1, 1)
+    rdzv_endpoint: str = ""
+    run_id: str = ""
+    last_call: int = 30
+    heartbeat: int = 5
+
+
 def launch(
     fn: Callable[..., Any],
     args: tuple,
     nproc: int,
-    max_restarts: int = 0,
-    nnodes: tuple[int, int] = (1, 1),
-    rdzv_endpoint: str = "",
-    run_id: str = "",
-    last_call: int = 30,
-    heartbeat: int = 5,
+    elastic: Elastic = Elastic(),
     preload: tuple[str, ...] = (),
 ) -> None:
     """Run ``fn(*args)`` in ``nproc`` local worker processes with torch's elastic launcher. ``preload``: optional
     libraries every worker imports (peft for LoRA), which the fork server imports once for them all.
 
     A worker that failed on a user error, or stopped on a signal, has already printed its one line;
-    any other failure is reported with the failing rank and its exit code. With ``max_restarts``
+    any other failure is reported with the failing rank and its exit code. With ``elastic.max_restarts``
     the whole group is restarted after a failure (the workers resume from the latest checkpoint).
 
-    With ``nnodes`` (min, max) above 1 this is one machine's agent of a multi-machine run, as torchrun
-    is: the agents meet at ``rdzv_endpoint`` (c10d rendezvous) under ``run_id``; when a machine is
-    lost the others restart their workers on the smaller world, and when one joins the next restart
+    With ``elastic.nnodes`` (min, max) above 1 this is one machine's agent of a multi-machine run: when a
+    machine is lost the others restart their workers on the smaller world, and when one joins the next restart
     takes it in (elastic membership, torch's own).
     """
+    nnodes, rdzv_endpoint = elastic.nnodes, elastic.rdzv_endpoint
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
@@ -185,11 +195,11 @@ def launch(
         min_nodes=nnodes[0],
         max_nodes=nnodes[1],
         nproc_per_node=nproc,
-        run_id=run_id or f"bertgpu-{uuid.uuid4().hex[:8]}",
+        run_id=elastic.run_id or f"bertgpu-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d",
         rdzv_endpoint=rdzv_endpoint or "localhost:0",  # like torchrun --standalone: a free port on this machine
-        max_restarts=max_restarts,
-        rdzv_configs={"last_call_timeout": last_call, "keep_alive_interval": heartbeat},
+        max_restarts=elastic.max_restarts,
+        rdzv_configs={"last_call_timeout": elastic.last_call, "keep_alive_interval": elastic.heartbeat},
         monitor_interval=0.1,
         start_method=_start_method(fn, args, *preload),
         **extra,

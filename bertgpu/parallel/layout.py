@@ -10,18 +10,19 @@ import os
 
 import torch
 
-from bertgpu.config import AdapterConfig, TrainingConfig, accumulation
+from bertgpu.config import AdapterConfig, TrainingConfig
 from bertgpu.errors import UserError
 from bertgpu.models import architectures
-from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.config import EncoderConfig
 from bertgpu.parallel import launch
 from bertgpu.parallel.dims import ParallelDims
 from bertgpu.parallel.pipeline import check_stages
+from bertgpu.training.batch import accumulation
 from bertgpu.training.precision import resolve_precision
 
 
 def check_layout(
-    cfg: TrainingConfig, model_config: BertConfig, *, adapter: AdapterConfig | None = None, cpu_bf16: bool = False
+    cfg: TrainingConfig, model_config: EncoderConfig, *, adapter: AdapterConfig | None = None, cpu_bf16: bool = False
 ) -> ParallelDims:
     """The run's degrees of parallelism, every mistake in them a one-line error (before any process
     starts, and again in each process). What is a task's own: fine-tuning's ``adapter`` (LoRA and
@@ -31,11 +32,9 @@ def check_layout(
     dims.check_model(model_config)
     arch = architectures.of(model_config)
     if arch.tp_fused:
-        from bertgpu.parallel import (
-            fused_tp as modernbert_tp,  # here: it imports DTensor (0.5 s), which a launcher never needs
-        )
+        from bertgpu.parallel import fused_tp  # here: it imports DTensor (0.5 s), which a launcher never needs
 
-        modernbert_tp.check_layout(dims, model_config, f"a {arch.title}'s {arch.tp_fused}")
+        fused_tp.check_layout(dims, model_config, f"a {arch.title}'s {arch.tp_fused}")
     precision = resolve_precision(cfg.run.precision, torch.device(cfg.run.device), cpu_bf16=cpu_bf16)
     if dims.pp > 1:
         check_pipeline(cfg, model_config, precision, adapter)
@@ -106,7 +105,7 @@ def cpu_oversubscription(cfg: TrainingConfig) -> str | None:
 
 
 def check_pipeline(
-    cfg: TrainingConfig, model_config: BertConfig, precision: str, adapter: AdapterConfig | None = None
+    cfg: TrainingConfig, model_config: EncoderConfig, precision: str, adapter: AdapterConfig | None = None
 ) -> None:
     """What pipeline parallelism does not compose with yet, each refused with the alternative."""
     parallel = cfg.parallel

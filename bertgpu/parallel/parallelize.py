@@ -13,7 +13,7 @@ The order is torchtitan's, and each step composes with the ones before it:
 3. **Compile** (``--compile``): with one process (no data, tensor or pipeline parallelism, no activation
    checkpointing) the whole
    forward half of a step (embeddings, encoder, gathered heads and loss: the task's objective
-   function) as one graph (``ParallelModel.step``), on a GPU replayed as CUDA graphs
+   function) as one graph (``WholeModel.forward_backward_objective``), on a GPU replayed as CUDA graphs
    (``mode="reduce-overhead"``) where ``cuda_graphs``; with several, each encoder layer through
    ``torch.compile``, in place, so that parameter names do not change and DDP/FSDP/DTensor see the
    modules they wrap.
@@ -29,17 +29,17 @@ The tasks call ``parallelize`` and use what it returns; they never wrap a model 
 from __future__ import annotations
 
 import inspect
-from typing import Any
 
 import torch
 from torch import nn
 
-from bertgpu.parallel.compression import Compression
 from bertgpu.parallel.compression import register as register_compression
 from bertgpu.parallel.dims import ParallelDims
 from bertgpu.parallel.pipeline import parallelize_pipeline
 from bertgpu.parallel.wrap import (
     ParallelModel,
+    SpreadOptions,
+    WholeModel,
     apply_activation_checkpointing,
     apply_fsdp,
     apply_tensor_parallel,
@@ -49,36 +49,15 @@ from bertgpu.parallel.wrap import (
 
 
 def parallelize(
-    model: nn.Module,
-    dims: ParallelDims,
-    device: torch.device,
-    *,
-    precision: str = "fp32",
-    activation_checkpointing: bool = False,
-    compile: bool = False,
-    compression: Compression = Compression(),
-    seed: int = 0,
-    pipeline: Any = None,
-    seq_length: int | None = None,
-    cuda_graphs: bool = False,
+    model: nn.Module, dims: ParallelDims, device: torch.device, options: SpreadOptions = SpreadOptions()
 ) -> ParallelModel:
-    """Spread ``model`` (its weights already loaded, the same on every process) over ``dims``, its
-    gradients reduced with ``compression``; ``pipeline`` (the run's ParallelConfig) says how, when
-    ``dims.pp`` > 1 (``pipeline.parallelize_pipeline``), to which ``seq_length`` is the longest a
-    batch's sequences can be (None: every batch has one shape). ``cuda_graphs``: with ``compile`` on
-    one GPU, the whole step compiled with mode="reduce-overhead" (the batches' shapes must be static)."""
+    """Spread ``model`` (its weights already loaded, the same on every process) over ``dims``, as ``options``
+    say (``SpreadOptions``: the precision, activation checkpointing, compile, the gradients' compression, and
+    with ``dims.pp`` > 1 the pipeline's schedule, ``pipeline.parallelize_pipeline``)."""
     if dims.pp > 1:
-        return parallelize_pipeline(
-            model,
-            dims,
-            device,
-            pipeline,
-            precision=precision,
-            activation_checkpointing=activation_checkpointing,
-            compile=compile,
-            compression=compression,
-            seq_length=seq_length,
-        )
+        return parallelize_pipeline(model, dims, device, options)
+    precision, compression, compile = options.precision, options.compression, options.compile
+    activation_checkpointing = options.activation_checkpointing
     if not dims.fsdp:
         model.to(device)  # fully_shard moves each shard itself: a model bigger than one GPU is never whole on one
     if dims.tp > 1:
@@ -94,7 +73,7 @@ def parallelize(
             layers[key].compile(dynamic=False)  # every batch has the same shapes: one graph
     if dims.fsdp:
         apply_fsdp(model, dims, precision, reduce_dtype=compression.dtype)
-        return ParallelModel(model, model, dims, compression)
+        return WholeModel(model, model, dims, compression)
     if dims.dp > 1:
         from torch.nn.parallel import DistributedDataParallel
 
@@ -113,12 +92,10 @@ def parallelize(
             gradient_as_bucket_view=True,
             **no_sync,
         )
-        powersgd, mute = register_compression(ddp, compression, dims.dp_group, seed)
-        return ParallelModel(ddp, model, dims, compression, powersgd, mute)
-    net = ParallelModel(model, model, dims, compression)
-    if whole:
-        net.whole_step = "reduce-overhead" if cuda_graphs and device.type == "cuda" else "default"
-    return net
+        powersgd, mute = register_compression(ddp, compression, dims.dp_group, options.seed)
+        return WholeModel(ddp, model, dims, compression, powersgd, mute)
+    mode = ("reduce-overhead" if options.cuda_graphs and device.type == "cuda" else "default") if whole else None
+    return WholeModel(model, model, dims, compression, whole_step=mode)
 
 
 def whole_step_compile(dims: ParallelDims) -> bool:

@@ -40,6 +40,7 @@ from bertgpu.parallel.compression import Compression
 from bertgpu.parallel.dims import ParallelDims
 from bertgpu.parallel.wrap import (
     ParallelModel,
+    SpreadOptions,
     apply_activation_checkpointing,
     apply_tensor_parallel,
     clip_grads_with_norm_,
@@ -70,21 +71,14 @@ def check_stages(num_layers: int, pp: int, stages_per_rank: int) -> None:
 
 
 def parallelize_pipeline(
-    model: nn.Module,
-    dims: ParallelDims,
-    device: torch.device,
-    parallel: Any,
-    *,
-    precision: str = "fp32",
-    activation_checkpointing: bool = False,
-    compile: bool = False,
-    compression: Compression = Compression(),
-    seq_length: int | None = None,
+    model: nn.Module, dims: ParallelDims, device: torch.device, options: SpreadOptions
 ) -> PipelineModel:
     """This process's stages of ``model`` (the whole model, the same weights on every process), spread
-    over its data-parallel and tensor-parallel peers, with the schedule that runs them."""
+    over its data-parallel and tensor-parallel peers, with the schedule that runs them (``options.pipeline``:
+    the run's ParallelConfig)."""
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
+    parallel, precision, compression = options.pipeline, options.precision, options.compression
     per_rank = parallel.stages_per_rank
     n_stages = dims.pp * per_rank
     check_stages(model.config.num_hidden_layers, dims.pp, per_rank)
@@ -97,17 +91,17 @@ def parallelize_pipeline(
     model.to(device)
     if dims.tp > 1:
         apply_tensor_parallel(model, dims)
-    if activation_checkpointing:
+    if options.activation_checkpointing:
         apply_activation_checkpointing(model)
     layers = encoder_layers(model)
-    if compile:
+    if options.compile:
         for key in layers:
             layers[key].compile(dynamic=False)
     stages = [cut.Stage(model, [str(i) for i in split[s]], s == 0, s == n_stages - 1) for s in ids]
     if dims.fsdp:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        from bertgpu.parallel import fused_tp as modernbert_tp
+        from bertgpu.parallel import fused_tp
 
         mp = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if precision == "bf16" else None,
@@ -115,11 +109,11 @@ def parallelize_pipeline(
         )
         for stage in stages:
             for layer in stage.layers:
-                fully_shard(layer, mesh=dims.dp_mesh, mp_policy=mp, shard_placement_fn=modernbert_tp.fsdp_placement)
+                fully_shard(layer, mesh=dims.dp_mesh, mp_policy=mp, shard_placement_fn=fused_tp.fsdp_placement)
             fully_shard(stage, mesh=dims.dp_mesh, mp_policy=mp)
     pipe_stages = [PipelineStage(stage, s, n_stages, device, group=dims.pp_group) for s, stage in zip(ids, stages)]
     net = PipelineModel(model, dims, compression, stages, first, last)
-    net.seq_length = seq_length
+    net.seq_length = options.seq_length
     kind = parallel.pp_schedule
     n_micro = parallel.microbatches
     if kind == "interleaved-1f1b":

@@ -1,6 +1,7 @@
 """The pieces a spread model is made of, for ``parallelize()`` and the pipeline's stages alike.
 
-``ParallelModel`` is a model spread over processes, called like the model; ``apply_tensor_parallel``,
+``ParallelModel`` is a model spread over processes, called like the model (``WholeModel`` where every process
+runs the whole forward pass; the pipeline's stages are ``pipeline.PipelineModel``); ``apply_tensor_parallel``,
 ``apply_activation_checkpointing`` and ``apply_fsdp`` spread or wrap a model one encoder layer at a
 time (``parallelize`` says in which order); ``grad_norm`` and ``clip_grad_norm_`` see through sharded
 gradients.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +30,20 @@ def encoder_layers(model: nn.Module) -> nn.ModuleList | nn.ModuleDict:
 
 def layer_keys(layers: nn.ModuleList | nn.ModuleDict) -> list:
     return list(layers.keys()) if isinstance(layers, nn.ModuleDict) else list(range(len(layers)))
+
+
+@dataclass(frozen=True)
+class SpreadOptions:
+    """How ``parallelize`` spreads a model, beside the degrees of its ``ParallelDims``."""
+
+    precision: str = "fp32"  # bf16: FSDP gathers the parameters in bf16
+    activation_checkpointing: bool = False
+    compile: bool = False  # with one process the whole step as one graph, else each encoder layer
+    compression: Compression = Compression()  # the gradients' all-reduce (--grad-compression)
+    seed: int = 0  # PowerSGD's
+    pipeline: Any = None  # the run's ParallelConfig, with dims.pp > 1: its stages and schedule
+    seq_length: int | None = None  # the longest a batch's sequences can be (None: every batch has one shape)
+    cuda_graphs: bool = False  # with compile on one GPU: mode="reduce-overhead" (static shapes)
 
 
 class ParallelModel:
@@ -51,10 +67,6 @@ class ParallelModel:
         self.compression = compression
         self.powersgd = powersgd  # PowerSGD's state, when it compresses the gradients
         self._mute = mute or [False]
-        # --compile with one process: the step's objective through torch.compile with this mode ("default" or
-        # "reduce-overhead": CUDA graphs); None: the objective runs as it is (each layer compiled, or eager).
-        self.whole_step: str | None = None
-        self._compiled: dict[tuple[Callable, str], Callable] = {}
 
     def __call__(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -98,40 +110,6 @@ class ParallelModel:
                 sums += record(outputs, mb)
         return sums
 
-    def step(
-        self,
-        micro: list[dict[str, torch.Tensor]],
-        objective: Callable[..., tuple[torch.Tensor, torch.Tensor]],
-        inputs: tuple[str, ...],
-        sums: torch.Tensor,
-        *,
-        context: Callable[[dict[str, torch.Tensor]], Any] = lambda mb: contextlib.nullcontext(),
-        scale: Callable[[torch.Tensor], torch.Tensor] = lambda loss: loss,
-        **constants: Any,
-    ) -> torch.Tensor:
-        """As ``forward_backward``, with the forward pass and the loss one function: ``objective(module,
-        **{k: mb[k] for k in inputs}, **constants)`` returns (loss, log sums). With ``whole_step`` it runs
-        compiled as one graph (a module-level function, so that one compilation serves every step)."""
-        run, mode = objective, self.whole_step
-        if mode == "reduce-overhead" and len(micro) > 1:
-            # A replay may reuse the memory of the previous one's outputs, which accumulated gradients are
-            # made of until the optimizer step: CUDA graphs only without gradient accumulation.
-            mode = "default"
-        if mode is not None:
-            if (objective, mode) not in self._compiled:
-                options = {} if mode == "default" else {"mode": mode}
-                self._compiled[objective, mode] = torch.compile(objective, dynamic=False, **options)
-            run = self._compiled[objective, mode]
-        graphs = mode == "reduce-overhead"
-        for i, mb in enumerate(micro):
-            if graphs:  # the previous replay's outputs are consumed: its buffers may be reused
-                torch.compiler.cudagraph_mark_step_begin()
-            with self.no_sync(i < len(micro) - 1), context(mb):
-                loss, step_sums = run(self.module, **{k: mb[k] for k in inputs}, **constants)
-            scale(self.dims.backward_loss(loss)).backward()
-            sums += step_sums
-        return sums
-
     def no_sync(self, skip: bool):
         """A context for one micro-step of gradient accumulation: with ``skip``, DDP keeps the gradients
         local (they are all-reduced with the last micro-step's). FSDP reduce-scatters every micro-step
@@ -155,19 +133,21 @@ class ParallelModel:
         warm-start factors and RNG (None without PowerSGD)."""
         return state_tensors(self.powersgd) if self.powersgd is not None else None
 
-    def load_rank_state_dict(self, tensors: dict[str, torch.Tensor], forward: Callable[[], Any]) -> None:
-        """The inverse of ``rank_state_dict`` on the same layout; ``forward`` runs the model on a batch
-        for ``settle_buckets``."""
+    def load_rank_state_dict(
+        self, tensors: dict[str, torch.Tensor], sample_batch: Callable[[], dict[str, torch.Tensor]]
+    ) -> None:
+        """The inverse of ``rank_state_dict`` on the same layout; ``sample_batch()`` is a batch for
+        ``settle_buckets``."""
         load_state_tensors(self.powersgd, tensors)
-        self.settle_buckets(forward)
+        self.settle_buckets(sample_batch)
 
-    def settle_buckets(self, forward: Callable[[], Any]) -> None:
+    def settle_buckets(self, sample_batch: Callable[[], dict[str, torch.Tensor]]) -> None:
         """Let DDP lay out its gradient buckets before a resumed PowerSGD run's first step.
 
         DDP lays its buckets out anew after its first synchronised backward pass (by the order in
         which gradients become ready), and PowerSGD's state is kept per bucket: a resumed run's first
         step would meet the state of another layout. So that step is made a silent one first: the
-        forward pass ``forward()`` and a backward pass of zero, the hook muted (no communication, no
+        forward pass on ``sample_batch()`` and a backward pass of zero, the hook muted (no communication, no
         state touched), the RNG put back and the gradients dropped. The buckets are then those the
         state was saved with, and the run continues bit for bit.
         """
@@ -177,7 +157,7 @@ class ParallelModel:
         with torch.random.fork_rng(devices=devices):
             self._mute[0] = True
             try:
-                outputs = forward()
+                outputs = self(**sample_batch())
                 sum(o.float().sum() for o in outputs if torch.is_tensor(o)).mul(0.0).backward()
             finally:
                 self._mute[0] = False
@@ -188,6 +168,63 @@ class ParallelModel:
         """Clip the gradients to a global norm of ``max_norm`` (``inf``: no clipping); return the norm
         before clipping, the same on every process. No host synchronisation."""
         return clip_grad_norm_(list(self.model.parameters()), max_norm)
+
+
+class WholeModel(ParallelModel):
+    """A ParallelModel whose every process runs the whole forward pass (one process, data parallel, FSDP, tensor
+    parallel: the weights may be sharded or split, the pass is not): the forward pass and the loss can be one
+    function (``forward_backward_objective``), compiled as one graph with one process. The pipeline's stages
+    (``pipeline.PipelineModel``) run the pass across processes, the loss on the last: they cannot."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        model: nn.Module,
+        dims: ParallelDims,
+        compression: Compression = Compression(),
+        powersgd=None,
+        mute: list[bool] | None = None,
+        whole_step: str | None = None,
+    ):
+        super().__init__(module, model, dims, compression, powersgd, mute)
+        # --compile with one process: the step's objective through torch.compile with this mode ("default" or
+        # "reduce-overhead": CUDA graphs); None: the objective runs as it is (each layer compiled, or eager).
+        self.whole_step = whole_step
+        self._compiled: dict[tuple[Callable, str], Callable] = {}
+
+    def forward_backward_objective(
+        self,
+        micro: list[dict[str, torch.Tensor]],
+        objective: Callable[..., tuple[torch.Tensor, torch.Tensor]],
+        inputs: tuple[str, ...],
+        sums: torch.Tensor,
+        *,
+        context: Callable[[dict[str, torch.Tensor]], Any] = lambda mb: contextlib.nullcontext(),
+        scale: Callable[[torch.Tensor], torch.Tensor] = lambda loss: loss,
+        **constants: Any,
+    ) -> torch.Tensor:
+        """As ``forward_backward``, with the forward pass and the loss one function: ``objective(module,
+        {k: mb[k] for k in inputs}, **constants)`` returns (loss, log sums). With ``whole_step`` it runs
+        compiled as one graph (a module-level function, so that one compilation serves every step)."""
+        run, mode = objective, self.whole_step
+        if mode == "reduce-overhead" and len(micro) > 1:
+            # A replay may reuse the memory of the previous one's outputs, which accumulated gradients are
+            # made of until the optimizer step: CUDA graphs only without gradient accumulation.
+            mode = "default"
+        if mode is not None:
+            if (objective, mode) not in self._compiled:
+                options = {} if mode == "default" else {"mode": mode}
+                self._compiled[objective, mode] = torch.compile(objective, dynamic=False, **options)
+            run = self._compiled[objective, mode]
+        graphs = mode == "reduce-overhead"
+        for i, mb in enumerate(micro):
+            if graphs:  # the previous replay's outputs are consumed: its buffers may be reused
+                torch.compiler.cudagraph_mark_step_begin()
+            with self.no_sync(i < len(micro) - 1), context(mb):
+                loss, step_sums = run(self.module, {k: mb[k] for k in inputs}, **constants)
+            scale(self.dims.backward_loss(loss)).backward()
+            sums += step_sums
+        return sums
 
 
 def _grad_groups(parameters: list[torch.Tensor]) -> list[list[torch.Tensor]]:
@@ -229,7 +266,7 @@ def clip_grad_norm_(parameters: list[torch.Tensor], max_norm: float) -> torch.Te
 
 def apply_tensor_parallel(model: nn.Module, dims: ParallelDims) -> None:
     """Megatron-style tensor parallelism of every encoder layer over the tp mesh, by the architecture's plan
-    (``Architecture.tp_plan``; fused weights as strided shards: ``modernbert_tp``)."""
+    (``Architecture.tp_plan``; fused weights as strided shards: ``fused_tp``)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     from bertgpu.parallel.fused_tp import FusedColwiseParallel
@@ -271,6 +308,6 @@ def apply_fsdp(model: nn.Module, dims: ParallelDims, precision: str, reduce_dtyp
     )
     mesh = dims.dp_mesh
     for layer in encoder_layers(model):
-        # A ModernBERT's strided tensor-parallel weights by columns (modernbert_tp.fsdp_placement).
+        # Fused weights strided over the tensor-parallel group by columns (fused_tp.fsdp_placement).
         fully_shard(layer, mesh=mesh, mp_policy=mp, shard_placement_fn=fsdp_placement)
     fully_shard(model, mesh=mesh, mp_policy=mp)

@@ -24,6 +24,7 @@ the model work on the true vocab. The header prints the padding share of the bat
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import platform
 import statistics
@@ -41,9 +42,9 @@ from bertgpu.data.shard_writer import prepare
 from bertgpu.data.shards import ShardedCorpus
 from bertgpu.data.tokenizer import load_vocab
 from bertgpu.errors import UserError, require
+from bertgpu.models import architectures
 from bertgpu.models.architectures import training_flops
-from bertgpu.models.bert.config import BertConfig
-from bertgpu.models.bert.model import BertForPreTraining, use_varlen_attention
+from bertgpu.tasks.checks import check_bench_flags
 from bertgpu.training.precision import allow_tf32, autocast, peak_flops, resolve_precision
 from bertgpu.training.step import pretraining_objective
 
@@ -135,6 +136,7 @@ def transformers_modes(device: torch.device, compiled: bool) -> tuple[dict[str, 
 
 
 def run(cfg: BenchConfig) -> dict[str, float]:
+    cfg = check_bench_flags(cfg)
     transformers = require("transformers", "bertgpu bench compares with transformers: pip install transformers")
     from bertgpu.parallel.launch import resolve_device
 
@@ -153,17 +155,13 @@ def run(cfg: BenchConfig) -> dict[str, float]:
     batch = {k: v.to(device) for k, v in batch.items()}
     labels = full_labels(batch)
 
-    mcfg = BertConfig.preset(
-        cfg.model,
-        vocab_size=vocab_size,
-        hidden_dropout_prob=cfg.dropout,
-        attention_probs_dropout_prob=cfg.dropout,
-        max_position_embeddings=max(512, cfg.seq_len),
-    )
+    # BERT: the other side is transformers' BertForPreTraining
+    mcfg = architectures.with_dropout(architectures.preset("bert", cfg.model, vocab_size), cfg.dropout)
+    mcfg = dataclasses.replace(mcfg, max_position_embeddings=max(512, cfg.seq_len))
     torch.manual_seed(0)
-    ours = BertForPreTraining(mcfg, pad_vocab_multiple=PAD_VOCAB_MULTIPLE).to(device)
+    ours = architectures.pretraining_model(mcfg, pad_vocab_multiple=PAD_VOCAB_MULTIPLE).to(device)
     if device.type == "cuda":
-        use_varlen_attention(ours)  # as pretraining on a GPU: padded rows through the variable-length kernel
+        ours.use_varlen_attention()  # as pretraining on a GPU: padded rows through the variable-length kernel
     theirs = transformers.BertForPreTraining(transformers.BertConfig(**mcfg.to_hf_dict(), attn_implementation="sdpa"))
     theirs.load_state_dict(export_state_dict(ours), strict=False)  # the real vocab rows; ties are re-made there
     theirs.to(device)
@@ -183,10 +181,8 @@ def run(cfg: BenchConfig) -> dict[str, float]:
         if objective is not pretraining_objective and graphs:
             torch.compiler.cudagraph_mark_step_begin()
         with autocast(precision, device):
-            loss, _ = objective(
-                ours, **inputs, attention_mask=mask, mlm_labels=batch["mlm_labels"], nsp_label=batch["nsp_label"],
-                n_masked=n_masked, global_batch=cfg.batch_size, nsp=True,
-            )  # fmt: skip
+            mb = {**inputs, "attention_mask": mask, "mlm_labels": batch["mlm_labels"], "nsp_label": batch["nsp_label"]}
+            loss, _ = objective(ours, mb, n_masked, cfg.batch_size, True)
         scaler_ours.scale(loss).backward()
         scaler_ours.step(opt_ours)
         scaler_ours.update()

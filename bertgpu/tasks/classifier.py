@@ -27,7 +27,7 @@ from bertgpu.data.classification import collate
 from bertgpu.data.tokenizer import Tokenizer, vocab_is_cased
 from bertgpu.errors import UserError
 from bertgpu.models import architectures
-from bertgpu.models.bert.model import BertForSequenceClassification
+from bertgpu.models.interface import EncoderModel
 
 # One text, a (text, pair text) tuple, or a batch of either.
 Inputs = str | Sequence[str | tuple[str, str]]
@@ -139,9 +139,7 @@ def finetuned_columns(model_dir: str | os.PathLike) -> dict[str, str] | None:
 class Classifier:
     """A sequence classifier with its tokenizer: text in, label name and probability out."""
 
-    def __init__(
-        self, model: BertForSequenceClassification, tokenizer: Tokenizer, max_seq_length: int, device: torch.device
-    ):
+    def __init__(self, model: EncoderModel, tokenizer: Tokenizer, max_seq_length: int, device: torch.device):
         self.model = model.eval().to(device)
         self.tokenizer = tokenizer
         self.max_seq_length = max_seq_length

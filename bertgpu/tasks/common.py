@@ -2,15 +2,18 @@
 
 Before any process starts, the command's process runs ``tasks.prelaunch``. Inside every worker, the loop
 (``pretrain.train``, ``finetune.train``) makes a ``Session`` (the process group and its mesh, the run
-directory, the checkpoint to resume from, read once), builds its data and model, then ``build_run`` makes the
-rest in order, each complete when made:
+directory, the checkpoint to resume from, read once), then its ``Task`` (``pretrain.Pretraining``,
+``finetune.FineTuning``), made whole from its config sections: its data, its loop where the checkpoint left it,
+its model spread over the processes (``spread``), its step plan (``plan.FixedSteps``, ``plan.BudgetSteps``: how
+many steps, the rate of each, the last), what it logs and what its checkpoints hold. ``build_run(session, task)``
+then makes the shared parts in order, each complete when made:
 
-- ``Optimization``: the model spread over the processes (``spread``), its optimizer, gradient scaler and
-  learning-rate schedule (restored on resume), clipping; its ``step`` is a step's second half;
+- ``Optimization``: the model's optimizer, gradient scaler and learning-rate schedule (restored on resume),
+  clipping; a loop's ``train_step`` calls its parts after the forward and backward passes (``clip_grad_norm``,
+  ``step``, ``zero_grad``, ``schedule.step``);
 - ``Records``: the running sums of the log, the log and its progress bar, the throughput meter, the summary;
 - ``Checkpoints``: what a checkpoint holds, written when its ``checkpoint.Checkpointer`` finds one due;
-- ``StepFlags``: what each step's end hears, read lagged (a stop signal, a skipped step, the clock);
-- the step plan (``plan.FixedSteps``, ``plan.BudgetSteps``): how many steps, the rate of each, the last.
+- ``StepFlags``: what each step's end hears, read lagged (a stop signal, a skipped step, the clock).
 
 ``Run`` holds them, and names the phases every loop calls after its ``train_step``: ``account`` (the step
 counted and recorded, its flags acted on), ``log``, ``evaluate``, ``save``; the loop stops on one condition,
@@ -26,19 +29,19 @@ import dataclasses
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from tqdm import tqdm
 
 from bertgpu.checkpoints import checkpoint, model_card
-from bertgpu.config import AdapterConfig, OptimConfig, TrainingConfig, accumulation
+from bertgpu.config import AdapterConfig, OptimConfig, TrainingConfig
 from bertgpu.errors import UserError
-from bertgpu.models.bert.config import BertConfig
-from bertgpu.parallel import ParallelModel, launch, parallelize
+from bertgpu.models.config import EncoderConfig
+from bertgpu.parallel import ParallelModel, SpreadOptions, launch, parallelize
 from bertgpu.parallel.balance import Balancer
 from bertgpu.parallel.balance import describe as describe_balance
 from bertgpu.parallel.compression import Compression
@@ -46,8 +49,9 @@ from bertgpu.parallel.layout import check_layout
 from bertgpu.parallel.rng import gather_rng_states, restore_rng_state
 from bertgpu.tasks.prelaunch import check_out_dir
 from bertgpu.training import memory
+from bertgpu.training.batch import accumulation
 from bertgpu.training.metrics import Sums, Throughput, peak_memory_mb
-from bertgpu.training.optim import build_optimizer, optimizer_step
+from bertgpu.training.optim import build_optimizer, optimizer_step, unscale_and_clip
 from bertgpu.training.plan import FixedSteps
 from bertgpu.training.precision import allow_tf32, autocast, resolve_precision
 from bertgpu.training.runlog import RunLog, console_is_tty, format_duration
@@ -107,30 +111,63 @@ class LoopState:
 
 @dataclass
 class LogSpec:
-    """What a task logs: the values of its log window and their console line; ``Records`` adds the values
-    every task logs (learning rate, rates, memory, ...)."""
+    """What a task logs, as plain values: what a step sums and where a checkpoint keeps the sums, the unit of a
+    batch, the values logged after the learning rates, the model card's values and how often the held-out
+    evaluation runs. The task's ``log_values`` and ``log_line`` make its values and line; ``Records`` adds the
+    values every task logs (learning rate, rates, memory, ...)."""
 
-    values: Callable[[dict[str, float]], dict[str, Any]]  # the window's sums -> the task's values
-    line: Callable[[int, dict[str, Any]], str]  # (step, every value) -> the console line
+    names: tuple[str, ...]  # what a step sums for the log, in the order of its sums (the task's LOG_SUMS)
+    keys: tuple[str, ...]  # the checkpoint keys of the running sums, the log window's first
     unit: str  # what a batch holds ("sequence", "example"): the balancer's word, and the sums' key plus s
     extra: dict[str, Any] = field(default_factory=dict)  # logged after the learning rates (pretraining's batch)
     card_keys: tuple[str, ...] = ()  # the last logged values a checkpoint's model card shows
-    evaluate: Callable[[int], tuple[dict[str, Any], str]] | None = None  # a step's held-out values and line
-    eval_every: int = 0  # evaluate every N steps (0: with every checkpoint)
+    eval_every: int = 0  # the held-out evaluation every N steps (0: with every checkpoint)
 
 
-@dataclass
-class Contents:
-    """What every checkpoint of a run holds besides the loop's state: the model's config and vocab, and
-    ``fixed``, the state that stays the same for the whole run. ``settle``: the task's config with the values
-    it settled at run time, and notes for bertgpu.json (``Checkpoints.ran_config``)."""
+class Evaluation(Protocol):
+    """A held-out evaluation during training (pretraining's): its values at ``step`` and their log line."""
 
-    model_config: BertConfig
-    vocab_path: str | Path
-    do_lower_case: bool
-    fixed: dict[str, Any]
-    architecture: str | None = None
-    settle: Callable[[Any], tuple[Any, dict[str, Any]]] | None = None
+    def __call__(self, step: int) -> tuple[dict[str, Any], str]: ...
+
+
+class Task(Protocol):
+    """What a training command brings to its run, made whole from its config sections before ``build_run``
+    makes the shared parts (``pretrain.Pretraining``, ``finetune.FineTuning``): its loop where the checkpoint
+    left it, its model spread over the processes, its step plan and optimizer settings, its meter, what it logs
+    and what every checkpoint of it holds; and what those parts ask of it as the run goes."""
+
+    loop: LoopState  # where the loop is: resumed (``Session.resume_loop``)
+    balance: bool  # --balance auto is yet to measure
+    net: ParallelModel  # the model spread over the processes (``spread``)
+    steps: FixedSteps  # the step plan: how many steps, the rate of each, the last
+    optim: OptimConfig  # the optimizer's settings, with this run's peak rate and steps
+    meter: Throughput
+    log: LogSpec
+    evaluation: Evaluation | None  # a held-out evaluation every --eval-every steps (pretraining's), or none
+    files: checkpoint.ModelFiles  # the model's config and vocab, in every checkpoint
+    fixed: dict[str, Any]  # the state that stays the same for the whole run, in every checkpoint
+    warnings: Sequence[str]  # said before the start line
+
+    def start_line(self) -> str:
+        """The run's first line (every process calls it: the parameter count is a collective under --pp)."""
+        ...
+
+    def log_values(self, sums: dict[str, float]) -> dict[str, Any]:
+        """The task's values of a log window, from its sums (``LogSpec.names``)."""
+        ...
+
+    def log_line(self, step: int, values: dict[str, Any]) -> str:
+        """The console line of a log window (``values``: the task's and those every task logs)."""
+        ...
+
+    def sample_batch(self) -> dict[str, torch.Tensor]:
+        """A batch of two on the device, for PowerSGD's silent first step on resume (``settle_buckets``)."""
+        ...
+
+    def settle(self, cfg: Any) -> tuple[Any, dict[str, Any]]:
+        """``cfg`` with the values the task settled at run time, and notes for bertgpu.json
+        (``Checkpoints.ran_config``)."""
+        ...
 
 
 class Session:
@@ -146,7 +183,7 @@ class Session:
     def __init__(
         self,
         cfg: TrainingConfig,
-        model_config: BertConfig,
+        model_config: EncoderConfig,
         task: str = "pretrain",
         *,
         adapter: AdapterConfig | None = None,
@@ -221,18 +258,36 @@ class Session:
 def warn_if_batch_too_big(
     session: Session,
     model: torch.nn.Module,
-    config: BertConfig,
+    config: EncoderConfig,
     seq_length: int,
     prediction_slots: int = 0,
     examples: int | None = None,
 ) -> None:
-    """Before the first step (rank 0): one line when a step's estimated memory (``memory``: the state of
+    """Before the first step: a UserError when a step's estimated memory (``memory``: the state of
     ``model``, of ``config``'s shape; the activations of this rank's micro-batch of ``seq_length``-token
     sequences and of the masked-LM head's ``prediction_slots`` per sequence) exceeds what the device
-    has. On CPU the machine's processes share its memory. ``examples``: all the data there is, when a rank's
-    batch can be no larger than its share of it (fine-tuning on fewer rows than --batch-size)."""
-    if not session.is_main:
+    has (a run started so swaps for minutes a step or is killed), a warning with --ignore-memory-estimate.
+    On CPU the machine's processes share its memory. ``examples``: all the data there is, when a rank's
+    batch can be no larger than its share of it (fine-tuning on fewer rows than --batch-size). Rank 0
+    estimates; every rank decides alike."""
+    message = _batch_too_big(session, model, config, seq_length, prediction_slots, examples) if session.is_main else ""
+    message = launch.broadcast_object(message)
+    if not message:
         return
+    if not session.run_cfg.ignore_memory_estimate:
+        raise UserError(f"{message}; --ignore-memory-estimate starts it anyway")
+    session.warn(f"{message} (started anyway: --ignore-memory-estimate)")
+
+
+def _batch_too_big(
+    session: Session,
+    model: torch.nn.Module,
+    config: EncoderConfig,
+    seq_length: int,
+    prediction_slots: int,
+    examples: int | None,
+) -> str:
+    """``warn_if_batch_too_big``'s line, '' when the batch fits (or the memory is not known)."""
     dims, parallel, device = session.dims, session.cfg.parallel, session.device
     sizes, _ = accumulation(session.run_cfg, dims.dp)
     batch = sizes[dims.dp_rank]
@@ -246,9 +301,7 @@ def warn_if_batch_too_big(
         session.precision,
         device.type,
         prediction_slots=prediction_slots,
-        tp=dims.tp,
-        pp=dims.pp,
-        activation_checkpointing=parallel.activation_checkpointing,
+        split=memory.Split(dims.tp, dims.pp, parallel.activation_checkpointing),
     )
     processes = session.env.local_world_size if device.type == "cpu" else 1
     message = memory.batch_warning(
@@ -259,8 +312,7 @@ def warn_if_batch_too_big(
         f"a batch of {batch} x {seq_length} tokens per process on {device.type}",
         parallel.activation_checkpointing,
     )
-    if message:
-        session.warn(message)
+    return message or ""
 
 
 def spread(
@@ -273,10 +325,7 @@ def spread(
     compression = Compression(
         parallel.grad_compression, parallel.powersgd_rank, parallel.powersgd_warmup or max(2, total_steps // 10)
     )
-    net = parallelize(
-        model,
-        session.dims,
-        session.device,
+    options = SpreadOptions(
         precision=session.precision,
         activation_checkpointing=parallel.activation_checkpointing,
         compile=compile,
@@ -286,38 +335,31 @@ def spread(
         seq_length=seq_length,
         cuda_graphs=run.cuda_graphs,
     )
+    net = parallelize(model, session.dims, session.device, options)
     torch.manual_seed(run.seed + 1 + session.dims.dp_rank)
     return net
 
 
 class Optimization:
-    """What steps the spread model ``net``: its optimizer (``optim``: the peak rate and steps this run's),
-    the gradient scaler and the learning-rate ``plan``'s schedule, all restored on resume; clipping, the
-    precision's autocast, and --balance auto's timing of the forward passes (``balance``: still to measure).
-    ``step`` is the second half of a training step, after the forward and backward passes."""
+    """What steps the task's spread model ``net``: its optimizer (``optim``: the task's settings, with this run's
+    peak rate and steps), the gradient scaler and the step plan's learning-rate ``schedule``, all restored on
+    resume; clipping, the precision's autocast, and --balance auto's timing of the forward passes. A loop's
+    ``train_step`` calls its parts after the forward and backward passes, in order: ``clip_grad_norm``,
+    ``step``, ``zero_grad``, ``schedule.step()``."""
 
-    def __init__(
-        self,
-        session: Session,
-        net: ParallelModel,
-        optim: OptimConfig,
-        plan: FixedSteps,
-        *,
-        sample_forward: Callable[[], Any],
-        balance: bool,
-    ):
-        self.net, self.optim, self.precision, self.device = net, optim, session.precision, session.device
-        self.optimizer = build_optimizer(net.model, optim, session.device)
+    def __init__(self, session: Session, task: Task):
+        self.net, self.optim, self.precision, self.device = task.net, task.optim, session.precision, session.device
+        self.optimizer = build_optimizer(task.net.model, task.optim, session.device)
         self.scaler = torch.amp.GradScaler(session.device.type, enabled=session.precision == "fp16")
         if session.state is not None:
-            self._restore(session, sample_forward)
-        self.schedule = plan.schedule(self.optimizer, session.start_step)
-        self.balancer = Balancer(session.device, enabled=balance)
+            self._restore(session, task)
+        self.schedule = task.steps.schedule(self.optimizer, session.start_step)
+        self.balancer = Balancer(session.device, enabled=task.balance)
 
-    def _restore(self, session: Session, sample_forward: Callable[[], Any]) -> None:
+    def _restore(self, session: Session, task: Task) -> None:
         """On resume: the optimizer state (whatever layout wrote it), the gradient scaler, this
-        process's RNG and PowerSGD's state (same layout only). ``sample_forward`` runs the model on a
-        batch, for PowerSGD's silent first step (``ParallelModel.settle_buckets``)."""
+        process's RNG and PowerSGD's state (same layout only; the task's ``sample_batch`` for PowerSGD's
+        silent first step, ``ParallelModel.settle_buckets``)."""
         net, state = self.net, session.state
         checkpoint.load_optimizer_state(net.model, self.optimizer, session.resume_from)
         self.scaler.load_state_dict(state["scaler"])
@@ -325,7 +367,7 @@ class Optimization:
             same_layout = list(state.get("layout", ())) == list(session.layout)
             saved = checkpoint.load_rank_tensors(session.resume_from, session.env.rank)
             if same_layout and saved is not None:
-                net.load_rank_state_dict(saved, sample_forward)
+                net.load_rank_state_dict(saved, task.sample_batch)
             else:
                 session.warn(
                     "PowerSGD starts afresh (warm-up included): the checkpoint was written by another layout "
@@ -334,10 +376,17 @@ class Optimization:
         anew = hash((session.run_cfg.seed, session.dims.dp_rank, session.start_step)) % 2**63
         restore_rng_state(state["rng"], session.env.rank, session.layout, session.device, anew)
 
-    def step(self) -> torch.Tensor:
-        """The optimizer step (unscale, clip, a non-finite one skipped on the device, the schedule moved on);
-        return its 0-dim flag of a skipped step, on the device (``optim.optimizer_step``)."""
-        return optimizer_step(self.net, self.optimizer, self.scaler, self.schedule, self.optim.clip, self.precision)
+    def clip_grad_norm(self) -> torch.Tensor:
+        """Unscale the gradients (fp16) and clip their global norm to --clip; return the 0-dim flag of a
+        non-finite norm, on the device: the step that ``step`` skips (``optim.unscale_and_clip``)."""
+        return unscale_and_clip(self.net, self.optimizer, self.scaler, self.optim.clip)
+
+    def step(self, bad: torch.Tensor) -> None:
+        """The optimizer step, skipped on the device where ``bad`` is 1 (``optim.optimizer_step``)."""
+        optimizer_step(self.optimizer, self.scaler, bad, self.precision)
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
 
     @contextlib.contextmanager
     def forward_context(self, micro_batch: dict[str, torch.Tensor]):
@@ -352,32 +401,26 @@ class Optimization:
 
 
 class Records:
-    """What a run records: the running sums of the log window (``keys``: one ``Sums`` of ``names`` for each
-    checkpoint key, the first the log's; restored on resume), rank 0's log (console, log.jsonl, TensorBoard)
-    with its progress bar at the ``plan``'s total, the throughput ``meter`` (which leaves out what the restored
-    window counted before this process started), the held-out evaluation and the closing summary."""
+    """What a run records of its ``task``: the running sums of the log window (one ``Sums`` of the task's
+    ``LogSpec.names`` for each of its checkpoint keys, the first the log's; restored on resume), rank 0's log
+    (console, log.jsonl, TensorBoard) with its progress bar at the step plan's total, the throughput ``meter``
+    (which leaves out what the restored window counted before this process started), the held-out evaluation
+    and the closing summary."""
 
-    def __init__(
-        self,
-        session: Session,
-        plan: FixedSteps,
-        spec: LogSpec,
-        names: tuple[str, ...],
-        keys: tuple[str, ...],
-        meter: Throughput,
-        loop: LoopState,
-    ):
-        self.session, self.plan, self.spec, self.meter = session, plan, spec, meter
+    def __init__(self, session: Session, task: Task):
+        self.session, self.task, self.plan, self.spec, self.meter = session, task, task.steps, task.log, task.meter
+        self.evaluation = task.evaluation
         self.dims, self.device, self.is_main = session.dims, session.device, session.is_main
-        self.sums = {key: Sums(session.device, *names) for key in keys}
+        spec, meter = task.log, task.meter
+        self.sums = {key: Sums(session.device, *spec.names) for key in spec.keys}
         state = session.state
         if state is not None:
             for key, sums in self.sums.items():
                 sums.restore(state[key], self.dims)
             window = self.window
-            carried = dict(zip(window.names, state[keys[0]].tolist()))
+            carried = dict(zip(window.names, state[spec.keys[0]].tolist()))
             meter.carry(
-                loop.steps_in_window,
+                task.loop.steps_in_window,
                 int(carried[f"{spec.unit}s"]),
                 int(carried["tokens"]),
                 int(carried.get("masked", 0)),
@@ -385,7 +428,7 @@ class Records:
         self.started = time.perf_counter()
         self.log = RunLog(session.out, session.is_main, start_step=session.start_step)
         self.bar = tqdm(
-            total=plan.total,
+            total=self.plan.total,
             initial=session.start_step,
             disable=not (session.is_main and console_is_tty()),
             unit="step",
@@ -422,7 +465,7 @@ class Records:
         unit = f"{spec.unit}s"
         rates = self.meter.rates(loop.steps_in_window, int(s[unit]), int(s["tokens"]), int(s.get("masked", 0)))
         values = {
-            **spec.values(s),
+            **self.task.log_values(s),
             "lr": lr,
             "peak_lr": peak_lr,
             **spec.extra,
@@ -435,7 +478,7 @@ class Records:
             **rates,
         }
         loop.steps_in_window = loop.comm_bytes = 0
-        self.log.log(loop.step, values, spec.line(loop.step, values), write=self.write)
+        self.log.log(loop.step, values, self.task.log_line(loop.step, values), write=self.write)
 
     def evaluate(self, step: int) -> None:
         """The held-out evaluation of ``step``, logged, off the meter's clock (the rates cover training steps);
@@ -445,7 +488,7 @@ class Records:
         self.meter.resume()
 
     def _evaluate(self, step: int) -> None:
-        values, line = self.spec.evaluate(step)
+        values, line = self.evaluation(step)
         self.log.log(step, values, line, write=self.write)
 
     def peak_memory_mb(self) -> float:
@@ -480,36 +523,26 @@ class Records:
 
 class Checkpoints:
     """What a checkpoint of the run holds (``snapshot``: the loop's state, the plan's, the running sums, the
-    ``contents``' fixed state, the scaler, every process's RNG, the layout, the model card), written when the
-    ``checkpointer`` (``checkpoint.Checkpointer``: --save-every, --save-every-minutes, the last step) finds one
-    due, or at once (``save_now``: a stop, a failing run, an epoch's end)."""
+    ``task``'s fixed state, the scaler, every process's RNG, the layout, the model card; the task's model files),
+    written when the ``checkpointer`` (``checkpoint.Checkpointer``: --save-every, --save-every-minutes, the last
+    step) finds one due, or at once (``save_now``: a stop, a failing run, an epoch's end)."""
 
-    def __init__(self, session: Session, plan: FixedSteps, opt: Optimization, records: Records, contents: Contents):
-        self.session, self.plan, self.opt, self.records, self.contents = session, plan, opt, records, contents
+    def __init__(self, session: Session, task: Task, opt: Optimization, records: Records):
+        self.session, self.task, self.plan, self.opt, self.records = session, task, task.steps, opt, records
         self.checkpointer = checkpoint.Checkpointer(session.out, session.run_cfg, started=session.started)
-        self.checkpointer.set_contents(
-            opt.net.model,
-            opt.optimizer,
-            contents.model_config,
-            session.cfg,
-            vocab_path=contents.vocab_path,
-            do_lower_case=contents.do_lower_case,
-            architecture=contents.architecture,
-        )
+        self.checkpointer.set_contents(opt.net.model, opt.optimizer, task.files, session.cfg)
 
     def ran_config(self) -> tuple[Any, dict[str, Any]]:
         """The run's config as it runs, which its checkpoints record (bertgpu.json, the model card) so that
         ``--config bertgpu.json`` repeats it: --precision resolved, and what the task settled at run time
         (pretraining's --recipe fast and --time-budget); with the notes bertgpu.json keeps beside it."""
-        cfg = self.session.cfg
-        settle = self.contents.settle
-        cfg, notes = settle(cfg) if settle is not None else (cfg, {})
+        cfg, notes = self.task.settle(self.session.cfg)
         return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, precision=self.session.precision)), notes
 
     def snapshot(self, loop: LoopState) -> checkpoint.Snapshot:
         """What a checkpoint of the loop's step holds besides model and optimizer; this process's own
         tensors; the model card. Every process calls this (it gathers)."""
-        session, dims, fixed = self.session, self.session.dims, self.contents.fixed
+        session, dims, fixed = self.session, self.session.dims, self.task.fixed
         values = {
             **loop.state_dict(),
             **self.plan.state_dict(loop.step),
@@ -524,17 +557,15 @@ class Checkpoints:
         card_keys = self.records.spec.card_keys
         metrics = self.records.log.latest(*card_keys) if card_keys else None
         config, notes = self.ran_config()
-        card = model_card.render(
-            session.task,
-            config,
+        facts = model_card.RunFacts(
             loop.step,
-            self.contents.model_config,
             dims.describe(),
             metrics,
             asked_precision=session.cfg.run.precision,
             time_budget=notes.get("time_budget", ""),
             global_batch=fixed.get("global_batch"),
         )
+        card = model_card.render(session.task, config, self.task.files.model_config, facts)
         return checkpoint.Snapshot(values, self.opt.net.rank_state_dict(), card, config, notes or None)
 
     def due(self, step: int, last: bool, epoch_end: bool) -> bool:
@@ -672,7 +703,7 @@ class Run:
         """The held-out evaluation (pretraining's) every --eval-every steps, or else with each checkpoint
         (before it: its model card shows it); and after the run's last step."""
         spec, last = self.records.spec, self._last(step, False)
-        if spec.evaluate is not None:
+        if self.records.evaluation is not None:
             every = spec.eval_every
             if last or (step % every == 0 if every else self.checkpoints.due(step, last, False)):
                 self.records.evaluate(step)
@@ -708,38 +739,17 @@ class Run:
             self.records.close()
 
 
-def build_run(
-    session: Session,
-    model: torch.nn.Module,
-    loop: LoopState,
-    *,
-    plan: FixedSteps,
-    optim: OptimConfig,
-    spec: LogSpec | Callable[[ParallelModel], LogSpec],
-    sums: tuple[tuple[str, ...], tuple[str, ...]],
-    meter: Throughput,
-    contents: Contents,
-    start_line: Callable[[ParallelModel], str],
-    sample_batch: Callable[[], dict[str, torch.Tensor]],
-    total_steps: int,
-    compile: bool = False,
-    seq_length: int | None = None,
-    same_batches: bool = True,
-    warnings: tuple[str, ...] | list[str] = (),
-) -> Run:
-    """The parts of a run, in order: ``model`` spread (``total_steps``: PowerSGD's warm-up), ``loop`` where the
-    checkpoint left it, the optimization, the start line (``start_line`` of the spread model) with the task's
-    ``warnings`` before it, the records (``sums``: the names summed and the checkpoint keys they are kept
-    under; ``spec`` or the spec of the spread model), the checkpoints and the step flags."""
-    net = spread(session, model, total_steps, compile=compile, seq_length=seq_length)
-    balance = session.resume_loop(loop, same_batches=same_batches)
-    opt = Optimization(session, net, optim, plan, sample_forward=lambda: net(**sample_batch()), balance=balance)
-    for warning in warnings:
+def build_run(session: Session, task: Task) -> Run:
+    """The shared parts of a run, in order, around the ``task`` (made whole: its loop resumed, its model spread):
+    the optimization (restored on resume), the start line with the task's warnings before it, the records, the
+    checkpoints and the step flags."""
+    opt = Optimization(session, task)
+    for warning in task.warnings:
         session.warn(warning)
-    line = start_line(net)  # on every process: the parameter count is a collective under pipeline parallelism
+    line = task.start_line()  # on every process: the parameter count is a collective under pipeline parallelism
     if session.is_main:
         print(line, flush=True)
-    records = Records(session, plan, spec(net) if callable(spec) else spec, *sums, meter, loop)
-    checkpoints = Checkpoints(session, plan, opt, records, contents)
-    flags = StepFlags(session, checkpoints.checkpointer, meter, records.write)
-    return Run(session, plan, opt, records, checkpoints, flags)
+    records = Records(session, task)
+    checkpoints = Checkpoints(session, task, opt, records)
+    flags = StepFlags(session, checkpoints.checkpointer, task.meter, records.write)
+    return Run(session, task.steps, opt, records, checkpoints, flags)

@@ -24,9 +24,10 @@ from bertgpu.data.shards import ShardedCorpus
 from bertgpu.data.tokenizer import vocab_sha256
 from bertgpu.errors import UserError
 from bertgpu.models import architectures
-from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.config import EncoderConfig
 from bertgpu.parallel import ParallelDims, launch
-from bertgpu.paths import refuse_clobbering
+from bertgpu.paths import refuse_clobbering, refuse_existing
+from bertgpu.tasks.checks import check_evaluate_flags
 from bertgpu.tasks.model_dirs import load_masked_lm, model_directory
 from bertgpu.tasks.prelaunch import run_local_workers
 from bertgpu.training import evaluation
@@ -40,7 +41,7 @@ def is_prepared(path: str) -> bool:
     return Path(path).is_dir() and (Path(path) / "meta.json").is_file()
 
 
-def _plan(cfg: EvaluateConfig) -> tuple[Path, BertConfig, ShardedCorpus, DataConfig]:
+def _plan(cfg: EvaluateConfig) -> tuple[Path, EncoderConfig, ShardedCorpus, DataConfig]:
     """The model directory, its config, the data and the instances' settings; UserError on any mistake."""
     model_dir = model_directory(cfg.model)
     config = architectures.load_config(model_dir)
@@ -113,7 +114,9 @@ def data_relation(model_dir: Path, corpus: ShardedCorpus, data: str) -> tuple[st
 
 
 def run(cfg: EvaluateConfig) -> None:
+    cfg = check_evaluate_flags(cfg)
     refuse_clobbering({"--output": cfg.output}, {"--model": cfg.model, "--data": cfg.data})
+    refuse_existing("--output", cfg.output, cfg.overwrite)
     cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device))
     model_dir, _, corpus, _ = _plan(cfg)
     cfg = dataclasses.replace(cfg, model=str(model_dir))
@@ -129,7 +132,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, float]:
     dims.build_mesh(env.device.type)
     model_dir, config, corpus, data = _plan(cfg)
     model, missing = load_masked_lm(model_dir, config, "masked-LM evaluation")
-    has_nsp = architectures.of(config).nsp and not any(n.startswith("cls.seq_relationship") for n in missing)
+    has_nsp = architectures.of(config).nsp and not architectures.nsp_head_missing(model, missing)
     eval_set = EvalSet(corpus, data, cfg.seed, cfg.eval_instances, str(cfg.data))
     eval_set.check_enough(dims.dp)
     metrics = evaluation.evaluate_mlm(

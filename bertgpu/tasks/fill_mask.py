@@ -18,15 +18,16 @@ from bertgpu.data.encoding import decode_text
 from bertgpu.data.tokenizer import Tokenizer
 from bertgpu.errors import UserError
 from bertgpu.models import architectures
-from bertgpu.models.bert.model import BertForPreTraining
+from bertgpu.models.interface import EncoderModel
 from bertgpu.parallel import launch
 from bertgpu.tasks import model_dirs
+from bertgpu.tasks.checks import check_fill_mask_flags
 from bertgpu.tasks.classifier import model_lowercase, model_vocab
 
 MASK = "[MASK]"
 
 
-def load_masked_lm(path: str, device: torch.device) -> tuple[BertForPreTraining, Tokenizer, Path]:
+def load_masked_lm(path: str, device: torch.device) -> tuple[EncoderModel, Tokenizer, Path]:
     """The model with its masked-LM head, its tokenizer and its directory; one line when it has no such head."""
     model_dir = model_dirs.model_directory(path)
     config = architectures.load_config(model_dir)
@@ -36,7 +37,7 @@ def load_masked_lm(path: str, device: torch.device) -> tuple[BertForPreTraining,
 
 
 @torch.no_grad()
-def fill_mask(model: BertForPreTraining, tokenizer: Tokenizer, text: str, top_k: int = 5) -> list[dict[str, Any]]:
+def fill_mask(model: EncoderModel, tokenizer: Tokenizer, text: str, top_k: int = 5) -> list[dict[str, Any]]:
     """For each [MASK] of ``text`` in order: its position and the ``top_k`` tokens with their probabilities."""
     pieces = text.split(MASK)
     if len(pieces) == 1:
@@ -89,6 +90,7 @@ def texts_of(cfg: FillMaskConfig) -> list[str]:
 
 
 def run(cfg: FillMaskConfig) -> list[list[dict[str, Any]]]:
+    cfg = check_fill_mask_flags(cfg)
     texts = texts_of(cfg)
     device = torch.device(launch.resolve_device(cfg.device))
     model, tokenizer, _ = load_masked_lm(cfg.model, device)

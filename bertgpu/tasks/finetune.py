@@ -2,8 +2,9 @@
 
 ``run_finetune`` checks everything a user can get wrong before any process starts, then works in
 this process or in ``nproc`` workers. ``train`` is the whole fine-tuning loop of one worker, top to
-bottom (``build`` makes its parts first): data-parallel steps (``train_step``: forward, backward and the
-optimizer step, spread over the processes by ``bertgpu.parallel``, as pretraining is), an evaluation after
+bottom (``FineTuning`` makes its part of the run from the config first, ``common.build_run`` the rest):
+data-parallel steps (``train_step``: forward and backward, clip, the optimizer step, zero, the schedule, spread
+over the processes by ``bertgpu.parallel``, as pretraining is), an evaluation after
 every epoch (``end_epoch``, with ``tasks.sharded_eval``), checkpoints kept by the chosen metric, and the best
 one as the final output. What every training task does around its loop (resume, checkpoints, stop signals,
 skipped steps, records) is ``tasks.common``'s parts.
@@ -12,7 +13,6 @@ skipped steps, records) is ``tasks.common``'s parts.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from bertgpu import atomic
 from bertgpu.checkpoints import checkpoint, hf_dir, model_card
-from bertgpu.config import FinetuneConfig, OptimConfig, accumulation, finetune_lr, parse_nnodes
+from bertgpu.config import FinetuneConfig
 from bertgpu.data.classification import (
     ClassificationDataset,
     Examples,
@@ -39,19 +39,27 @@ from bertgpu.data.sharing import shares_of
 from bertgpu.data.tokenizer import Tokenizer, fragmentation_warning, load_vocab, vocab_is_cased
 from bertgpu.errors import UserError, did_you_mean
 from bertgpu.models import architectures
-from bertgpu.models.bert.config import BertConfig
-from bertgpu.models.bert.model import BertForSequenceClassification
-from bertgpu.models.config import PRESETS
+from bertgpu.models.config import PRESETS, EncoderConfig
+from bertgpu.models.interface import EncoderModel
 from bertgpu.parallel import launch
 from bertgpu.parallel.dims import ParallelDims
 from bertgpu.parallel.layout import check_layout
 from bertgpu.paths import refuse_clobbering
+from bertgpu.tasks.checks import check_finetune_flags
 from bertgpu.tasks.classifier import model_lowercase, model_vocab
-from bertgpu.tasks.common import Contents, LogSpec, LoopState, Run, Session, build_run, warn_if_batch_too_big
-from bertgpu.tasks.model_dirs import check_model_dir
-from bertgpu.tasks.prelaunch import announce_resume, check_out_dir, resolve_device, run_workers, warn_before_start
+from bertgpu.tasks.common import LogSpec, LoopState, Run, Session, build_run, spread, warn_if_batch_too_big
+from bertgpu.tasks.model_dirs import check_model_dir, hub_hint
+from bertgpu.tasks.prelaunch import (
+    announce_resume,
+    check_out_dir,
+    parse_nnodes,
+    resolve_device,
+    run_workers,
+    warn_before_start,
+)
 from bertgpu.tasks.sharded_eval import compute_metrics, describe_f1, per_class_table, predict_logits
 from bertgpu.training import lora
+from bertgpu.training.batch import accumulation, finetune_lr, peak_lr
 from bertgpu.training.metrics import Throughput
 from bertgpu.training.optim import describe_lr
 from bertgpu.training.plan import FixedSteps
@@ -80,7 +88,7 @@ class Plan:
     """What ``check`` worked out: the model to build, where its weights come from, and the data."""
 
     model_dir: Path | None  # None: a preset, random weights
-    model_config: BertConfig  # id2label = the training labels
+    model_config: EncoderConfig  # id2label = the training labels
     keep_head: bool  # the directory already holds a classifier for exactly these labels
     lowercase: bool
     train: Examples
@@ -111,6 +119,7 @@ def check(cfg: FinetuneConfig) -> Plan:
             raise UserError(
                 f"--model {cfg.model}: no such preset or directory (presets: {', '.join(PRESETS)})"
                 + did_you_mean(cfg.model, PRESETS)
+                + hub_hint(cfg.model)
             )
         if cfg.vocab:
             raise UserError(
@@ -178,11 +187,11 @@ def check(cfg: FinetuneConfig) -> Plan:
     )
 
 
-def _dropout(config: BertConfig) -> str:
+def _dropout(config: EncoderConfig) -> str:
     return f"{config.hidden_dropout_prob:g}"
 
 
-def pooler_untrained(model_dir: Path | None, base: BertConfig) -> bool:
+def pooler_untrained(model_dir: Path | None, base: EncoderConfig) -> bool:
     """Whether ``model_dir`` (of model config ``base``) is a bertgpu BERT pretraining checkpoint whose pooler no loss
     ever trained: masked LM alone (--no-nsp) leaves it as initialised, and fine-tuning through it sat at chance for
     an epoch (BENCHMARKS.md: The chance-level fine-tune). ModernBERT's classifier reads [CLS] through the masked-LM
@@ -200,7 +209,7 @@ def pooler_untrained(model_dir: Path | None, base: BertConfig) -> bool:
     return not data["nsp"]
 
 
-def choose_pooling(asked: str, model_dir: Path | None, base: BertConfig, keep_head: bool) -> tuple[str, str]:
+def choose_pooling(asked: str, model_dir: Path | None, base: EncoderConfig, keep_head: bool) -> tuple[str, str]:
     """--pooling resolved ("pooler" or "mean"), and why."""
     if asked != "auto":
         return asked, "--pooling"
@@ -213,7 +222,7 @@ def choose_pooling(asked: str, model_dir: Path | None, base: BertConfig, keep_he
     return "pooler", "auto"
 
 
-def _preset(cfg: FinetuneConfig) -> tuple[BertConfig, Path]:
+def _preset(cfg: FinetuneConfig) -> tuple[EncoderConfig, Path]:
     """A preset's config, sized to --vocab, and the vocab (a preset brings none)."""
     if not cfg.vocab:
         raise UserError(
@@ -223,7 +232,8 @@ def _preset(cfg: FinetuneConfig) -> tuple[BertConfig, Path]:
     vocab = Path(cfg.vocab)
     if not vocab.is_file():
         raise UserError(f"--vocab {cfg.vocab}: no such file")
-    return BertConfig.preset(cfg.model, vocab_size=len(load_vocab(vocab))), vocab
+    # finetune has no --arch: a preset is the default architecture's
+    return architectures.preset(architectures.DEFAULT, cfg.model, len(load_vocab(vocab))), vocab
 
 
 def _short(lr: float) -> str:
@@ -231,7 +241,7 @@ def _short(lr: float) -> str:
     return f"{lr:g}" if lr >= 1e-3 else f"{lr:.1e}".replace(".0e", "e").replace("e-0", "e-")
 
 
-def resolve_lr(cfg: FinetuneConfig, model_config: BertConfig) -> tuple[FinetuneConfig, str]:
+def resolve_lr(cfg: FinetuneConfig, model_config: EncoderConfig) -> tuple[FinetuneConfig, str]:
     """``cfg`` with --lr set (the width's default when not given), and a line saying which lr and why."""
     if cfg.optim.lr is not None:
         return cfg, f"lr {_short(cfg.optim.lr)} (--lr)"
@@ -267,7 +277,7 @@ def resolve_epochs(cfg: FinetuneConfig, train_examples: int) -> tuple[FinetuneCo
 
 def run_finetune(cfg: FinetuneConfig) -> None:
     """Check, then fine-tune here or in local workers."""
-    cfg = resolve_device(cfg)
+    cfg = resolve_device(check_finetune_flags(cfg))
     plan = check(cfg)
     cfg, lr_line = resolve_lr(cfg, plan.model_config)
     cfg, epochs_line = resolve_epochs(cfg, len(plan.train))
@@ -358,8 +368,9 @@ def train(cfg: FinetuneConfig) -> Path:
         pooling=architectures.pooling_of(plan.model_config),
     )
     session = Session(cfg, plan.model_config, "finetune", adapter=cfg.adapter)
-    run, loop, train_set, eval_set, accum = build(cfg, plan, session)
-    dims = session.dims
+    task = FineTuning(cfg, plan, session)  # the data, the loop, the model spread, the steps, what is logged and saved
+    run, loop, accum = build_run(session, task), task.loop, task.accum
+    train_set, eval_set, dims = task.train_set, task.eval_set, session.dims
     try:
         while loop.epoch <= cfg.epochs and not run.stopped:
             run.opt.net.train()
@@ -390,65 +401,98 @@ def train(cfg: FinetuneConfig) -> Path:
     return session.out / "best"
 
 
-def build(
-    cfg: FinetuneConfig, plan: Plan, session: Session
-) -> tuple[Run, Loop, ClassificationDataset, ClassificationDataset, int]:
-    """The run's data (encoded once), its model and its parts (``common.build_run``); with the loop where it
-    starts and the micro-batches a step accumulates."""
-    dims, device = session.dims, session.device
-    sizes, accum = accumulation(cfg.run, dims.dp)  # --grad-accum, or what makes --global-batch on this layout
-    # Data: encoded once; every epoch a fresh order, cut into global batches shared by the data-parallel ranks.
-    tokenizer = Tokenizer(plan.vocab, plan.lowercase)
-    label2id = {name: i for i, name in plan.model_config.id2label.items()}
-    train_set = ClassificationDataset(plan.train, tokenizer, cfg.max_seq_length, label2id)
-    eval_set = ClassificationDataset(plan.eval, tokenizer, cfg.max_seq_length, label2id)
-    loop = Loop(sizes, out=session.out)  # the batch sizes per data-parallel rank
-    global_batch = sum(loop.sizes) * accum
-    steps_per_epoch = len(epoch_batches(cfg, train_set, loop.sizes, accum, dims, 1))
-    if steps_per_epoch == 0:
-        raise UserError(f"{len(train_set)} training example(s) cannot be shared by {dims.dp} data-parallel ranks")
-    optim = dataclasses.replace(cfg.optim, lr=cfg.optim.peak_lr(global_batch), steps=cfg.epochs * steps_per_epoch)
-    fixed = {  # what a resumed run must share with the run it continues; every checkpoint records it
-        "labels": list(label2id),
-        "train_examples": len(train_set),
-        "global_batch": global_batch,
-        "group_by_length": cfg.group_by_length,
-        "adapter": _adapter_record(cfg, plan),
-    }
-    if session.state is not None:
-        _check_resumable(session.state, session.resume_from, **fixed)
+class FineTuning:
+    """Fine-tuning's part of a run (``common.Task``), made whole from its config sections: the data (encoded once),
+    the loop where the checkpoint left it, the classifier (``build_model``) spread over the processes, its steps
+    (--epochs of the training set's global batches), what the log shows and what every checkpoint holds; with the
+    micro-batches a step accumulates (``accum``). Its evaluation is every epoch's (``end_epoch``)."""
 
-    model = build_model(cfg, plan, session)
-    trainable, n_params = lora.parameter_counts(model)
-    # Batches are padded to their longest example and hold at most the data there is: a --batch-size larger
-    # than the training set, or a --max-seq-length longer than any example, costs no memory.
-    longest = int(train_set.lengths.max()) if len(train_set) else cfg.max_seq_length
-    warn_if_batch_too_big(session, model, plan.model_config, longest, examples=len(train_set))
-    run = build_run(
-        session,
-        model,
-        loop,
-        plan=FixedSteps(optim),
-        optim=optim,
-        spec=LogSpec(values=log_values, line=functools.partial(log_line, steps=optim.steps), unit="example"),
-        sums=(LOG_SUMS, ("window", "epoch_sums")),  # since the last log line, and in the epoch
-        meter=Throughput(None, None, dims.world_size),
-        contents=Contents(
-            plan.model_config,
-            plan.vocab,
-            plan.lowercase,
-            fixed,
-            architecture=architectures.class_names(plan.model_config)[1],
-        ),
-        start_line=lambda net: start_line(
-            cfg, session, plan, loop, accum, optim, len(train_set), len(eval_set), trainable, n_params
-        ),
-        sample_batch=lambda: _sample_batch(train_set, device),
-        total_steps=optim.steps,
-        seq_length=cfg.max_seq_length,
-        warnings=plan.warnings,
-    )
-    return run, loop, train_set, eval_set, accum
+    def __init__(self, cfg: FinetuneConfig, plan: Plan, session: Session):
+        dims = session.dims
+        self.cfg, self.plan, self.session = cfg, plan, session
+        sizes, self.accum = accumulation(cfg.run, dims.dp)  # --grad-accum, or what makes --global-batch here
+        # Data: encoded once; every epoch a fresh order, cut into global batches shared by the data-parallel ranks.
+        tokenizer = Tokenizer(plan.vocab, plan.lowercase)
+        label2id = {name: i for i, name in plan.model_config.id2label.items()}
+        self.train_set = ClassificationDataset(plan.train, tokenizer, cfg.max_seq_length, label2id)
+        self.eval_set = ClassificationDataset(plan.eval, tokenizer, cfg.max_seq_length, label2id)
+        self.loop = Loop(sizes, out=session.out)  # the batch sizes per data-parallel rank
+        self.global_batch = global_batch = sum(sizes) * self.accum
+        steps_per_epoch = len(epoch_batches(cfg, self.train_set, sizes, self.accum, dims, 1))
+        if steps_per_epoch == 0:
+            raise UserError(
+                f"{len(self.train_set)} training example(s) cannot be shared by {dims.dp} data-parallel ranks"
+            )
+        steps = cfg.epochs * steps_per_epoch
+        self.optim = dataclasses.replace(cfg.optim, lr=peak_lr(cfg.optim, global_batch), steps=steps)
+        self.steps = FixedSteps(self.optim)
+        self.fixed = {  # what a resumed run must share with the run it continues; every checkpoint records it
+            "labels": list(label2id),
+            "train_examples": len(self.train_set),
+            "global_batch": global_batch,
+            "group_by_length": cfg.group_by_length,
+            "adapter": _adapter_record(cfg, plan),
+        }
+        if session.state is not None:
+            _check_resumable(session.state, session.resume_from, **self.fixed)
+
+        model = build_model(cfg, plan, session)
+        self.trainable, self.n_params = lora.parameter_counts(model)
+        # Batches are padded to their longest example and hold at most the data there is: a --batch-size larger
+        # than the training set, or a --max-seq-length longer than any example, costs no memory.
+        longest = int(self.train_set.lengths.max()) if len(self.train_set) else cfg.max_seq_length
+        warn_if_batch_too_big(session, model, plan.model_config, longest, examples=len(self.train_set))
+        self.meter = Throughput(None, None, dims.world_size)
+        self.files = checkpoint.ModelFiles(
+            plan.model_config, plan.vocab, plan.lowercase, architectures.class_names(plan.model_config)[1]
+        )
+        # The log's sums: since the last log line, and in the epoch (its evaluation's record).
+        self.log = LogSpec(LOG_SUMS, ("window", "epoch_sums"), "example")
+        self.evaluation = None  # every epoch's instead (end_epoch)
+        self.warnings = plan.warnings
+        self.net = spread(session, model, self.optim.steps, seq_length=cfg.max_seq_length)
+        self.balance = session.resume_loop(self.loop)
+
+    def start_line(self) -> str:
+        cfg, session, loop, accum, optim = self.cfg, self.session, self.loop, self.accum, self.optim
+        trainable, n_params = self.trainable, self.n_params
+        how = (
+            f"; resuming from {session.resume_from} at step {loop.step}{session.layout_change()}"
+            if session.resume_from
+            else ""
+        )
+        what = (
+            f"{lora.describe(cfg.adapter)}: {trainable:,} of {n_params:,} parameters trainable "
+            f"({100 * trainable / n_params:.2f}%)"
+            if cfg.adapter.enabled
+            else f"{n_params / 1e6:.1f}M parameters"
+        )
+        global_batch = sum(loop.sizes) * accum
+        o = cfg.optim
+        return (
+            f"bertgpu finetune: {what}, {session.dims.describe()}, on {session.device.type}, "
+            f"{session.precision}, {len(self.train_set):,} training and {len(self.eval_set):,} evaluation examples, "
+            f"labels {', '.join(self.plan.model_config.id2label.values())}, global batch {global_batch} = "
+            f"{describe_batch(loop.sizes, accum)}, "
+            f"{describe_lr(o.lr, optim.lr, o.lr_scaling, global_batch, o.reference_batch)}, "
+            f"dropout {cfg.dropout:g}, pooling {cfg.pooling}, "
+            f"{optim.steps} steps in {cfg.epochs} epoch(s){how}"
+        )
+
+    def log_values(self, sums: dict[str, float]) -> dict[str, float]:
+        return log_values(sums)
+
+    def log_line(self, step: int, values: dict[str, Any]) -> str:
+        return log_line(step, values, self.optim.steps)
+
+    def sample_batch(self) -> dict[str, torch.Tensor]:
+        """Two examples as a batch, for a step that only lays out DDP's buckets (settle_buckets)."""
+        batch = self.train_set.batch(list(range(min(2, len(self.train_set)))))
+        return {k: batch[k].to(self.session.device) for k in ("input_ids", "token_type_ids", "attention_mask")}
+
+    def settle(self, cfg: FinetuneConfig) -> tuple[FinetuneConfig, dict[str, Any]]:
+        """Fine-tuning settles nothing at run time that its config does not say already."""
+        return cfg, {}
 
 
 def summary_where(cfg: FinetuneConfig, plan: Plan, best: dict[str, Any], out: Path) -> str:
@@ -477,7 +521,7 @@ def epoch_batches(
     return train_batches(len(train_set), shares, dims.dp, dims.dp_rank, cfg.run.seed, epoch, lengths)
 
 
-def build_model(cfg: FinetuneConfig, plan: Plan, session: Session) -> BertForSequenceClassification:
+def build_model(cfg: FinetuneConfig, plan: Plan, session: Session) -> EncoderModel:
     """The pretrained encoder; a fresh head unless the directory has one for these very labels. On
     resume, the checkpoint's whole classifier; with LoRA, the frozen base from --model again and the
     checkpoint's adapter and head."""
@@ -495,49 +539,14 @@ def build_model(cfg: FinetuneConfig, plan: Plan, session: Session) -> BertForSeq
     return model
 
 
-def start_line(
-    cfg: FinetuneConfig,
-    session: Session,
-    plan: Plan,
-    loop: Loop,
-    accum: int,
-    optim: OptimConfig,
-    train_examples: int,
-    eval_examples: int,
-    trainable: int,
-    n_params: int,
-) -> str:
-    how = (
-        f"; resuming from {session.resume_from} at step {loop.step}{session.layout_change()}"
-        if session.resume_from
-        else ""
-    )
-    what = (
-        f"{lora.describe(cfg.adapter)}: {trainable:,} of {n_params:,} parameters trainable "
-        f"({100 * trainable / n_params:.2f}%)"
-        if cfg.adapter.enabled
-        else f"{n_params / 1e6:.1f}M parameters"
-    )
-    global_batch = sum(loop.sizes) * accum
-    o = cfg.optim
-    return (
-        f"bertgpu finetune: {what}, {session.dims.describe()}, on {session.device.type}, "
-        f"{session.precision}, {train_examples:,} training and {eval_examples:,} evaluation examples, "
-        f"labels {', '.join(plan.model_config.id2label.values())}, global batch {global_batch} = "
-        f"{describe_batch(loop.sizes, accum)}, "
-        f"{describe_lr(o.lr, optim.lr, o.lr_scaling, global_batch, o.reference_batch)}, "
-        f"dropout {cfg.dropout:g}, pooling {cfg.pooling}, "
-        f"{optim.steps} steps in {cfg.epochs} epoch(s){how}"
-    )
-
-
 def train_step(
     run: Run, dataset: ClassificationDataset, micro: list[list[int]], global_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step over this rank's micro-batches (example indices) of a global batch of
-    ``global_size`` examples: the forward and backward passes, then the optimizer step (clipped; a non-finite
-    one skipped on the device; the scaler; the schedule moved on). Return the step's log sums (``LOG_SUMS``
-    order) and its skipped flag, both still on the device. The loss is the global batch's mean cross-entropy."""
+    ``global_size`` examples: the forward and backward passes, the gradients unscaled and clipped, the optimizer
+    step (a non-finite one skipped on the device), the gradients zeroed, the schedule moved on. Return the step's
+    log sums (``LOG_SUMS`` order) and its skipped flag, both still on the device. The loss is the global batch's
+    mean cross-entropy."""
     opt, sums = run.opt, run.records.window
     net, device = opt.net, run.session.device
 
@@ -562,7 +571,11 @@ def train_step(
         context=opt.forward_context,
         scale=opt.scaler.scale,
     )
-    return step_sums, opt.step()
+    bad = opt.clip_grad_norm()  # unscaled and clipped; a non-finite norm flags the step to skip, on the device
+    opt.step(bad)  # the optimizer step (skipped where bad)
+    opt.zero_grad()
+    opt.schedule.step()  # the next step's learning rate
+    return step_sums, bad
 
 
 def log_values(s: dict[str, float]) -> dict[str, float]:
@@ -609,20 +622,7 @@ def end_epoch(
         f"f1 {metrics['f1']:.4f} | {metrics['examples']} examples{' | best so far' if is_best else ''}"
     )
     records.log.log(loop.step, {k: v for k, v in record.items() if k != "step"}, line, write=records.write)
-    loop.kept = save_epoch(
-        out,
-        epoch,
-        net.model,
-        plan,
-        cfg,
-        record,
-        loop.kept,
-        best,
-        is_best,
-        session.is_main,
-        dims.describe(),
-        session.precision,
-    )
+    loop.kept = save_epoch(run, loop, plan, cfg, record, is_best)
     if session.is_main:
         atomic.write_json(
             out / METRICS_NAME,
@@ -641,12 +641,6 @@ def end_epoch(
     run.checkpoints.save_now(loop)
     records.meter.resume()  # the rate covers training steps only, not this evaluation
     run.flags.stop_requested()  # a signal during the evaluation stops the run here: all of it is saved
-
-
-def _sample_batch(dataset: ClassificationDataset, device: torch.device) -> dict[str, torch.Tensor]:
-    """Two examples as a batch, for a step that only lays out DDP's buckets (settle_buckets)."""
-    batch = dataset.batch(list(range(min(2, len(dataset)))))
-    return {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
 
 
 def micro_batches(indices: list[int], global_size: int, shares: list[int], accum: int) -> list[list[int]]:
@@ -732,30 +726,22 @@ def _epoch_dir(epoch: int) -> str:
 
 
 def save_epoch(
-    out: Path,
-    epoch: int,
-    model: torch.nn.Module,
-    plan: Plan,
-    cfg: FinetuneConfig,
-    record: dict[str, Any],
-    kept: list[Path],
-    best: dict[str, Any],
-    is_best: bool,
-    is_main: bool,
-    layout: str = "1 process",
-    precision: str | None = None,
+    run: Run, loop: Loop, plan: Plan, cfg: FinetuneConfig, record: dict[str, Any], is_best: bool
 ) -> list[Path]:
-    """Write this epoch's checkpoint (every process calls this: the weights are gathered from them),
-    keep the best and the newest up to --save-total-limit, and refresh ``out/best``. Every directory
-    appears complete or not at all. Return the kept ones."""
+    """Write the checkpoint of the loop's epoch, its evaluation ``record`` beside it (every process calls this: the
+    weights are gathered from them), keep the best (``loop.best``) and the newest up to --save-total-limit, and
+    refresh ``out/best`` when the epoch ``is_best``. Every directory appears complete or not at all. Return the
+    kept ones (``loop.kept`` and this epoch's)."""
+    session, epoch, kept, best = run.session, loop.epoch, loop.kept, loop.best
+    out, precision, layout = session.out, session.precision, session.dims.describe()
     path = out / _epoch_dir(epoch)
+    files = checkpoint.ModelFiles(
+        plan.model_config, plan.vocab, plan.lowercase, architectures.class_names(plan.model_config)[1]
+    )
     checkpoint.save_model_dir(
         path,
-        model,
-        plan.model_config,
-        vocab_path=plan.vocab,
-        do_lower_case=plan.lowercase,
-        architecture=architectures.class_names(plan.model_config)[1],
+        run.opt.net.model,
+        files,
         json_files={
             METRICS_NAME: record,
             checkpoint.RUN_CONFIG_NAME: {
@@ -771,18 +757,17 @@ def save_epoch(
         card=model_card.render(
             "finetune",
             cfg,
-            record["step"],
             plan.model_config,
-            layout,
-            {k: (v, record["step"]) for k, v in record.items() if k != "step"},
-            precision,
+            model_card.RunFacts(
+                record["step"], layout, {k: (v, record["step"]) for k, v in record.items() if k != "step"}, precision
+            ),
         ),
     )
     kept = kept + [path]
     best_path = out / _epoch_dir(best["epoch"])
     newest = [p for p in kept if p != best_path][-(cfg.save_total_limit - 1) :] if cfg.save_total_limit > 1 else []
     keep = (set(newest) | {best_path}) if cfg.save_total_limit else set(kept)
-    if is_main:
+    if session.is_main:
         if is_best:
             try:  # hard links: the best directory costs no space, and stays whole when its epoch is pruned
                 with atomic.directory(out / "best") as tmp:

@@ -32,7 +32,8 @@ from bertgpu.data.classification import (
 )
 from bertgpu.errors import UserError
 from bertgpu.parallel import ParallelDims, launch
-from bertgpu.paths import refuse_clobbering
+from bertgpu.paths import refuse_clobbering, refuse_existing
+from bertgpu.tasks.checks import check_evaluate_flags, check_predict_flags
 from bertgpu.tasks.classifier import COLUMNS, Classifier, classifier_dir, finetuned_columns, not_a_classifier
 from bertgpu.tasks.model_dirs import check_model_dir
 from bertgpu.tasks.prelaunch import run_local_workers
@@ -68,7 +69,9 @@ def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
 def run_evaluate(cfg: EvaluateConfig) -> None:
     """Check, then evaluate here or in local workers (each takes a share of the batches). A
     `bertgpu finetune` output directory stands for its final classifier, ``best/``."""
+    cfg = check_evaluate_flags(cfg)
     refuse_clobbering({"--output": cfg.output}, {"--model": cfg.model, "--data": cfg.data})
+    refuse_existing("--output", cfg.output, cfg.overwrite)  # the default, eval_results.json, is replaced
     cfg = dataclasses.replace(cfg, device=launch.resolve_device(cfg.device), model=str(classifier_dir(cfg.model)))
     cfg = with_columns(cfg, cfg.model)
     check_evaluate(cfg)
@@ -162,7 +165,9 @@ def _inputs_of_texts(cfg: PredictConfig, model_dir: Path) -> list[tuple[str, str
 def run_predict(cfg: PredictConfig) -> None:
     """Texts (or a pair) printed, or every row of a file (``-``: standard input) printed or written. A
     `bertgpu finetune` output directory stands for its final classifier, ``best/``."""
+    cfg = check_predict_flags(cfg)
     refuse_clobbering({"--output": cfg.output}, {"--model": cfg.model, "--input": cfg.input})
+    refuse_existing("--output", cfg.output, cfg.overwrite)
     cfg = dataclasses.replace(cfg, model=str(classifier_dir(cfg.model)))
     device = launch.resolve_device(cfg.device)
     if not cfg.input:

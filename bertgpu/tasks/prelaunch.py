@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from bertgpu.checkpoints import checkpoint
-from bertgpu.config import TrainingConfig, parse_nnodes
+from bertgpu.config import TrainingConfig
 from bertgpu.errors import UserError
 from bertgpu.parallel import launch
 from bertgpu.parallel.layout import cpu_oversubscription
@@ -101,7 +102,36 @@ def run_local_workers(train: Callable[[Any], Any], cfg: Any, nproc: int, device:
         launch.launch(launch.worker_main, (train, cfg), launch.resolve_nproc(nproc, device))
 
 
+def parse_nnodes(value: str) -> tuple[int, int]:
+    """--nnodes N or MIN:MAX as (min, max)."""
+    try:
+        parts = [int(p) for p in str(value).split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1:
+        parts *= 2
+    if len(parts) != 2 or not 1 <= parts[0] <= parts[1]:
+        raise UserError(f"--nnodes {value}: give a number of machines, or MIN:MAX with 1 <= MIN <= MAX (1:4)")
+    return parts[0], parts[1]
+
+
 def run_workers(train: Callable[[Any], Any], cfg: TrainingConfig, preload: tuple[str, ...] = ()) -> None:
+    """``_run_workers``, and a run that fails before it wrote anything (a model it cannot load, a batch refused
+    for memory) leaves no --out behind when it made that directory itself: an empty one would ask the next start
+    for --overwrite. A directory that was there before, or holds any file but the launcher's job mark, is left
+    alone; so is one that other machines share, or torchrun's workers."""
+    made = not launch.launched_externally() and parse_nnodes(cfg.run.nnodes)[1] == 1 and not os.path.lexists(cfg.out)
+    try:
+        _run_workers(train, cfg, preload)
+    except BaseException:
+        if made and os.path.isdir(cfg.out):
+            files = [Path(root, name) for root, _, names in os.walk(cfg.out) for name in names]
+            if all(f == Path(cfg.out, launch.JOB_FILE) for f in files):
+                shutil.rmtree(cfg.out, ignore_errors=True)
+        raise
+
+
+def _run_workers(train: Callable[[Any], Any], cfg: TrainingConfig, preload: tuple[str, ...] = ()) -> None:
     """``run_local_workers`` for a training command: its workers are restarted --max-restarts times on a
     failure (each restart resumes), and with --nnodes they meet those of the other machines. ``preload``: the
     optional libraries its workers import (``launch.launch``)."""
@@ -114,15 +144,12 @@ def run_workers(train: Callable[[Any], Any], cfg: TrainingConfig, preload: tuple
     if nproc == 1 and run.max_restarts == 0 and nnodes == (1, 1):
         launch.worker_main(train, cfg)
     else:
-        launch.launch(
-            launch.worker_main,
-            (train, cfg),
-            nproc,
+        elastic = launch.Elastic(
             max_restarts=run.max_restarts,
             nnodes=nnodes,
             rdzv_endpoint=run.rdzv_endpoint,
             run_id=run.rdzv_id or (launch.elastic_run_id(cfg.out) if nnodes[1] > 1 else ""),
             last_call=run.rdzv_last_call,
             heartbeat=run.rdzv_heartbeat,
-            preload=preload,
         )
+        launch.launch(launch.worker_main, (train, cfg), nproc, elastic=elastic, preload=preload)

@@ -1,9 +1,10 @@
 """`bertgpu pretrain`: masked LM + next-sentence prediction, spread over processes.
 
 ``run`` checks everything a user can get wrong before any process starts, then trains in this
-process or in ``nproc`` workers. ``train`` is the training loop of one worker, top to bottom (``build``
-makes its parts first); ``train_step`` is one optimizer step (forward, backward, the optimizer step),
-``log_line`` a line of the log. How the model is spread over the processes (data parallel, FSDP, tensor
+process or in ``nproc`` workers. ``train`` is the training loop of one worker, top to bottom (``Pretraining``
+makes its part of the run from the config first, ``common.build_run`` the rest); ``train_step`` is one
+optimizer step (forward and backward, clip, the optimizer step, zero, the schedule), ``log_line`` a line of
+the log. How the model is spread over the processes (data parallel, FSDP, tensor
 and pipeline parallel) is ``bertgpu.parallel``'s business, and what every training task does around its loop (resume,
 checkpoints, stop signals, skipped steps, records) is ``tasks.common``'s parts.
 
@@ -29,7 +30,7 @@ import numpy as np
 import torch
 
 from bertgpu.checkpoints import checkpoint, hf_dir
-from bertgpu.config import OptimConfig, PretrainConfig, accumulation, parse_duration, parse_nnodes
+from bertgpu.config import OptimConfig, PretrainConfig
 from bertgpu.data.heldout import DocumentSubset, EvalSet, heldout_documents, split_documents
 from bertgpu.data.loader import run_loader
 from bertgpu.data.pretraining import (
@@ -44,16 +45,27 @@ from bertgpu.data.shards import ShardedCorpus, warn_if_unknown
 from bertgpu.data.tokenizer import load_vocab, vocab_sha256
 from bertgpu.errors import UserError, did_you_mean
 from bertgpu.models import architectures
-from bertgpu.models.bert.config import BertConfig
-from bertgpu.models.bert.model import BertForPreTraining, use_fused_qkv, use_varlen_attention
-from bertgpu.parallel import ParallelModel, launch
+from bertgpu.models.config import EncoderConfig
+from bertgpu.models.interface import EncoderModel
+from bertgpu.parallel import ParallelModel, WholeModel, launch
 from bertgpu.parallel.compression import describe as describe_compression
 from bertgpu.parallel.layout import check_layout
-from bertgpu.paths import refuse_clobbering
-from bertgpu.tasks.common import Contents, LogSpec, LoopState, Run, Session, build_run, warn_if_batch_too_big
-from bertgpu.tasks.model_dirs import model_directory
-from bertgpu.tasks.prelaunch import announce_resume, check_out_dir, resolve_device, run_workers, warn_before_start
-from bertgpu.training import evaluation, recipe
+from bertgpu.paths import real, refuse_clobbering
+from bertgpu.tasks import continuation
+from bertgpu.tasks.checks import check_pretrain_flags
+from bertgpu.tasks.common import LogSpec, LoopState, Run, Session, build_run, spread, warn_if_batch_too_big
+from bertgpu.tasks.model_dirs import hub_hint, model_directory
+from bertgpu.tasks.prelaunch import (
+    announce_resume,
+    check_out_dir,
+    parse_nnodes,
+    resolve_device,
+    run_workers,
+    warn_before_start,
+)
+from bertgpu.training import drift, evaluation, recipe
+from bertgpu.training.batch import accumulation, peak_lr
+from bertgpu.training.budget import parse_duration
 from bertgpu.training.metrics import Throughput, describe_waits
 from bertgpu.training.optim import describe_lr
 from bertgpu.training.plan import BudgetSteps, FixedSteps
@@ -74,7 +86,7 @@ class Plan:
     """What ``check`` worked out from the config: the model to build, where its weights come from, and the
     prepared data, opened once."""
 
-    model_config: BertConfig
+    model_config: EncoderConfig
     init_from: Path | None  # a BERT directory whose weights to start from
     corpus: ShardedCorpus
 
@@ -89,6 +101,26 @@ def _check_same_vocab(model_dir: Path, corpus: ShardedCorpus, data_dir: str) -> 
             f"{data_dir} was prepared with another vocab than the model's ({model_dir / 'vocab.txt'}); "
             f"run `bertgpu prepare` with --vocab {model_dir / 'vocab.txt'}"
         )
+
+
+def _check_same_data(checkpoint_dir: Path, corpus: ShardedCorpus, data_dir: str) -> None:
+    """A resumed run goes on over the data it trained on, as fine-tuning's does: its position (epoch, instance) and
+    held-out documents mean nothing in other data. Told by the shards' identity its checkpoint recorded (a copy or
+    a move of the same shards is the same data), or, in a checkpoint from before that, by its config's path."""
+    record = checkpoint.read_run_record(checkpoint_dir)
+    saved = record["config"].get("data") if record else None
+    was = saved.get("data") if isinstance(saved, dict) else None
+    if not was:
+        return
+    identity = checkpoint.load_training_state(checkpoint_dir).get("data_identity")
+    same_path = real(was) == real(data_dir)
+    if (identity == corpus.identity) if identity is not None else same_path:
+        return
+    raise UserError(
+        f"cannot resume from {checkpoint_dir}: it was trained on --data {was}, now --data {data_dir}"
+        + (" (prepared again since: other shards)" if same_path else "")
+        + "; resume with the same data, or start afresh with --overwrite"
+    )
 
 
 def check(cfg: PretrainConfig) -> Plan:
@@ -109,6 +141,7 @@ def check(cfg: PretrainConfig) -> Plan:
             raise UserError(
                 f"--model {model}: no such preset, file or directory (presets: {', '.join(presets)})"
                 + did_you_mean(model, presets)
+                + hub_hint(model)
             )
         if path.is_dir():  # a pretraining run: its newest checkpoint (BERT's second phase starts from the first's)
             path = model_directory(model)
@@ -121,6 +154,8 @@ def check(cfg: PretrainConfig) -> Plan:
         if path.is_dir():
             if (path / "model.safetensors").exists() or (path / "pytorch_model.bin").exists():
                 init_from = path
+            if (path / hf_dir.WEIGHTS_NAME).exists():
+                hf_dir.check_weights(path)  # a damaged file: one line before --out is made
             _check_same_vocab(path, corpus, cfg.data.data)
         if mcfg.vocab_size != corpus.vocab_size:
             raise UserError(
@@ -144,6 +179,7 @@ def check(cfg: PretrainConfig) -> Plan:
     heldout_split(cfg, corpus, None, dims.dp)
     resume_from = checkpoint.latest_checkpoint(cfg.out) if cfg.run.resume else None
     if resume_from is not None:
+        _check_same_data(resume_from, corpus, cfg.data.data)
         _check_same_vocab(resume_from, corpus, cfg.data.data)
     return Plan(mcfg, init_from, corpus)
 
@@ -198,7 +234,7 @@ def heldout_split(
     return train_text, eval_set, documents
 
 
-def keep_model_arch(cfg: PretrainConfig, model_config: BertConfig) -> PretrainConfig:
+def keep_model_arch(cfg: PretrainConfig, model_config: EncoderConfig) -> PretrainConfig:
     """A directory or config.json trained on without --arch keeps its own architecture (``check_arch`` refuses an
     --arch that contradicts it): the run records that one, and --recipe fast chooses for it."""
     arch = architectures.arch_of(model_config)
@@ -206,11 +242,13 @@ def keep_model_arch(cfg: PretrainConfig, model_config: BertConfig) -> PretrainCo
 
 
 def run(cfg: PretrainConfig) -> None:
-    """Plan (the recipe's values), check, then train here (one process, or one worker of torchrun) or in local
-    workers."""
-    cfg = resolve_device(recipe.apply_fast_recipe(cfg))
+    """Check the flags, plan (the recipe's values), check the rest, then train here (one process, or one worker of
+    torchrun) or in local workers."""
+    cfg = resolve_device(recipe.apply_fast_recipe(check_pretrain_flags(cfg)))
     plan = check(cfg)
     corpus, cfg = plan.corpus, keep_model_arch(cfg, plan.model_config)
+    if plan.init_from is not None:  # a pretrained start: a head it lacks starts as recipe.for_continuation says
+        cfg = recipe.for_continuation(cfg)
     if not launch.restarted(cfg.out) and parse_nnodes(cfg.run.nnodes)[1] == 1:  # many machines: rank 0 checks it
         check_out_dir(cfg.out, cfg.run.overwrite, cfg.run.resume)
         if int(os.environ.get("RANK", 0)) == 0:  # once per run: not again in every torchrun worker
@@ -233,18 +271,6 @@ def run(cfg: PretrainConfig) -> None:
     run_workers(train, cfg)
 
 
-def settle(cfg: PretrainConfig, chosen: OptimConfig, steps: FixedSteps) -> tuple[PretrainConfig, dict[str, Any]]:
-    """The run as it runs, for its checkpoints: the learning rate and warmup --recipe fast chose (``chosen``,
-    before --lr-scaling), and the steps planned (--steps, or what --time-budget has planned so far: at the last
-    checkpoint the steps taken). A budgeted run is recorded as a run of those steps, its budget beside the config
-    (bertgpu.json's ``time_budget``), so that ``--config bertgpu.json`` repeats it step for step, with the same
-    warmup share and decay to zero by steps rather than by the clock (docs/runs.md: Config files)."""
-    optim = dataclasses.replace(chosen, steps=steps.total)
-    if not cfg.time_budget:
-        return dataclasses.replace(cfg, optim=optim), {}
-    return dataclasses.replace(cfg, optim=optim, time_budget=""), {"time_budget": cfg.time_budget}
-
-
 def _budget_spent(state: dict, seconds: float) -> bool:
     """Whether a checkpoint's run took its last step within a budget at least ``seconds`` long."""
     budget = state.get("budget") or {}
@@ -254,7 +280,7 @@ def _budget_spent(state: dict, seconds: float) -> bool:
 def _saved_budget(saved: dict) -> int | None:
     """A checkpoint's --time-budget in seconds, from its bertgpu.json (beside the config; in it before issue 40)."""
     text = saved.get("time_budget") or saved["config"].get("time_budget")
-    return round(parse_duration(text)) if text else None
+    return round(parse_duration(text, bare_seconds=True)) if text else None  # a bare number: seconds, as it ran
 
 
 @dataclass
@@ -274,9 +300,13 @@ class Loop(LoopState):
 def train(cfg: PretrainConfig) -> Path:
     plan = check(cfg)
     session = Session(cfg, plan.model_config, "pretrain", cpu_bf16=recipe.cpu_bf16(cfg))
-    run, loop, dataset, accum, global_batch = build(cfg, plan, session)
-    device, dims, seed = session.device, session.dims, cfg.run.seed
-    if run.records.spec.evaluate is not None and session.resume_from is None:
+    task = Pretraining(cfg, plan, session)  # the data, the loop, the model spread, the steps, what is logged and saved
+    run, loop, dataset, accum = build_run(session, task), task.loop, task.dataset, task.accum
+    if task.start is not None and task.start.holds(cfg.head_warmup, task.steps):
+        # fresh heads warm up alone, the encoder held: hooked once build_run has restored the optimizer state
+        continuation.EncoderHold(task.net.model, run.opt.optimizer, run.opt.schedule, task.steps)
+    device, dims, seed, global_batch = session.device, session.dims, cfg.run.seed, task.global_batch
+    if task.evaluation is not None and session.resume_from is None:
         run.records.evaluate(0)  # the held-out curve starts from the untrained model
     saved, batches = session.resume_from, None
     run.plan.begin(loop.step)
@@ -319,66 +349,179 @@ def train(cfg: PretrainConfig) -> Path:
     return saved
 
 
-def build(cfg: PretrainConfig, plan: Plan, session: Session) -> tuple[Run, Loop, PretrainingDataset, int, int]:
-    """The run's data (held-out text apart), its model and its parts (``common.build_run``); with the loop
-    where it starts, the micro-batches a step accumulates and the global batch."""
-    corpus, dims, device, seed = plan.corpus, session.dims, session.device, cfg.run.seed
-    if session.resume_from is not None:
-        _check_same_vocab(session.resume_from, corpus, cfg.data.data)
-    # Data: one global order per epoch; each data-parallel rank reads only its share of each global batch.
-    # Held-out text (--eval-fraction, --eval-data) becomes a fixed evaluation set, never trained on.
-    train_text, eval_set, heldout = heldout_split(cfg, corpus, session.state, dims.dp)
-    dataset = PretrainingDataset(train_text, cfg.data, seed, load_vocab(corpus.vocab_path))
-    sizes, accum = accumulation(cfg.run, dims.dp)  # --grad-accum, or what makes --global-batch on this layout
-    loop = Loop(sizes)  # the batch sizes per data-parallel rank
-    global_batch = sum(loop.sizes) * accum
-    if len(dataset) < global_batch:
-        raise UserError(
-            f"{cfg.data.data} gives {len(dataset)} instances per epoch, fewer than one global batch "
-            f"of {global_batch} ({describe_batch(loop.sizes, accum)})"
+class Pretraining:
+    """Pretraining's part of a run (``common.Task``), made whole from its config sections: the data (the held-out
+    text apart, ``heldout_split``), the loop where the checkpoint left it, the model (``model_for``) spread over the
+    processes, the step plan and the learning rate and warmup --recipe fast chose, what the log shows and what every
+    checkpoint holds; with the micro-batches a step accumulates (``accum``) and the global batch."""
+
+    def __init__(self, cfg: PretrainConfig, plan: Plan, session: Session):
+        corpus, dims, device, seed = plan.corpus, session.dims, session.device, cfg.run.seed
+        self.cfg, self.plan, self.session = cfg, plan, session
+        if session.resume_from is not None:
+            _check_same_vocab(session.resume_from, corpus, cfg.data.data)
+        # Data: one global order per epoch; each data-parallel rank reads only its share of each global batch.
+        # Held-out text (--eval-fraction, --eval-data) becomes a fixed evaluation set, never trained on.
+        train_text, self.eval_set, heldout = heldout_split(cfg, corpus, session.state, dims.dp)
+        self.dataset = PretrainingDataset(train_text, cfg.data, seed, load_vocab(corpus.vocab_path))
+        sizes, self.accum = accumulation(cfg.run, dims.dp)  # --grad-accum, or what makes --global-batch here
+        self.loop = Loop(sizes)  # the batch sizes per data-parallel rank
+        self.global_batch = global_batch = sum(sizes) * self.accum
+        if len(self.dataset) < global_batch:
+            raise UserError(
+                f"{cfg.data.data} gives {len(self.dataset)} instances per epoch, fewer than one global batch "
+                f"of {global_batch} ({describe_batch(sizes, self.accum)})"
+            )
+        model = model_for(cfg, plan, session, train_text)
+        # A pretrained start (not a --resume): what it lacks, its schedule (either recipe), a from-scratch rate warned
+        self.start = None if plan.init_from is None else continuation.Start(plan.init_from, model)
+        self.chosen, self.why = recipe.choose(cfg, plan.model_config, continued=self.start is not None)
+        self.optim = dataclasses.replace(self.chosen, lr=peak_lr(self.chosen, global_batch))
+        lr_warning = (
+            None
+            if self.start is None
+            else recipe.continuation_warning(self.chosen.lr, self.optim.lr, self.chosen.lr_scaling)
         )
-    model = model_for(cfg, plan, session, train_text)
-    chosen, why = recipe.choose(cfg, plan.model_config)  # --recipe fast: the lr and warmup for this size
-    optim = dataclasses.replace(chosen, lr=chosen.peak_lr(global_batch))
-    steps = step_plan(cfg, session, optim, eval_set, global_batch)
-    # MFU on the real tokens (padding is no work), against the card's own data-sheet peak or --peak-tflops.
-    peak, peak_note = peak_flops(device, session.precision, cfg.peak_tflops)
-    mfu = f"; MFU on real tokens, {peak_note}" if device.type == "cuda" or cfg.peak_tflops else ""
-    fixed = {
-        "global_batch": global_batch,
-        "heldout_documents": None if heldout is None else torch.from_numpy(heldout),
-        # Which prepared data the run trained and evaluated on: `bertgpu evaluate` says whether its --data is.
-        "data_identity": corpus.identity,
-        "eval_data_identity": (
-            ShardedCorpus(cfg.heldout.eval_data).identity if eval_set is not None and heldout is None else None
-        ),
-    }
-    run = build_run(
-        session,
-        model,
-        loop,
-        plan=steps,
-        optim=optim,
-        spec=lambda net: log_spec(cfg, session, net, steps, eval_set, global_batch, max(loop.sizes)),
-        sums=(LOG_SUMS, ("log_sums",)),
-        meter=Throughput(functools.partial(architectures.training_flops, plan.model_config), peak, dims.world_size),
-        contents=Contents(
-            plan.model_config,
-            corpus.vocab_path,
-            plan.lowercase,
-            fixed,
-            settle=functools.partial(settle, chosen=chosen, steps=steps),
-        ),
-        start_line=lambda net: (
-            start_line(cfg, session, net, plan, eval_set, loop, global_batch, chosen, why, steps, len(dataset)) + mfu
-        ),
-        sample_batch=lambda: _sample_batch(dataset, device),
-        total_steps=cfg.optim.steps,
-        compile=cfg.run.compile,
+        self.steps = step_plan(cfg, session, self.optim, self.eval_set, global_batch)
+        # MFU on the real tokens (padding is no work), against the card's own data-sheet peak or --peak-tflops.
+        peak, peak_note = peak_flops(device, session.precision, cfg.peak_tflops)
+        self.mfu_note = f"; MFU on real tokens, {peak_note}" if device.type == "cuda" or cfg.peak_tflops else ""
+        self.meter = Throughput(
+            functools.partial(architectures.training_flops, plan.model_config), peak, dims.world_size
+        )
+        self.files = checkpoint.ModelFiles(plan.model_config, corpus.vocab_path, plan.lowercase)
+        self.fixed = {
+            "global_batch": global_batch,
+            "heldout_documents": None if heldout is None else torch.from_numpy(heldout),
+            # Which prepared data the run trained and evaluated on: `bertgpu evaluate` says whether its --data is.
+            "data_identity": corpus.identity,
+            "eval_data_identity": (
+                ShardedCorpus(cfg.heldout.eval_data).identity if self.eval_set is not None and heldout is None else None
+            ),
+        }
+        self.net = spread(session, model, cfg.optim.steps, compile=cfg.run.compile)
         # Another global batch continues at the same instance, with the sizes it gives (not --balance auto's).
-        same_batches=session.state is None or session.state["global_batch"] == global_batch,
-    )
-    return run, loop, dataset, accum, global_batch
+        same_batches = session.state is None or session.state["global_batch"] == global_batch
+        self.balance = session.resume_loop(self.loop, same_batches=same_batches)
+        nsp = cfg.data.nsp
+        self.log = LogSpec(
+            LOG_SUMS,
+            ("log_sums",),
+            "sequence",
+            extra={"global_batch": global_batch},
+            card_keys=("mlm_loss", "mlm_acc", *("nsp_loss", "nsp_acc") * nsp, *evaluation.SUMMARY_KEYS),
+            eval_every=cfg.heldout.eval_every,
+        )
+        batch = cfg.heldout.eval_batch_size or max(self.loop.sizes)
+        self.drift = run_drift(self.start, self.eval_set, session, self.fixed)
+        self.evaluation = (
+            None
+            if self.eval_set is None
+            else HeldOut(session, self.net, self.eval_set, batch, nsp, self.steps, moved=self.drift)
+        )
+        self.warnings: tuple[str, ...] = (lr_warning,) if lr_warning else ()
+
+    def start_line(self) -> str:
+        """The first line of a run: the model, layout, batch, learning rate (and, where --recipe fast chose it,
+        why), length and data."""
+        session, loop, eval_set, global_batch = self.session, self.loop, self.eval_set, self.global_batch
+        dims, state, net, o, why = session.dims, session.state, self.net, self.chosen, self.why
+        n_params = net.num_parameters()
+        moved = ""
+        if state is not None and state["global_batch"] != global_batch:
+            moved = (
+                f"; the global batch changed from {state['global_batch']} to {global_batch}: continuing at "
+                f"instance {loop.instance:,} of epoch {loop.epoch}"
+            )
+        init_from = self.plan.init_from
+        how = "starting" if init_from is None else f"starting from the weights of {init_from}"
+        if self.start is not None:  # continued pretraining: the heads it lacks, the hold, the harm signal
+            how += self.start.words(self.net.model, self.cfg, self.steps, self.drift, self.eval_set is not None)
+        if session.resume_from:
+            how = f"resuming from {session.resume_from} at step {loop.step}{session.layout_change()}{moved}"
+        held = f", evaluated on {len(eval_set):,} instances of {eval_set.where}" if eval_set is not None else ""
+        compressed = net.compression.kind != "none" and dims.dp > 1
+        compressed = f", gradients {describe_compression(net.compression)}" if compressed else ""
+        return (
+            f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {dims.describe()}{compressed}, on "
+            f"{session.device.type}, {session.precision}, global batch {global_batch} = "
+            f"{describe_batch(loop.sizes, global_batch // sum(loop.sizes))}, "
+            f"{describe_lr(o.lr, peak_lr(o, global_batch), o.lr_scaling, global_batch, o.reference_batch)}"
+            f"{' ' + why if why else ''}, warmup {f'{o.warmup:.0%}' if o.warmup < 1 else f'{o.warmup:g} steps'}, "
+            f"{self.steps.describe()}, "
+            f"{len(self.dataset):,} instances in epoch {loop.epoch}{held}; {how}"
+        ) + self.mfu_note
+
+    def log_values(self, sums: dict[str, float]) -> dict[str, float]:
+        """MLM (and NSP) losses and accuracies; with a --time-budget, the training time so far."""
+        return log_values(sums, self.cfg.data.nsp, self.steps if isinstance(self.steps, BudgetSteps) else None)
+
+    def log_line(self, step: int, values: dict[str, Any]) -> str:
+        # a --time-budget re-plans the total as it goes
+        return log_line(step, values, self.steps.total, self.cfg.data.nsp, device=self.session.device.type)
+
+    def sample_batch(self) -> dict[str, torch.Tensor]:
+        """Two instances as a batch, for a step that only lays out DDP's buckets (settle_buckets)."""
+        batch = torch.utils.data.default_collate([self.dataset[i] for i in range(2)])
+        return {k: batch[k].to(self.session.device) for k in MODEL_INPUTS}
+
+    def settle(self, cfg: PretrainConfig) -> tuple[PretrainConfig, dict[str, Any]]:
+        """The run as it runs, for its checkpoints: the learning rate and warmup --recipe fast chose (before
+        --lr-scaling), and the steps planned (--steps, or what --time-budget has planned so far: at the last
+        checkpoint the steps taken). A budgeted run is recorded as a run of those steps, its budget beside the
+        config (bertgpu.json's ``time_budget``), so that ``--config bertgpu.json`` repeats it step for step, with
+        the same warmup share and decay to zero by steps rather than by the clock (docs/runs.md: Config files)."""
+        optim = dataclasses.replace(self.chosen, steps=self.steps.total)
+        if not cfg.time_budget:
+            return dataclasses.replace(cfg, optim=optim), {}
+        return dataclasses.replace(cfg, optim=optim, time_budget=""), {"time_budget": cfg.time_budget}
+
+
+@dataclass
+class HeldOut:
+    """Pretraining's held-out evaluation (``common.Evaluation``): at a step, the masked-LM (and NSP) metrics of
+    ``eval_set`` in batches of ``batch`` and their log line, which says when the model is still on the unigram
+    plateau (once: ``warned``); on a continuation, how far the encoder moved from its start (``moved``)."""
+
+    session: Session
+    net: ParallelModel
+    eval_set: EvalSet
+    batch: int
+    nsp: bool
+    steps: FixedSteps
+    warned: bool = False
+    moved: drift.Drift | None = None  # a continuation's: how far the encoder moved from its start
+
+    def __call__(self, step: int) -> tuple[dict[str, float], str]:
+        session, eval_set = self.session, self.eval_set
+        metrics = evaluation.evaluate_mlm(
+            self.net, eval_set, session.dims, session.device, self.batch, self.nsp, session.precision
+        )
+        note, said = evaluation.plateau_note(
+            metrics["eval_mlm_loss"], eval_set.unigram_loss(), step, self.steps.total, self.warned
+        )
+        self.warned |= said
+        signal = warning = ""
+        if self.moved is not None:
+            metrics.update(self.moved.measure(self.net, session.device, self.batch, session.precision))
+            signal, warning = self.moved.note(metrics[drift.KEY], step)
+        return metrics, evaluation.describe(step, metrics, len(eval_set)) + signal + note + warning
+
+
+def run_drift(
+    start: continuation.Start | None, eval_set: EvalSet | None, session: Session, fixed: dict[str, Any]
+) -> drift.Drift | None:
+    """A continuation's harm signal (``training.drift``): on its held-out set, in a layout where every process
+    computes the encoder's whole output, against the start's states, measured at the step-0 evaluation and kept in
+    ``fixed`` (every checkpoint's; a resumed run's from its checkpoint: one written without them measures
+    nothing)."""
+    if start is None or eval_set is None or not drift.measurable(session.dims):
+        return None
+    saved = session.state
+    if saved is not None and saved.get(drift.STATE_KEY) is None:
+        return None
+    instances = drift.Drift(eval_set, None if saved is None else saved[drift.STATE_KEY], fixed)
+    return instances if len(instances) >= drift.MIN_SEQUENCES else None
 
 
 def step_plan(
@@ -415,13 +558,13 @@ def summary_where(plan: Plan, saved: Path) -> str:
 
 def model_for(
     cfg: PretrainConfig, plan: Plan, session: Session, train_text: ShardedCorpus | DocumentSubset
-) -> BertForPreTraining:
+) -> EncoderModel:
     """``build_model``, then its kernels (flash attention's variable-length one on a GPU, the fused QKV,
     --fp8), and one line where a step looks too big for the device's memory."""
     model = build_model(cfg, plan, session.resume_from, train_text)
     if session.device.type == "cuda":
-        use_varlen_attention(model)  # padded rows through flash attention's variable-length kernel
-    use_fused_qkv(model, cfg.fused_qkv)  # Q, K and V as one matmul (a BERT's; ModernBERT's Wqkv is one weight)
+        model.use_varlen_attention()  # padded rows through flash attention's variable-length kernel
+    model.use_fused_qkv(cfg.fused_qkv)  # Q, K and V as one matmul (a BERT's; ModernBERT's are one weight)
     if cfg.run.fp8:
         from bertgpu.training.fp8 import apply_fp8
 
@@ -437,23 +580,24 @@ def model_for(
 
 def build_model(
     cfg: PretrainConfig, plan: Plan, resume_from: Path | None, train_text: ShardedCorpus | DocumentSubset
-) -> BertForPreTraining:
+) -> EncoderModel:
     """The model with the same initial weights on every process: the seed's (with --mlm-bias-init unigram, the
-    decoder's bias from ``train_text``), or those of the checkpoint resumed or the model continued from."""
+    decoder's bias from ``train_text``), or those of the checkpoint resumed or the model continued from (its
+    masked-LM bias, when it has none, as a random model's)."""
     torch.manual_seed(cfg.run.seed)
     model = architectures.pretraining_model(plan.model_config, pad_vocab_multiple=cfg.pad_vocab_multiple)
+    fresh = True  # the masked-LM bias starts from nothing: random weights, or a start without that head
     if resume_from is not None or plan.init_from is not None:
-        hf_dir.load_weights(model, resume_from or plan.init_from)
-    elif cfg.mlm_bias_init == "unigram":
+        missing, _ = hf_dir.load_weights(model, resume_from or plan.init_from)
+        fresh = resume_from is None and continuation.fresh_bias(model, missing)
+    if fresh and cfg.mlm_bias_init == "unigram":
         init_bias_to_unigram(model, train_text, cfg.run.seed)
     if cfg.data.pack and cfg.data.pack_attention == "document":  # the rows' masks number their documents
         architectures.use_document_attention(model)
     if not architectures.of(plan.model_config).nsp:  # ModernBERT: no pooler, no NSP head
         return architectures.prefer_flex_attention(model, cfg.run.device)
-    if not cfg.data.nsp:  # MLM alone: the pooler and NSP head get no gradient, so no process may wait for one
-        for unused in (model.bert.pooler, model.cls.seq_relationship):
-            unused.requires_grad_(False)
-        model.next_sentence = False  # and they do not run (the NSP logits are None)
+    if not cfg.data.nsp:  # MLM alone: the pooler and NSP head neither run nor get a gradient
+        model.use_next_sentence(False)
     return model
 
 
@@ -471,114 +615,28 @@ def init_bias_to_unigram(model: torch.nn.Module, text: ShardedCorpus | DocumentS
         bias[: len(log_p)].copy_(torch.from_numpy(log_p))
 
 
-def start_line(
-    cfg: PretrainConfig,
-    session: Session,
-    net: ParallelModel,
-    plan: Plan,
-    eval_set: EvalSet | None,
-    loop: Loop,
-    global_batch: int,
-    o: OptimConfig,
-    why: str,
-    steps: FixedSteps,
-    instances: int,
-) -> str:
-    """The first line of a run: the model, layout, batch, learning rate (and, where --recipe fast chose it,
-    why), length and data."""
-    dims, state = session.dims, session.state
-    n_params = net.num_parameters()
-    moved = ""
-    if state is not None and state["global_batch"] != global_batch:
-        moved = (
-            f"; the global batch changed from {state['global_batch']} to {global_batch}: continuing at "
-            f"instance {loop.instance:,} of epoch {loop.epoch}"
-        )
-    how = "starting" if plan.init_from is None else f"starting from the weights of {plan.init_from}"
-    if session.resume_from:
-        how = f"resuming from {session.resume_from} at step {loop.step}{session.layout_change()}{moved}"
-    held = f", evaluated on {len(eval_set):,} instances of {eval_set.where}" if eval_set is not None else ""
-    compressed = (
-        f", gradients {describe_compression(net.compression)}" if dims.dp > 1 and net.compression.kind != "none" else ""
-    )
-    return (
-        f"bertgpu pretrain: {n_params / 1e6:.1f}M parameters, {dims.describe()}{compressed}, on {session.device.type}, "
-        f"{session.precision}, global batch {global_batch} = "
-        f"{describe_batch(loop.sizes, global_batch // sum(loop.sizes))}, "
-        f"{describe_lr(o.lr, o.peak_lr(global_batch), o.lr_scaling, global_batch, o.reference_batch)}"
-        f"{' ' + why if why else ''}, warmup {f'{o.warmup:.0%}' if o.warmup < 1 else f'{o.warmup:g} steps'}, "
-        f"{steps.describe()}, "
-        f"{instances:,} instances in epoch {loop.epoch}{held}; {how}"
-    )
-
-
-def log_spec(
-    cfg: PretrainConfig,
-    session: Session,
-    net: ParallelModel,
-    steps: FixedSteps,
-    eval_set: EvalSet | None,
-    global_batch: int,
-    batch: int,
-) -> LogSpec:
-    """What pretraining logs: MLM (and NSP) losses and accuracies, and the held-out evaluation; with a
-    --time-budget, the training time so far (its ``steps`` re-plans the total as it goes)."""
-    nsp = cfg.data.nsp
-    return LogSpec(
-        values=functools.partial(log_values, nsp=nsp, budget=steps if isinstance(steps, BudgetSteps) else None),
-        line=lambda step, values: log_line(step, values, steps.total, nsp, device=session.device.type),
-        unit="sequence",
-        extra={"global_batch": global_batch},
-        card_keys=("mlm_loss", "mlm_acc", *("nsp_loss", "nsp_acc") * nsp, *evaluation.SUMMARY_KEYS),
-        evaluate=None
-        if eval_set is None
-        else functools.partial(evaluate, session, net, eval_set, cfg.heldout.eval_batch_size or batch, nsp, steps, []),
-        eval_every=cfg.heldout.eval_every,
-    )
-
-
-def evaluate(
-    session: Session,
-    net: ParallelModel,
-    eval_set: EvalSet,
-    batch: int,
-    nsp: bool,
-    steps: FixedSteps,
-    warned: list[int],
-    step: int,
-) -> tuple[dict[str, float], str]:
-    """The held-out evaluation at ``step``: its metrics and their log line, which says when the model is still on
-    the unigram plateau (``warned``: the step of the one warning about it, once said)."""
-    metrics = evaluation.evaluate_mlm(net, eval_set, session.dims, session.device, batch, nsp, session.precision)
-    note, said = evaluation.plateau_note(
-        metrics["eval_mlm_loss"], eval_set.unigram_loss(), step, steps.total, bool(warned)
-    )
-    if said and not warned:
-        warned.append(step)
-    return metrics, evaluation.describe(step, metrics, len(eval_set)) + note
-
-
 def train_step(
     run: Run, micro: list[dict[str, torch.Tensor]], global_batch: int, nsp: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One optimizer step over this rank's micro-batches: the forward and backward passes, then the optimizer
-    step (clipped; a non-finite one skipped on the device; the scaler; the schedule moved on). Return the step's
-    log sums (``LOG_SUMS`` order) and its skipped flag, both still on the device.
+    """One optimizer step over this rank's micro-batches: the forward and backward passes, the gradients
+    unscaled and clipped, the optimizer step (a non-finite one skipped on the device), the gradients zeroed, the
+    schedule moved on. Return the step's log sums (``LOG_SUMS`` order) and its skipped flag, both still on the
+    device.
 
     The loss is the global batch's: the MLM loss summed over the masked tokens divided by the masked
     tokens of the whole global batch (counted over the data-parallel ranks first: the one small
     collective of a step outside the gradients), the NSP loss by its sentence pairs. Gradient
     reduction averages over the data-parallel ranks, hence the factor dp. Forward pass and loss are
     one function (``step.pretraining_objective``: one cross-entropy, the log's value its detached
-    sum), compiled as one graph under --compile with one process (``ParallelModel.step``).
+    sum), compiled as one graph under --compile with one process (``WholeModel.forward_backward_objective``).
     """
     opt = run.opt
     net = opt.net
     device, dims = micro[0]["input_ids"].device, net.dims
     n_masked = dims.dp_sum(sum((mb["mlm_labels"] != IGNORE_INDEX).sum() for mb in micro).float())
     zeros = torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device)
-    if dims.pp == 1:
-        step_sums = net.step(
+    if isinstance(net, WholeModel):
+        step_sums = net.forward_backward_objective(
             micro,
             pretraining_objective,
             (*MODEL_INPUTS, "mlm_labels", "nsp_label"),
@@ -589,28 +647,25 @@ def train_step(
             global_batch=global_batch,
             nsp=nsp,
         )
-        return step_sums, opt.step()
+    else:  # the pipeline's schedule calls the loss on the last stage (with the targets alone), apart from the sums
 
-    def loss_and_sums(outputs, mb: dict[str, torch.Tensor], tokens=0) -> tuple[torch.Tensor, torch.Tensor]:
-        return pretraining_loss(outputs, mb["mlm_labels"], mb["nsp_label"], n_masked, global_batch, nsp, tokens)
+        def loss_and_sums(outputs, mb: dict[str, torch.Tensor], tokens=0) -> tuple[torch.Tensor, torch.Tensor]:
+            return pretraining_loss(outputs, mb["mlm_labels"], mb["nsp_label"], n_masked, global_batch, nsp, tokens)
 
-    # The pipeline's schedule calls the loss on the last stage (with the targets alone), apart from the sums.
-    step_sums = net.forward_backward(
-        micro,
-        MODEL_INPUTS,
-        lambda outputs, mb: loss_and_sums(outputs, mb)[0],
-        lambda outputs, mb: loss_and_sums(outputs, mb, real_tokens(mb["attention_mask"]))[1],
-        zeros,
-        context=opt.forward_context,
-        scale=opt.scaler.scale,
-    )
-    return step_sums, opt.step()
-
-
-def _sample_batch(dataset: PretrainingDataset, device: torch.device) -> dict[str, torch.Tensor]:
-    """Two instances as a batch, for a step that only lays out DDP's buckets (settle_buckets)."""
-    batch = torch.utils.data.default_collate([dataset[i] for i in range(2)])
-    return {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask", "mlm_positions")}
+        step_sums = net.forward_backward(
+            micro,
+            MODEL_INPUTS,
+            lambda outputs, mb: loss_and_sums(outputs, mb)[0],
+            lambda outputs, mb: loss_and_sums(outputs, mb, real_tokens(mb["attention_mask"]))[1],
+            zeros,
+            context=opt.forward_context,
+            scale=opt.scaler.scale,
+        )
+    bad = opt.clip_grad_norm()  # unscaled and clipped; a non-finite norm flags the step to skip, on the device
+    opt.step(bad)  # the optimizer step (skipped where bad)
+    opt.zero_grad()
+    opt.schedule.step()  # the next step's learning rate
+    return step_sums, bad
 
 
 def log_values(s: dict[str, float], nsp: bool, budget: BudgetSteps | None = None) -> dict[str, float]:

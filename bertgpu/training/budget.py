@@ -17,13 +17,36 @@ another layout) continues the budget where it stood, not afresh.
 from __future__ import annotations
 
 import math
+import re
 import statistics
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from bertgpu.errors import UserError
+
 if TYPE_CHECKING:  # torch only where a run needs it
     import torch
+
+_DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?")
+
+
+def parse_duration(text: str, bare_seconds: bool = False) -> float:
+    """Seconds in ``90s``, ``30m``, ``2h`` or ``1h30m``, as a UserError if none. A bare number is refused: `5`
+    meant 5 seconds, a run of 2 steps where 5 minutes was likely meant; ``bare_seconds`` reads it as seconds
+    (a checkpoint's record of a budget given so before the unit was required)."""
+    bare = text.strip()
+    if not bare_seconds and re.fullmatch(r"\d+(?:\.\d+)?", bare):
+        raise UserError(f"--time-budget {bare}: give a unit, {bare}s, {bare}m or {bare}h")
+    m = _DURATION.fullmatch(text.strip().lower())
+    if not text.strip() or m is None or not any(m.groups()):
+        raise UserError(f"--time-budget {text!r}: not a duration (write e.g. 90s, 30m, 2h or 1h30m)")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in m.groups())
+    total = 3600 * hours + 60 * minutes + seconds
+    if total <= 0:
+        raise UserError(f"--time-budget {text!r} must be longer than zero")
+    return total
+
 
 # How many of the latest step times the estimate is the median of: enough to ignore a step that also
 # evaluated or saved, few enough to follow a change of speed within seconds.
@@ -164,6 +187,14 @@ class TimeBudget:
         if progress < self.warmup:
             return max(progress / self.warmup, 1e-3)
         return max(0.0, decay / (1.0 - self.warmup))
+
+    def in_warmup(self, step: int) -> bool:
+        """Whether the step after ``step`` steps is one of the warmup's (``factor`` still rising)."""
+        if self.last is not None and step >= self.last:
+            return False
+        if self.warmup >= 1:
+            return step < self.warmup
+        return self.elapsed_at(step + 1) / max(self.end, 1e-9) < self.warmup
 
     def schedule(self, optimizer: torch.optim.Optimizer, lr: float, step: int) -> torch.optim.lr_scheduler.LambdaLR:
         """The learning-rate schedule of the run (in place of ``optim.build_schedule``'s)."""

@@ -137,4 +137,5 @@ SUMMARY_KEYS = {
     "eval_perplexity": "min",
     "eval_nsp_loss": "min",
     "eval_nsp_acc": "max",
+    "eval_start_cka": "max",  # a continuation's similarity to its start (``drift.KEY``)
 }

@@ -1,7 +1,7 @@
 """LoRA adapters and 8-/4-bit base weights for fine-tuning (``finetune --lora-rank R --quantize int8|nf4``).
 
 A model transformation, applied to a classifier whose weights are loaded and before
-``parallelize()`` spreads it over the processes (``bertgpu.models.bert.model`` knows nothing of it):
+``parallelize()`` spreads it over the processes (the model's own module knows nothing of it):
 
 1. ``--quantize``: every linear layer of the encoder becomes a bitsandbytes layer holding its frozen
    weight in 8 bits (``Linear8bitLt``, LLM.int8() with outlier threshold 6, as transformers'
@@ -40,7 +40,7 @@ from torch import nn
 from bertgpu.config import AdapterConfig
 from bertgpu.errors import UserError
 from bertgpu.models import architectures
-from bertgpu.models.bert.config import BertConfig
+from bertgpu.models.config import EncoderConfig
 
 ADAPTER_DIR = "adapter"
 ADAPTER_CONFIG_NAME = "adapter_config.json"
@@ -48,7 +48,6 @@ ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 ADAPTER_NAME = "default"  # PEFT's name for a model's one adapter (in parameter names, not in files)
 HEAD = "classifier"  # trained whole: PEFT's modules_to_save
 PEFT_PREFIX = "base_model.model."  # how PEFT's files name a parameter of the model it wraps
-_QUANTIZED_SCOPE = "bert.encoder."  # the linear layers --quantize stores in 8/4 bits
 
 # bitsandbytes (imported by peft too) tries, on CPUs with AVX512-BF16, to fetch a 4-bit kernel from the
 # Hugging Face hub through the `kernels` package, and logs a warning when it cannot. We never download
@@ -84,11 +83,12 @@ def _bnb():
     return bitsandbytes
 
 
-def check(cfg: AdapterConfig, model_config: BertConfig) -> list[str]:
+def check(cfg: AdapterConfig, model_config: EncoderConfig) -> list[str]:
     """The adapter settings against the model (no side effects): every target must name linear
     layers of the encoder, as PEFT matches ``target_modules``. Return the targets."""
     require(cfg)
-    if not architectures.of(model_config).lora:
+    choices = ", ".join(architectures.of(model_config).lora_targets)
+    if not choices:
         raise UserError("--lora-rank fine-tunes BERT models only; a ModernBERT is fine-tuned whole (leave it out)")
     with torch.device("meta"):
         model = architectures.classification_model(model_config)
@@ -97,13 +97,11 @@ def check(cfg: AdapterConfig, model_config: BertConfig) -> list[str]:
         if target == HEAD or target.endswith("." + HEAD):
             raise UserError(
                 f"--lora-targets {target}: the classifier head is trained whole with LoRA; targets are the "
-                "encoder's linear layers (query, key, value, attention.output.dense, intermediate.dense, "
-                "output.dense, dense)"
+                f"encoder's linear layers ({choices})"
             )
         if not any(_matches(name, target) for name in linear):
             raise UserError(
-                f"--lora-targets {target}: no linear layer of the model is called that; choose from query, "
-                "key, value, attention.output.dense, intermediate.dense, output.dense, dense"
+                f"--lora-targets {target}: no linear layer of the model is called that; choose from {choices}"
             )
     return cfg.targets
 
@@ -138,7 +136,7 @@ def apply(
     base_model: str | os.PathLike | None = None,
 ) -> nn.Module:
     """Quantise (``cfg.quantize``), add the LoRA adapters and freeze all else, in place. ``model``
-    is a BertForSequenceClassification whose weights are loaded, the same on every process; the
+    is a classifier whose weights are loaded, the same on every process; the
     adapters' initialisation draws from the global RNG (seed it first for the same adapters everywhere)."""
     import peft
 
@@ -184,15 +182,16 @@ def describe(cfg: AdapterConfig) -> str:
 
 
 def quantize(model: nn.Module, kind: str, device: torch.device, precision: str) -> None:
-    """Replace every nn.Linear under ``bert.encoder`` by bitsandbytes' 8-bit or 4-bit layer holding
-    the same (frozen) weight, quantised on ``device`` at once; biases stay in fp32."""
+    """Replace every nn.Linear of the encoder layers (``encoder_layers()``) by bitsandbytes' 8-bit or 4-bit layer
+    holding the same (frozen) weight, quantised on ``device`` at once; biases stay in fp32."""
     bnb = _bnb()
     # LLM.int8() multiplies activations quantised from fp16, and bitsandbytes logs the cast at the first
     # fp32 forward pass: that is the method, not a mistake of the user's.
     logging.getLogger("bitsandbytes.autograd._functions").setLevel(logging.ERROR)
     compute = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision, torch.float32)
+    scope = {id(m) for m in model.encoder_layers().modules()}
     for name, module in list(model.named_modules()):
-        if not (isinstance(module, nn.Linear) and name.startswith(_QUANTIZED_SCOPE)):
+        if not (isinstance(module, nn.Linear) and id(module) in scope):
             continue
         parent_name, _, child = name.rpartition(".")
         weight = module.weight.detach()

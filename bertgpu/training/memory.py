@@ -1,6 +1,6 @@
 """The memory a training step will need, estimated before the first one, against what the device has:
-the warning that a batch will not fit (pretrain and finetune), in place of a run that swaps for minutes
-a step or is killed.
+the refusal of a batch that will not fit (pretrain and finetune; a warning with --ignore-memory-estimate), in
+place of a run that swaps for minutes a step or is killed.
 
 The estimate, per process, in bytes:
 
@@ -23,13 +23,15 @@ longest example, so the estimate is an upper bound there. Measured on 2026-11-27
 uncased's 30,522-token vocab, 20 slots (`bertgpu pretrain --steps 2 --log-every 1 --batch-size B`, the
 growth of the logged peak memory, the resident set, between two batch sizes, per sequence): tiny at 128
 tokens 11.8 MiB (estimate 11.9), mini at 128 tokens 23.2 MiB (19.8), mini at 512 tokens 89 MiB (78.3);
-the state, tiny's 71 MB, is small beside them. Not measured on a GPU yet. The warning fires only when
-the estimate exceeds what the device has: a sign of the order of magnitude, not a precise limit.
+the state, tiny's 71 MB, is small beside them. Not measured on a GPU yet. A run is refused only when
+the estimate exceeds what the device has: a sign of the order of magnitude, not a precise limit, which
+--ignore-memory-estimate overrides.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +49,16 @@ def state_bytes(model: torch.nn.Module, shards: int = 1) -> int:
     return (stored + 12 * trainable) // max(shards, 1)
 
 
+@dataclass(frozen=True)
+class Split:
+    """How a process holds its part of a step's activations: ``tp`` tensor-parallel ways, ``pp`` pipeline
+    stages, and whether each layer keeps only its input (--activation-checkpointing)."""
+
+    tp: int = 1
+    pp: int = 1
+    activation_checkpointing: bool = False
+
+
 def activation_bytes(
     config: Any,
     sequences: int,
@@ -55,13 +67,12 @@ def activation_bytes(
     device_type: str,
     *,
     prediction_slots: int = 0,
-    tp: int = 1,
-    pp: int = 1,
-    activation_checkpointing: bool = False,
+    split: Split = Split(),
 ) -> int:
     """What ``sequences`` of ``seq_length`` tokens keep for the backward pass (see the module's docstring):
-    the encoder layers of this pipeline stage, split ``tp`` ways where tensor parallelism splits them, and
-    the masked-LM head at ``prediction_slots`` per sequence."""
+    the encoder layers of this pipeline stage, split ``tp`` ways where tensor parallelism splits them
+    (``split``), and the masked-LM head at ``prediction_slots`` per sequence."""
+    tp, pp = split.tp, split.pp
     h, i, a = config.hidden_size, config.intermediate_size, config.num_attention_heads
     s, element = seq_length, 4 if precision == "fp32" else 2
     mlp = architectures.of(config).mlp_widths * i
@@ -69,7 +80,7 @@ def activation_bytes(
     # Whole on every tensor-parallel rank: the inputs of the layer norms, of Wqkv and of the MLP; the rest split.
     per_token = element * (4 * h + (4 * h + mlp + 2 * matrices) / tp) + 2 * h + matrices / tp
     layers = -(-config.num_hidden_layers // pp)
-    if activation_checkpointing:
+    if split.activation_checkpointing:
         encoder = sequences * s * (layers * element * h + per_token)
     else:
         encoder = sequences * s * layers * per_token

@@ -1,7 +1,11 @@
-"""The optimizer step of every training loop: AdamW, LAMB or RMSprop with BERT's grouping, the step
-skipped on the device, the learning-rate schedule and how --lr-scaling made the peak."""
+"""The optimizer of every training loop: AdamW, LAMB or RMSprop with BERT's grouping (``OPTIMIZERS``, by
+--optimizer), the two halves of its step that a loop's ``train_step`` calls (``unscale_and_clip``, then
+``optimizer_step``, skipped on the device), the learning-rate schedule and how --lr-scaling made the peak."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -17,23 +21,29 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.devi
     apart from DTensors, and DTensors by mesh (a model spread with tensor parallelism holds both).
     """
     groups: dict[tuple, list[torch.nn.Parameter]] = {}
-    for name, p in model.named_parameters():
+    for p in model.parameters():
         if not p.requires_grad:
             continue
-        decay = not (p.ndim < 2 or "LayerNorm" in name)
+        decay = p.ndim >= 2  # biases and norms' weights are vectors, whatever the architecture names them
         groups.setdefault((decay, type(p).__name__, id(getattr(p, "device_mesh", None))), []).append(p)
     param_groups = [
         {"params": params, "weight_decay": cfg.weight_decay if decay else 0.0}
         for (decay, *_), params in sorted(groups.items(), key=lambda kv: not kv[0][0])
     ]
+    return OPTIMIZERS[cfg.optimizer](param_groups, cfg, device)
+
+
+def adamw(groups: list[dict[str, Any]], cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
     betas = (cfg.adam_beta1, cfg.adam_beta2)
-    if cfg.optimizer == "lamb":
-        return Lamb(param_groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps)
-    if cfg.optimizer == "rmsprop":
-        return torch.optim.RMSprop(param_groups, lr=cfg.lr, alpha=cfg.rmsprop_alpha, eps=cfg.adam_eps, foreach=True)
-    return torch.optim.AdamW(
-        param_groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps, fused=device.type in ("cuda", "cpu")
-    )
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=betas, eps=cfg.adam_eps, fused=device.type in ("cuda", "cpu"))
+
+
+def lamb(groups: list[dict[str, Any]], cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    return Lamb(groups, lr=cfg.lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
+
+
+def rmsprop(groups: list[dict[str, Any]], cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+    return torch.optim.RMSprop(groups, lr=cfg.lr, alpha=cfg.rmsprop_alpha, eps=cfg.adam_eps, foreach=True)
 
 
 class Lamb(torch.optim.Optimizer):
@@ -97,6 +107,14 @@ class Lamb(torch.optim.Optimizer):
         return None
 
 
+# --optimizer: name -> builder of the optimizer over BERT's parameter groups (``build_optimizer``).
+OPTIMIZERS: dict[str, Callable[[list[dict[str, Any]], OptimConfig, torch.device], torch.optim.Optimizer]] = {
+    "adamw": adamw,
+    "lamb": lamb,
+    "rmsprop": rmsprop,
+}
+
+
 def skips_on_device(optimizer: torch.optim.Optimizer) -> bool:
     """Whether ``optimizer.step()`` honours ``skip_if``: fused AdamW and our LAMB do."""
     return isinstance(optimizer, Lamb) or bool(optimizer.defaults.get("fused"))
@@ -127,24 +145,23 @@ def build_schedule(
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch=step - 1)
 
 
-def optimizer_step(
-    net,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    schedule: torch.optim.lr_scheduler.LRScheduler,
-    clip: float,
-    precision: str,
-) -> torch.Tensor:
-    """Unscale, clip the global gradient norm (``clip`` 0: no clipping), step, and move the schedule on.
+def unscale_and_clip(net, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, clip: float) -> torch.Tensor:
+    """Unscale the gradients (fp16's scaler) and clip their global norm to ``clip`` (0: no clipping). Return the
+    0-dim flag of a non-finite norm, still on the device: the step ``optimizer_step`` skips (reading it is the
+    caller's choice, ``LaggedFlags``, not a sync here).
 
-    ``net`` is the ``ParallelModel`` (its ``clip_grad_norm_`` sees through gradient shards). A
-    non-finite gradient norm (the same on every process: gradients are reduced first) skips the step
-    on the device; with fp16 the scaler does the same itself. Return the 0-dim flag of a skipped step,
-    still on the device: reading it is the caller's choice (``LaggedFlags``), not a sync here.
-    """
+    ``net`` is the ``ParallelModel`` (its ``clip_grad_norm_`` sees through gradient shards); the norm is the same
+    on every process, since the gradients are reduced first."""
     scaler.unscale_(optimizer)
     grad_norm = net.clip_grad_norm_(clip if clip > 0 else float("inf"))
-    bad = (~torch.isfinite(grad_norm)).float()
+    return (~torch.isfinite(grad_norm)).float()
+
+
+def optimizer_step(
+    optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, bad: torch.Tensor, precision: str
+) -> None:
+    """The optimizer step, skipped where ``bad`` (``unscale_and_clip``'s flag) is 1, decided on the device; with
+    fp16 the scaler skips it itself, and moves its scale on."""
     if precision == "fp16":
         scaler.step(optimizer)
     elif skips_on_device(optimizer):
@@ -153,9 +170,6 @@ def optimizer_step(
     elif not bad.item():  # torch's RMSprop has no kernel that reads found_inf: the host looks (a sync)
         optimizer.step()
     scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    schedule.step()
-    return bad
 
 
 def describe_lr(lr: float, peak: float, scaling: str, global_batch: int, reference_batch: int) -> str:

@@ -40,6 +40,10 @@ class FixedSteps:
         """The learning-rate schedule, at ``step`` already (a resumed run)."""
         return build_schedule(optimizer, self.optim, step)
 
+    def in_warmup(self, step: int) -> bool:
+        """Whether the step after ``step`` steps is one of the warmup's (its learning rate below the peak)."""
+        return step < self.optim.warmup_steps
+
     def begin(self, step: int) -> None:
         """The loop's first step is about to start (a time budget starts its clock)."""
 
@@ -83,6 +87,9 @@ class BudgetSteps(FixedSteps):
 
     def schedule(self, optimizer: torch.optim.Optimizer, step: int) -> torch.optim.lr_scheduler.LRScheduler:
         return self.budget.schedule(optimizer, self.optim.lr, step)
+
+    def in_warmup(self, step: int) -> bool:
+        return self.budget.in_warmup(step)
 
     def begin(self, step: int) -> None:
         self.budget.begin(step)

@@ -10,6 +10,10 @@ were short (120-300 steps at tiny and mini): the architecture's config scales it
 serves (BERT by 1, ModernBERT by 2) and sets the warmup. A ``--lr`` or
 ``--warmup`` the user gives wins (as for every value of the recipe: one that differs from the BERT default).
 
+A continuation (``--model`` a directory with weights: a pretrained model trained on) takes neither recipe's rate:
+both choose ``CONTINUATION_LR`` and ``CONTINUATION_WARMUP`` (docs/pretrain.md: Continued pretraining), and a rate
+the user gives far above it is warned about (``continuation_warning``).
+
 Every decision the recipe makes is here: the data and model values it sets where a run is planned
 (``apply_fast_recipe``, which ``tasks/pretrain.run`` calls first), bf16 on CPUs that compute it (``cpu_bf16``), and
 the learning rate and warmup (``choose``).
@@ -37,6 +41,17 @@ SWEPT_LR: dict[str, tuple[tuple[int, int], float]] = {
     "medium": ((8, 512), 1e-3),
     "base": ((12, 768), 5e-4),
 }
+# Continued pretraining (a pretrained start, not a --resume): the peak rate and warmup of task-adaptive pretraining
+# (Gururangan et al. 2020, "Don't Stop Pretraining": RoBERTa-base continued at 1e-4 with a 6% warmup, batch 256),
+# whatever the recipe, not a from-scratch rate: a pretrained encoder sits where a from-scratch rate throws it out
+# (issue 60: MiniLM continued at --recipe fast's 1.41e-3 fine-tuned to 0.361 where it scored 0.969 as shipped, and
+# 0.969 after 1e-4). One rate for every size: the sweep's from-scratch rates differ by 2x from tiny to base, small
+# beside the 10x a from-scratch rate is above this one, and a continuation exists not to move far. Not scaled by the
+# batch unless --lr-scaling is given (then from --reference-batch, whose default 256 is the paper's batch).
+CONTINUATION_LR = 1e-4
+CONTINUATION_WARMUP = 0.06
+# A peak rate above this multiple of CONTINUATION_LR on a pretrained start is a from-scratch one: warned about.
+FROM_SCRATCH_FACTOR = 3
 
 
 def fast_recipe(cfg: Any) -> bool:
@@ -109,11 +124,14 @@ def _default(config: Any, name: str) -> Any:
     return next(f.default for f in dataclasses.fields(config) if f.name == name)
 
 
-def choose(cfg: Any, model: Any) -> tuple[Any, str]:
-    """The optimizer settings (an OptimConfig) of the pretraining run ``cfg`` (a PretrainConfig) of ``model`` (a
-    BertConfig): its --lr before --lr-scaling, and, where --recipe fast chose the learning rate, Adam's beta2 (the
-    architecture's) or the warmup, why (for the start line; empty otherwise)."""
+def choose(cfg: Any, model: Any, continued: bool = False) -> tuple[Any, str]:
+    """The optimizer settings (an OptimConfig) of the pretraining run ``cfg`` (a PretrainConfig) of ``model`` (an
+    EncoderConfig): its --lr before --lr-scaling, and, where --recipe fast chose the learning rate, Adam's beta2 (the
+    architecture's) or the warmup, why (for the start line; empty otherwise). A ``continued`` run (a pretrained start)
+    takes the continuation's rate and warmup under either recipe (``continuation``)."""
     optim = cfg.optim
+    if continued:
+        return continuation(cfg, model)
     if not fast_recipe(cfg):
         return optim, ""
     factor, beta2 = model.fast_lr_factor, model.fast_adam_beta2  # the architecture's (its config class's)
@@ -135,3 +153,54 @@ def choose(cfg: Any, model: Any) -> tuple[Any, str]:
         return optim, ""
     flags = "--lr, --adam-beta2, --warmup" if optim.adam_beta2 != cfg.optim.adam_beta2 else "--lr, --warmup"
     return optim, f"(--recipe fast chose {' and '.join(chose)}; {flags} override)"
+
+
+def for_continuation(cfg: Any) -> Any:
+    """``cfg`` (a PretrainConfig) of a continued run: a masked-LM bias its start lacks (a sentence encoder's) starts
+    at the text's token frequencies (--mlm-bias-init unigram), whatever the recipe, unless the flag is given. At a
+    continuation's rate a bias moves about the rate a step: from zeros it would take tens of thousands of steps to
+    reach log frequencies of -5 to -15, which the decoder's other half, the tied word embeddings, would learn
+    instead, moving the encoder."""
+    if cfg.gave("mlm_bias_init", cfg.mlm_bias_init, _default(cfg, "mlm_bias_init")):
+        return cfg
+    return dataclasses.replace(cfg, mlm_bias_init="unigram")
+
+
+def continuation(cfg: Any, model: Any) -> tuple[Any, str]:
+    """``choose`` for a continued run: CONTINUATION_LR and CONTINUATION_WARMUP where the user gave no --lr or
+    --warmup (under --recipe fast also the architecture's Adam beta2), and why, for the start line."""
+    optim, chose, lr_chosen = cfg.optim, [], False
+    if not cfg.gave("lr", optim.lr, _default(optim, "lr")):
+        optim, lr_chosen = dataclasses.replace(optim, lr=CONTINUATION_LR), True
+        chose.append(f"lr {CONTINUATION_LR:g}")
+    beta2 = model.fast_adam_beta2
+    if (
+        fast_recipe(cfg)
+        and beta2 != optim.adam_beta2
+        and not cfg.gave("adam_beta2", optim.adam_beta2, _default(optim, "adam_beta2"))
+    ):
+        optim = dataclasses.replace(optim, adam_beta2=beta2)
+        chose.append(f"Adam beta2 {beta2:g} ({model.title}'s)")
+    if not cfg.gave("warmup", optim.warmup, _default(optim, "warmup")):
+        optim = dataclasses.replace(optim, warmup=CONTINUATION_WARMUP)
+        chose.append(f"a {CONTINUATION_WARMUP:.0%} warmup")
+    if not chose:
+        return optim, ""
+    why = ", task-adaptive pretraining's (Gururangan et al. 2020), not a from-scratch rate" if lr_chosen else ""
+    flags = "--lr, --adam-beta2, --warmup" if optim.adam_beta2 != cfg.optim.adam_beta2 else "--lr, --warmup"
+    return optim, (
+        f"(a continuation of a pretrained model: --recipe {cfg.recipe} chose {' and '.join(chose)}{why}; "
+        f"{flags} override)"
+    )
+
+
+def continuation_warning(lr: float, peak: float, scaling: str) -> str | None:
+    """One line when a continued run's peak rate ``peak`` (its --lr ``lr`` after --lr-scaling ``scaling``) is a
+    from-scratch one: above FROM_SCRATCH_FACTOR x CONTINUATION_LR (only a --lr the user gave gets there)."""
+    if peak <= FROM_SCRATCH_FACTOR * CONTINUATION_LR:
+        return None
+    given = f"--lr {lr:g}" + (f" (peak {peak:.3g} after --lr-scaling {scaling})" if scaling != "none" else "")
+    return (
+        f"{given} on a pretrained model: continued pretraining usually takes ~{CONTINUATION_LR:g}; a from-scratch rate "
+        "can erase what it learned (the evaluations' start CKA shows how far the encoder moves)"
+    )

@@ -18,7 +18,11 @@ class StopSignal:
         self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
 
     def _handle(self, signum, frame):
-        self.signum = signum
+        # The first signal is the one that stopped the run, and the stop line names it: a Ctrl-C reaches the
+        # launcher too, which passes it on, and a second one during the save ends the launcher, whose exit
+        # terminates the workers (SIGTERM): echoes of the user's Ctrl-C, not what stopped the run.
+        if not self.signum:
+            self.signum = signum
 
     def restore(self):
         for s, h in self._previous.items():

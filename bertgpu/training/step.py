@@ -4,7 +4,7 @@
 of the global batch's loss, which backward() is called on) and its log sums (``LOG_SUMS`` order). There
 is one cross-entropy over the masked slots: the loss and the logged MLM loss are the same sum, the log's
 detached, and the [B·P, V] logits are cast to fp32 once (inside the cross-entropy's kernel when compiled).
-Under --no-nsp the model runs no pooler and no NSP head (``BertForPreTraining.next_sentence``).
+Under --no-nsp the model runs no pooler and no NSP head (``EncoderModel.use_next_sentence``).
 
 ``compile_objective`` makes it one graph with ``torch.compile`` (embeddings, encoder, gathered heads and
 loss; with ``mode="reduce-overhead"`` on one GPU, replayed as CUDA graphs), which ``parallelize`` chooses
@@ -74,24 +74,15 @@ def pretraining_loss(
 
 
 def pretraining_objective(
-    module: torch.nn.Module,
-    input_ids: torch.Tensor,
-    token_type_ids: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    mlm_positions: torch.Tensor,
-    mlm_labels: torch.Tensor,
-    nsp_label: torch.Tensor,
-    n_masked: torch.Tensor,
-    global_batch: int,
-    nsp: bool,
+    module: torch.nn.Module, mb: dict[str, torch.Tensor | None], n_masked: torch.Tensor, global_batch: int, nsp: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's forward pass on a micro-batch and ``pretraining_loss`` of it. ``attention_mask`` None: a
-    batch without padding (SDPA then takes its fastest kernel, flash attention on a GPU)."""
-    outputs = module(
-        input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, mlm_positions=mlm_positions
-    )
-    tokens = input_ids.numel() if attention_mask is None else real_tokens(attention_mask)
-    return pretraining_loss(outputs, mlm_labels, nsp_label, n_masked, global_batch, nsp, tokens)
+    """The model's forward pass on a micro-batch ``mb`` (``MODEL_INPUTS``, ``mlm_labels`` and ``nsp_label``) and
+    ``pretraining_loss`` of it. ``attention_mask`` None: a batch without padding (SDPA then takes its fastest
+    kernel, flash attention on a GPU)."""
+    mask = mb["attention_mask"]
+    outputs = module(**{k: mb[k] for k in MODEL_INPUTS})
+    tokens = mb["input_ids"].numel() if mask is None else real_tokens(mask)
+    return pretraining_loss(outputs, mb["mlm_labels"], mb["nsp_label"], n_masked, global_batch, nsp, tokens)
 
 
 def real_tokens(attention_mask: torch.Tensor) -> torch.Tensor:

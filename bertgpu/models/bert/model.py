@@ -292,16 +292,30 @@ def init_weights(module: nn.Module, std: float) -> None:
         nn.init.zeros_(module.bias)
 
 
-# The parameters of a bare BERT encoder, and where a model with heads holds it (transformers' names).
-_BARE = ("embeddings.", "encoder.", "pooler.")
+class _Bert(EncoderModel):
+    """What every BERT model class declares alike (transformers' names)."""
+
+    bare_names = ("embeddings.", "encoder.", "pooler.")  # the parameters of a bare BERT encoder
+    heads_prefix = "bert."  # where a model with heads holds it
+    vocab_rows = (
+        "embeddings.word_embeddings.weight",
+        "predictions.bias",
+        "predictions.decoder.weight",
+        "predictions.decoder.bias",
+    )
+    ignored_keys = ("embeddings.position_ids", "embeddings.token_type_ids")
+
+    def use_varlen_attention(self) -> bool:
+        return use_varlen_attention(self)
+
+    def use_fused_qkv(self, on: bool) -> None:
+        use_fused_qkv(self, on)
 
 
-class BertModel(EncoderModel):
+class BertModel(_Bert):
     """The encoder: embeddings, N layers and (optionally) the pooler."""
 
     encoder_prefixes = ("embeddings.", "encoder.")
-    bare_names = _BARE
-    heads_prefix = "bert."
 
     def __init__(self, config: BertConfig, add_pooling_layer: bool = True, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
@@ -387,13 +401,11 @@ class BertPreTrainingHeads(nn.Module):
         self.seq_relationship = nn.Linear(config.hidden_size, 2)
 
 
-class _WithEncoder(EncoderModel):
+class _WithEncoder(_Bert):
     """A BERT with heads: the encoder is ``self.bert``."""
 
     encoder_prefixes = ("bert.embeddings.", "bert.encoder.")
     base_prefix = "bert."
-    bare_names = _BARE
-    heads_prefix = "bert."
     bert: BertModel
 
     def encoder_layers(self) -> nn.ModuleList | nn.ModuleDict:
@@ -418,6 +430,7 @@ class BertForPreTraining(_WithEncoder):
     }
     tied_embedding = ("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight")
     mlm_head_prefixes = ("cls.predictions",)
+    nsp_head_prefixes = ("cls.seq_relationship",)
 
     def __init__(self, config: BertConfig, pad_vocab_multiple: int = 1) -> None:
         super().__init__()
@@ -432,6 +445,11 @@ class BertForPreTraining(_WithEncoder):
 
     def mlm_output_bias(self) -> nn.Parameter:
         return self.cls.predictions.bias
+
+    def use_next_sentence(self, on: bool) -> None:
+        self.next_sentence = on
+        for module in (self.bert.pooler, self.cls.seq_relationship):
+            module.requires_grad_(on)
 
     def forward(
         self,

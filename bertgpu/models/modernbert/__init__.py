@@ -40,7 +40,7 @@ ARCHITECTURE = Architecture(
     "ModernBertForMaskedLM",
     "ModernBertForSequenceClassification",
     tokenizer_json=True,
-    lora=False,
+    lora_targets=(),  # --lora-rank fine-tunes BERT's linear layers only
     presets=(*PRESETS, *OWN_SHAPES),
     preset=_preset,
     mlp_widths=3,

@@ -367,6 +367,7 @@ class _WithEncoder(EncoderModel):
     encoder_prefixes = ("model.embeddings.", "model.layers.", "model.final_norm.")
     base_prefix = "model."
     bare_names = ("embeddings.", "layers.", "final_norm.")
+    vocab_rows = ("embeddings.tok_embeddings.weight", "decoder.bias")  # the decoder's weight is the embedding's
     model: ModernBertModel
 
     def encoder_layers(self) -> nn.ModuleList | nn.ModuleDict:
