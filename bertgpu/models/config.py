@@ -77,16 +77,30 @@ class EncoderConfig:
         names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
         return {k: v for k, v in d.items() if k in names and not (drop_none and v is None)}
 
-    @staticmethod
-    def shape(name: str, own: dict[str, tuple[int, int, int, int]], ratio: float) -> tuple[int, int, int, int]:
-        """(layers, hidden, heads, intermediate) of preset ``name``: one of the size family (intermediate
-        ``ratio`` x hidden), or one of the architecture's ``own`` shapes."""
-        if name in own:
-            return own[name]
-        if name not in PRESETS:
-            raise UserError(f"unknown model preset {name!r} (choose from {', '.join([*PRESETS, *own])})")
-        layers, hidden, heads = PRESETS[name]
-        return layers, hidden, heads, int(ratio * hidden)
+    # The architecture's own shapes beside the size family, (layers, hidden, heads, intermediate) by name, and the
+    # intermediate width of a size-family preset as a multiple of hidden.
+    own_shapes: ClassVar[dict[str, tuple[int, int, int, int]]] = {}
+    intermediate_ratio: ClassVar[float]
+
+    @classmethod
+    def preset(cls, name: str, vocab_size: int, **overrides: Any) -> Any:
+        """Preset ``name``: one of the size family (intermediate ``intermediate_ratio`` x hidden), or one of the
+        architecture's ``own_shapes``; ``overrides`` set other fields."""
+        if name in cls.own_shapes:
+            layers, hidden, heads, inter = cls.own_shapes[name]
+        elif name in PRESETS:
+            layers, hidden, heads = PRESETS[name]
+            inter = int(cls.intermediate_ratio * hidden)
+        else:
+            raise UserError(f"unknown model preset {name!r} (choose from {', '.join([*PRESETS, *cls.own_shapes])})")
+        return cls(
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            intermediate_size=inter,
+            **overrides,
+        )
 
     def with_dropout(self, p: float) -> Any:
         """Every dropout probability set to ``p`` (pretrain --dropout)."""

@@ -22,6 +22,7 @@ class BertConfig(EncoderConfig):
     # recipe's rate and run length).
     fast_adam_beta2: ClassVar[float] = 0.999
     fast_warmup: ClassVar[float] = 0.2
+    intermediate_ratio: ClassVar[float] = 4  # intermediate = 4 x hidden
     # --recipe fast's --mlm-bias-init: at the token frequencies, 0.18 nats lower in the fp32 race and off the
     # plateau at twice the rate (BENCHMARKS.md: The masked-LM bias at the token frequencies).
     fast_mlm_bias_init: ClassVar[str] = "unigram"
@@ -75,18 +76,6 @@ class BertConfig(EncoderConfig):
             self.with_dropout(dropout),
             classifier_dropout=None,  # follows hidden_dropout_prob
             classifier_pooling="mean" if pooling == "mean" else None,
-        )
-
-    @classmethod
-    def preset(cls, name: str, vocab_size: int, **overrides: Any) -> BertConfig:
-        layers, hidden, heads, inter = cls.shape(name, {}, 4)
-        return cls(
-            vocab_size=vocab_size,
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=inter,
-            **overrides,
         )
 
     @classmethod

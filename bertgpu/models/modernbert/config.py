@@ -60,6 +60,10 @@ class ModernBertConfig(EncoderConfig):
     model_type: ClassVar[str] = "modernbert"
     title: ClassVar[str] = "ModernBERT"
     nsp: ClassVar[bool] = False  # masked LM only
+    # A BERT preset's depth, width and heads (tiny ... large; GeGLU width 1.5 x hidden, as ModernBERT-base), or
+    # ModernBERT's own shape (modernbert-base, modernbert-large).
+    own_shapes: ClassVar[dict[str, tuple[int, int, int, int]]] = OWN_SHAPES
+    intermediate_ratio: ClassVar[float] = GEGLU_RATIO
     # Pre-norm layers take twice BERT's rate, with ModernBERT's own beta2 (Warner et al. 2024): at mini, 8 minutes
     # on 2 cores, 0.21 nats below BERT's rate and 0.7 points better fine-tuned on WordNet topics, every seed
     # (BENCHMARKS.md: ModernBERT's rate under --recipe fast).
@@ -119,20 +123,6 @@ class ModernBertConfig(EncoderConfig):
             self.with_dropout(dropout),
             classifier_dropout=dropout,
             classifier_pooling="mean" if pooling == "mean" else "cls",
-        )
-
-    @classmethod
-    def preset(cls, name: str, vocab_size: int, **overrides: Any) -> ModernBertConfig:
-        """A BERT preset's depth, width and heads (tiny ... large; GeGLU width 1.5 x hidden, as
-        ModernBERT-base), or ModernBERT's own shape (modernbert-base, modernbert-large)."""
-        layers, hidden, heads, inter = cls.shape(name, OWN_SHAPES, GEGLU_RATIO)
-        return cls(
-            vocab_size=vocab_size,
-            hidden_size=hidden,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            intermediate_size=inter,
-            **overrides,
         )
 
     @classmethod
