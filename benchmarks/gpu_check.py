@@ -47,7 +47,7 @@ from pathlib import Path
 import corpora
 import reporting
 from common import ROOT
-from gpu_check_plan import FULL, SMOKE
+from gpu_check_plan import FULL, SMOKE, applies
 from gpu_check_rows import Check
 from gpu_check_warm import start_tests, tests_result, warm_commands, warm_up
 
@@ -57,7 +57,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes: the script's own logic, in seconds")
     ap.add_argument("--work", default="", help="work directory (default: $OUT/gpu-check-work or a temporary one)")
-    ap.add_argument("--skip", default="", help="comma-separated phases to leave out: tests,bench,pretrain,ttq")
+    ap.add_argument("--skip", default="", help="comma-separated phases to leave out: tests,bench,pretrain,switches,ttq")
     ap.add_argument("--budget", type=float, default=0, help="seconds for the whole check (default: 470; smoke 240)")
     args = ap.parse_args()
     plan = SMOKE if args.smoke else FULL
@@ -104,9 +104,7 @@ def main() -> int:
         warm_up(check, warm_commands(check, skip), warm_until, cores)
     if tests is not None:
         run, collect = tests
-        collected = [
-            line.strip() for line in collect.result()[2].splitlines() if line.startswith("tests/test_cuda.py::")
-        ]
+        collected = [line.strip() for line in collect.result()[2].splitlines() if line.startswith("tests/test_cuda")]
         code, seconds, text = run.result()
         result = tests_result(code, seconds, text, work / "tests.log", collected)
         check.rows.append(("tests/test_cuda.py", f"pytest -n {max(2, cores // 4)} --dist load, {limits['test']} s a test",
@@ -120,7 +118,13 @@ def main() -> int:
     if "pretrain" not in skip:
         check.pretrain_row(plan["archs"][0], deadline)
         check.pretrain_row(plan["archs"][0], deadline, plan["pretrain_512"])
-    # 5: the rest, while time is left.
+    # 5: issue 59's switches, each on against its shape's full row (by value, while time is left), then the race.
+    for switch in plan["switches"] if "switches" not in skip and "bench" not in skip else []:
+        for shape in plan["switch_shapes"]:
+            if applies(switch, shape):
+                check.switch_row(shape, switch, deadline)
+    for extra in plan["pretrain_switches"] if "switches" not in skip and "pretrain" not in skip else []:
+        check.pretrain_row(plan["archs"][0], deadline, plan["pretrain_512"], extra)
     if "ttq" not in skip:
         check.ttq_row()
     for arch in plan["archs"][1:] if "pretrain" not in skip else []:
@@ -134,6 +138,9 @@ def main() -> int:
     )
     columns = ("check", "setting", "bertgpu", "transformers", "bertgpu / transformers", "notes")
     table = [head, "", f"MFU: {peak_note}", "", *reporting.markdown_table(columns, check.rows)]
+    if "switches" not in skip and "bench" not in skip:
+        table += ["", "Issue 59's switches: bertgpu+compile's seq/s with each on over its full row's (bench)", "",
+                  *check.switch_table()]  # fmt: skip
     text = "\n".join(table) + "\n"
     print(text, end="")
     if out_dir is not None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import common
-from gpu_check_plan import bench_args, pretrain_args, ttq_bertgpu_args, ttq_child_args
+from gpu_check_plan import applies, bench_args, pretrain_args, switch_args, ttq_bertgpu_args, ttq_child_args
 
 ROW = re.compile(
     r"^(bertgpu\+compile|bertgpu|transformers\+compile|transformers\+graphs|transformers)"
@@ -44,6 +44,8 @@ class Check:
     deadline: float  # a time.perf_counter reading: the end of the budget
     rows: list[tuple[str, str, str, str, str, str]] = field(default_factory=list)
     bench_seq: dict[tuple[str, int, int], float] = field(default_factory=dict)  # bertgpu's best at each bench shape
+    baseline: dict[tuple[str, int, int], float] = field(default_factory=dict)  # bertgpu+compile's (CPU: eager's)
+    switched: dict[tuple[str, tuple], str] = field(default_factory=dict)  # (switch, shape) -> its cell
 
     def allowed(self, phase: str, until: float | None = None) -> float:
         """Seconds ``phase`` may run: its own limit, or what is left of the budget."""
@@ -76,6 +78,7 @@ class Check:
 
         best = max((n for n in got if n.startswith("bertgpu")), key=lambda n: got[n][0])
         self.bench_seq[shape] = got[best][0]
+        self.baseline[shape] = got.get("bertgpu+compile", got["bertgpu"])[0]
         setting = (
             ("bf16" if device == "cuda" else "fp32") + ", dropout 0" + (f", padding {padding[1]}" if padding else "")
         )
@@ -83,14 +86,17 @@ class Check:
                      f"{float(speedup[1]):.2f}x (vs {theirs_best[1] if theirs_best else '?'})",
                      f"MFU on real tokens {got[best][1]} ({best}); {seconds:.0f} s"))  # fmt: skip
 
-    def pretrain_row(self, arch: str, until: float, p: dict | None = None) -> None:
-        """A pretraining run of ``arch`` at ``p``'s shape (the plan's ``pretrain`` unless given)."""
+    def pretrain_row(self, arch: str, until: float, p: dict | None = None, switch: list[str] = ()) -> None:
+        """A pretraining run of ``arch`` at ``p``'s shape (the plan's ``pretrain`` unless given), with ``switch``."""
         p = self.plan["pretrain"] if p is None else p
         work, rows = self.work, self.rows
-        log, run_dir = work / f"pretrain-{arch}-{p['seq']}.log", work / f"pretrain-{arch}-{p['seq']}"
+        tag = f"{arch}-{p['seq']}" + "".join(f"-{a.strip('-')}" for a in switch)
+        log, run_dir = work / f"pretrain-{tag}.log", work / f"pretrain-{tag}"
         cmd = pretrain_args(p, self.data, run_dir, self.device, p["steps"],
-                            ["--log-every", str(p["log_every"]), "--arch", arch])  # fmt: skip
-        name = f"pretrain {arch} {p['model']} {p['batch']} x {p['seq']}, {p['steps']} steps"
+                            ["--log-every", str(p["log_every"]), "--arch", arch, *switch])  # fmt: skip
+        name = f"pretrain {arch} {p['model']} {p['batch']} x {p['seq']}, {p['steps']} steps" + "".join(
+            f" {a}" for a in switch
+        )
         left = self.allowed("pretrain", until)
         if left < 10:
             rows.append((name, "", "left out: the time budget is spent", "", "", ""))
@@ -107,7 +113,7 @@ class Check:
         ours = f"{seq:,.0f} seq/s" + (f", MFU on real tokens {100 * mfu:.1f}%" if mfu is not None else "")
         bench = self.bench_seq.get((p["model"], p["batch"], p["seq"])) if arch == "bert" else None
         against = f"{seq / bench:.2f}x bench's {bench:,.0f} seq/s at this shape" if bench else ""
-        setting = " ".join(a for a in cmd if a in ("--compile", "--no-nsp", "--pack", "bf16", "fp32"))
+        setting = " ".join(a for a in cmd if a in ("--compile", "--no-nsp", "--pack", "bf16", "fp32", *switch))
         rows.append((name, setting, ours, "", against,
                      f"median of {len(windows)} windows; waits data {waits[0]:.0%} device {waits[1]:.0%}; "
                      f"{seconds:.0f} s in all"))  # fmt: skip
@@ -139,3 +145,43 @@ class Check:
                           f"{sec_t:.0f} s (training {theirs['train_s']:.0f} s), held-out loss {theirs['eval_mlm_loss']:.3f}",
                           f"{sec_t / sec_b:.2f}x time",
                           "same instances, masking, order, schedule; process wall time, compilation included"))  # fmt: skip
+
+    def switch_row(self, shape: tuple[str, int, int], switch: list[str], until: float) -> None:
+        """bench at ``shape`` with one of issue 59's switches on, against the shape's full row (bertgpu+compile)."""
+        name, key = " ".join(switch), (" ".join(switch), shape)
+        log = self.work / f"switch-{shape[0]}-{shape[1]}-{'-'.join(a.strip('-') for a in switch)}.log"
+        left = self.allowed("switch", until)
+        if shape not in self.baseline:
+            self.switched[key] = "no baseline (its full row did not run)"
+            return
+        if left < 10:
+            self.switched[key] = "left out: the time budget is spent"
+            return
+        cmd = switch_args(shape, self.device, self.vocab, self.plan["bench_steps"], switch)
+        code, seconds, text = common.run_limited(cmd, log, left)
+        got = parse_bench(text)
+        ours = got.get("bertgpu+compile", got.get("bertgpu"))
+        if code != 0 or ours is None:
+            self.switched[key] = failed(code, log, left)
+            return
+        ratio = ours[0] / self.baseline[shape]
+        self.switched[key] = f"{ratio:.2f}x ({ours[0]:,.0f} seq/s, MFU {ours[1]})"
+        self.rows.append((f"switch {name}", f"bench {shape[0]} {shape[1]} x {shape[2]}", f"{ours[0]:,.0f} seq/s", "",
+                          f"{ratio:.2f}x the row without it", f"MFU on real tokens {ours[1]}; {seconds:.0f} s"))  # fmt: skip
+
+    def switch_table(self) -> list[str]:
+        """One line a switch: its speed over the baseline at each shape, and whether to make it default (faster by
+        2% or more wherever it applies and was measured, and measured at two shapes or more)."""
+        shapes = self.plan["switch_shapes"]
+        lines = []
+        for switch in self.plan["switches"]:
+            name = " ".join(switch)
+            cells = [self.switched.get((name, s), "not run") if applies(switch, s) else "n/a" for s in shapes]
+            ratios = [float(c.split("x ")[0]) for c in cells if re.match(r"^\d+\.\d+x ", c)]
+            verdict = ("make default" if len(ratios) >= 2 and min(ratios) >= 1.02
+                       else "keep off" if ratios else "not measured")  # fmt: skip
+            lines.append((name, *cells, verdict))
+        columns = ("switch", *(f"{m} {b} x {q}" for m, b, q in shapes), "verdict")
+        import reporting
+
+        return reporting.markdown_table(columns, lines)

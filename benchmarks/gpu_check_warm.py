@@ -12,7 +12,7 @@ from pathlib import Path
 
 import common
 from common import PY, ROOT
-from gpu_check_plan import bench_args, pretrain_args, ttq_bertgpu_args, ttq_child_args
+from gpu_check_plan import applies, bench_args, pretrain_args, switch_args, ttq_bertgpu_args, ttq_child_args
 from gpu_check_rows import Check, failed
 
 PLUGINS = Path(__file__).resolve().parent / "pytest_plugins"  # per_test_timeout.py
@@ -29,7 +29,8 @@ def start_tests(check: Check, pool: ThreadPoolExecutor, until: float, cores: int
         "PYTHONPATH": os.pathsep.join([str(PLUGINS), os.environ.get("PYTHONPATH", str(ROOT))]),
         "TORCHINDUCTOR_COMPILE_THREADS": "2",
     }
-    pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "tests/test_cuda.py"]
+    # tests/test_cuda_step.py: issue 59's switches (the whole step as one CUDA graph, FP8 against bf16, ...)
+    pytest = [PY, "-m", "pytest", "-p", "no:cacheprovider", "tests/test_cuda.py", "tests/test_cuda_step.py"]
     tests = pool.submit(common.run_limited, [*pytest, "-v", "-n", n, "--dist", "load", "-p", "per_test_timeout",
                                              "--per-test-timeout", str(limits["test"])],
                         check.work / "tests.log", check.allowed("tests", until), env)  # fmt: skip
@@ -69,6 +70,9 @@ def warm_commands(check: Check, skip: set[str]) -> list[list[str]]:
         for arch in plan["archs"][1:]:
             warm.append(pretrain_args(p, data, work / f"warm-pretrain-{arch}", device, 3,
                                       ["--log-every", "1", "--arch", arch]))  # fmt: skip
+    if "bench" not in skip and "switches" not in skip:  # issue 59's switch rows, in the order they are timed
+        warm += [switch_args(s, device, vocab, ["--steps", "1", "--warmup", "2"], switch)
+                 for switch in plan["switches"] for s in plan["switch_shapes"] if applies(switch, s)]  # fmt: skip
     if "bench" not in skip:
         warm += [bench_args(s, device, vocab, ["--steps", "1", "--warmup", "2"]) for s in plan["bench_extra"]]
     return warm

@@ -28,7 +28,13 @@ def test_gpu_script_smoke_on_cpu_writes_one_table_of_every_phase(tmp_path):
     rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines if line.startswith("| ")}
     pretrain = [f"pretrain {arch} tiny 8 x 64, 8 steps" for arch in ("bert", "modernbert")]
     pretrain.append("pretrain bert tiny 2 x 128, 4 steps")  # the 512 row's smoke shape: packed, per document
-    assert set(rows) == {"check", "---", "bench tiny 4 x 32", *pretrain, "time to quality tiny 8 x 64, 4 steps"}
+    pretrain.append("pretrain bert tiny 2 x 128, 4 steps --document-bounds")  # issue 59's switches: the 512 row's
+    switches = {"switch --bf16-stream", "switch", "--bf16-stream"}  # a switch's row; the switch table's lines
+    assert set(rows) == {"check", "---", "bench tiny 4 x 32", *pretrain, "time to quality tiny 8 x 64, 4 steps",
+                         *switches}  # fmt: skip
+    assert re.fullmatch(r"\d\.\d\dx the row without it", rows["switch --bf16-stream"][4])
+    # the switch table: its speed over the full row, and (one shape measured) not a default to make
+    assert re.match(r"\d\.\d\dx \(", rows["--bf16-stream"][1]) and rows["--bf16-stream"][2] == "keep off |"
     bench = rows["bench tiny 4 x 32"]
     assert bench[2].startswith("eager ") and bench[3].startswith("eager ")
     assert re.fullmatch(r"\d+\.\d\dx \(vs transformers\)", bench[4]) and "dropout 0, padding " in bench[1]

@@ -261,7 +261,7 @@ def test_pretrain_logs_its_waits_on_data_and_device(tmp_path, small_english_data
 
 def test_fp8_is_a_one_line_error_without_a_hopper_gpu_and_picks_only_large_linears(tmp_path, small_english_data):
     from bertgpu.models.bert.config import BertConfig
-    from bertgpu.training.fp8 import worth_fp8
+    from bertgpu.training.fp8 import fp8_layers
 
     proc = run_cli("pretrain", "--data", small_english_data, "--out", tmp_path / "run", "--model", "tiny",
                    "--device", "cpu", "--fp8", "--steps", "1", check=False)  # fmt: skip
@@ -269,16 +269,13 @@ def test_fp8_is_a_one_line_error_without_a_hopper_gpu_and_picks_only_large_linea
     assert "--fp8 needs a CUDA GPU of compute capability 8.9" in proc.stderr and not (tmp_path / "run").exists()
     with torch.device("meta"):  # the layers' shapes without their weights: BERT-large's 335M take 10 s to initialise
         chosen = {
-            name: [
-                n
-                for n, m in BertForPreTraining(BertConfig.preset(name, vocab_size=30522)).named_modules()
-                if worth_fp8(m, n)
-            ]
+            name: fp8_layers(BertForPreTraining(BertConfig.preset(name, vocab_size=30522)))
             for name in ("base", "large")
         }
     assert chosen["base"] == []  # 768-wide: the casts would cost what float8 saves
-    large = chosen["large"]  # every matmul of the 24 layers (1024 x 1024, 1024 x 4096), the pooler and transform
-    assert len(large) == 24 * 6 + 2 and "cls.predictions.decoder" not in large and "cls.seq_relationship" not in large
+    large = chosen["large"]  # every matmul (1024 x 1024, 1024 x 4096) of layers 1 to 22; not the first, last, heads
+    assert len(large) == 22 * 6 and all(n.startswith("bert.encoder.layer.") for n in large)
+    assert not any(n.startswith(("bert.encoder.layer.0.", "bert.encoder.layer.23.")) for n in large)
 
 
 def test_padded_rows_as_variable_length_sequences_attend_as_the_masked_sdpa():

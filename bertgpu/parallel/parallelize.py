@@ -29,6 +29,7 @@ The tasks call ``parallelize`` and use what it returns; they never wrap a model 
 from __future__ import annotations
 
 import inspect
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -43,6 +44,7 @@ from bertgpu.parallel.wrap import (
     apply_activation_checkpointing,
     apply_fsdp,
     apply_tensor_parallel,
+    compile_options,
     encoder_layers,
     layer_keys,
 )
@@ -70,7 +72,8 @@ def parallelize(
     if compile and not whole:
         layers = encoder_layers(model)
         for key in layer_keys(layers):
-            layers[key].compile(dynamic=False)  # every batch has the same shapes: one graph
+            # every batch has the same shapes: one graph
+            layers[key].compile(dynamic=False, **compile_options(None, options.autotune))
     if dims.fsdp:
         apply_fsdp(model, dims, precision, reduce_dtype=compression.dtype)
         return WholeModel(model, model, dims, compression)
@@ -94,8 +97,12 @@ def parallelize(
         )
         powersgd, mute = register_compression(ddp, compression, dims.dp_group, options.seed)
         return WholeModel(ddp, model, dims, compression, powersgd, mute)
-    mode = ("reduce-overhead" if options.cuda_graphs and device.type == "cuda" else "default") if whole else None
-    return WholeModel(model, model, dims, compression, whole_step=mode)
+    graphs = whole and options.cuda_graphs and device.type == "cuda"
+    # --compile-step captures the whole step itself (training.fused_step): the objective then compiles without
+    # torch.compile's own graphs, which cannot nest in a capture.
+    step_graphs = graphs and options.compile_step
+    mode = ("reduce-overhead" if graphs and not step_graphs else "default") if whole else None
+    return WholeModel(model, model, dims, compression, whole_step=mode, options=replace(options, cuda_graphs=graphs))
 
 
 def whole_step_compile(dims: ParallelDims) -> bool:

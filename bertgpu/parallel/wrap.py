@@ -44,6 +44,8 @@ class SpreadOptions:
     pipeline: Any = None  # the run's ParallelConfig, with dims.pp > 1: its stages and schedule
     seq_length: int | None = None  # the longest a batch's sequences can be (None: every batch has one shape)
     cuda_graphs: bool = False  # with compile on one GPU: mode="reduce-overhead" (static shapes)
+    compile_step: bool = False  # --compile-step: with cuda_graphs, the whole step one graph (training.fused_step)
+    autotune: bool = False  # --autotune: Inductor's max-autotune GEMM templates, epilogues fused
 
 
 class ParallelModel:
@@ -185,11 +187,16 @@ class WholeModel(ParallelModel):
         powersgd=None,
         mute: list[bool] | None = None,
         whole_step: str | None = None,
+        options: SpreadOptions = SpreadOptions(),
     ):
         super().__init__(module, model, dims, compression, powersgd, mute)
         # --compile with one process: the step's objective through torch.compile with this mode ("default" or
         # "reduce-overhead": CUDA graphs); None: the objective runs as it is (each layer compiled, or eager).
         self.whole_step = whole_step
+        self.autotune = options.autotune  # --autotune: compiled with max-autotune's GEMM templates (compile_options)
+        # --compile-step with CUDA graphs (``options.cuda_graphs``: where they apply): the loop captures the whole
+        # step as one graph (training.fused_step), the objective compiled without torch.compile's own graphs.
+        self.step_graphs = whole_step is not None and options.compile_step and options.cuda_graphs
         self._compiled: dict[tuple[Callable, str], Callable] = {}
 
     def forward_backward_objective(
@@ -213,7 +220,7 @@ class WholeModel(ParallelModel):
             mode = "default"
         if mode is not None:
             if (objective, mode) not in self._compiled:
-                options = {} if mode == "default" else {"mode": mode}
+                options = compile_options(mode, self.autotune)
                 self._compiled[objective, mode] = torch.compile(objective, dynamic=False, **options)
             run = self._compiled[objective, mode]
         graphs = mode == "reduce-overhead"
@@ -225,6 +232,16 @@ class WholeModel(ParallelModel):
             scale(self.dims.backward_loss(loss)).backward()
             sums += step_sums
         return sums
+
+
+def compile_options(mode: str | None, autotune: bool = False) -> dict[str, Any]:
+    """torch.compile's keyword arguments for ``mode`` (None or "default"; "reduce-overhead": CUDA graphs), with
+    ``autotune`` (--autotune) Inductor's max-autotune GEMM templates with epilogue fusion: the bias and the GELU
+    after a matmul computed in its kernel, each matmul's kernel chosen by timing the candidates once."""
+    graphs = mode == "reduce-overhead"
+    if autotune:
+        return {"options": {"max_autotune": True, "epilogue_fusion": True, "triton.cudagraphs": graphs}}
+    return {"mode": mode} if graphs else {}
 
 
 def _grad_groups(parameters: list[torch.Tensor]) -> list[list[torch.Tensor]]:

@@ -44,7 +44,10 @@ from bertgpu.data.tokenizer import load_vocab
 from bertgpu.errors import UserError, require
 from bertgpu.models import architectures
 from bertgpu.models.architectures import training_flops
+from bertgpu.models.layers import use_bf16_stream
+from bertgpu.parallel.wrap import compile_options
 from bertgpu.tasks.checks import check_bench_flags
+from bertgpu.training.fused_step import WARMUP, FusedStep
 from bertgpu.training.precision import allow_tf32, autocast, peak_flops, resolve_precision
 from bertgpu.training.step import pretraining_objective
 
@@ -162,9 +165,17 @@ def run(cfg: BenchConfig) -> dict[str, float]:
     ours = architectures.pretraining_model(mcfg, pad_vocab_multiple=PAD_VOCAB_MULTIPLE).to(device)
     if device.type == "cuda":
         ours.use_varlen_attention()  # as pretraining on a GPU: padded rows through the variable-length kernel
+    switches = [flag for flag, on in (("--bf16-stream", cfg.bf16_stream), ("--autotune", cfg.autotune and compiled),
+                                      ("--compile-step", cfg.compile_step and compiled)) if on]  # fmt: skip
+    if cfg.bf16_stream:
+        use_bf16_stream(ours)
     theirs = transformers.BertForPreTraining(transformers.BertConfig(**mcfg.to_hf_dict(), attn_implementation="sdpa"))
     theirs.load_state_dict(export_state_dict(ours), strict=False)  # the real vocab rows; ties are re-made there
     theirs.to(device)
+    if cfg.fp8:  # after the copy: transformers' side keeps its bf16 linears
+        from bertgpu.training.fp8 import apply_fp8
+
+        switches.append(f"--fp8 ({len(apply_fp8(ours, device, cfg.fp8_recipe))} layers, {cfg.fp8_recipe})")
     fused = True  # both sides: one kernel for all parameters, on CUDA and CPU
     opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-5, fused=fused)
     opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=1e-5, fused=fused)
@@ -188,6 +199,25 @@ def run(cfg: BenchConfig) -> dict[str, float]:
         scaler_ours.update()
         opt_ours.zero_grad(set_to_none=True)
 
+    fused = FusedStep(opt_ours, enabled=True, graphs=graphs)
+
+    def step_ours_fused(objective):
+        """--compile-step: the step's two halves through ``fused_step`` (on a GPU one CUDA graph)."""
+        mb = {**inputs, "attention_mask": mask, "mlm_labels": batch["mlm_labels"], "nsp_label": batch["nsp_label"]}
+
+        def forward_backward(micro):
+            with autocast(precision, device):
+                loss, sums = objective(ours, micro[0], n_masked, cfg.batch_size, True)
+            loss.backward()
+            return sums
+
+        def update():
+            opt_ours.step()
+            opt_ours.zero_grad(set_to_none=True)
+            return torch.zeros((), device=device)
+
+        fused(forward_backward, update, [mb])
+
     def step_theirs(model, cuda_graphs: bool):
         if cuda_graphs:  # the previous replay's outputs are consumed
             torch.compiler.cudagraph_mark_step_begin()
@@ -205,12 +235,15 @@ def run(cfg: BenchConfig) -> dict[str, float]:
         opt_theirs.zero_grad(set_to_none=True)
 
     modes, left_out = transformers_modes(device, compiled)
-    configurations = {"bertgpu": functools.partial(step_ours, pretraining_objective)}
+    if cfg.compiled_only:  # bertgpu --compile alone: a switch's row beside a full one (benchmarks/gpu.sh)
+        modes, left_out = {}, "bertgpu+compile alone (--compiled-only): no eager configuration, no transformers"
+    configurations = {} if cfg.compiled_only else {"bertgpu": functools.partial(step_ours, pretraining_objective)}
     if compiled:
-        mode = "reduce-overhead" if graphs else None
-        configurations["bertgpu+compile"] = functools.partial(
-            step_ours, torch.compile(pretraining_objective, dynamic=False, mode=mode)
-        )
+        # --compile-step: the graph is the whole step's (fused_step), the objective compiled without its own
+        mode = "reduce-overhead" if graphs and not cfg.compile_step else None
+        objective = torch.compile(pretraining_objective, dynamic=False, **compile_options(mode, cfg.autotune))
+        step = step_ours_fused if cfg.compile_step else step_ours
+        configurations["bertgpu+compile"] = functools.partial(step, objective)
     for name, mode in modes.items():
         model = theirs if mode is None else torch.compile(theirs, **({} if mode == "default" else {"mode": mode}))
         configurations[name] = functools.partial(step_theirs, model, mode == "reduce-overhead")
@@ -218,7 +251,9 @@ def run(cfg: BenchConfig) -> dict[str, float]:
     theirs.train()
     seconds = {}
     for name, step in configurations.items():
-        seconds[name] = statistics.median(time_steps(step, cfg.steps, cfg.warmup, device))
+        # --compile-step captures its graph after WARMUP eager steps: untimed
+        warmup = max(cfg.warmup, WARMUP + 2) if cfg.compile_step and name == "bertgpu+compile" else cfg.warmup
+        seconds[name] = statistics.median(time_steps(step, cfg.steps, warmup, device))
         if name.endswith(("+compile", "+graphs")):
             release_compiled(device)
 
@@ -236,6 +271,7 @@ def run(cfg: BenchConfig) -> dict[str, float]:
         f"dropout {cfg.dropout:g} (hidden and attention, both sides), "
         f"median of {cfg.steps} steps after {cfg.warmup} warm-up"
     )
+    print(f"bertgpu's switches: {', '.join(switches) or 'none'}")
     share = 1 - real_tokens / (cfg.batch_size * cfg.seq_len)
     print(
         f"padding {share:.1%} of the batch's {cfg.batch_size * cfg.seq_len:,} tokens "
@@ -257,6 +293,8 @@ def run(cfg: BenchConfig) -> dict[str, float]:
         "tokens/s: real (non-padding) tokens; MFU = the model FLOPs of the batch's real tokens and scored slots "
         "(bertgpu.models.architectures.training_flops) / step time / peak FLOP/s"
     )
+    if cfg.compiled_only:
+        return result
     ours_best = min((n for n in seconds if n.startswith("bertgpu")), key=seconds.get)
     theirs_best = min((n for n in seconds if n.startswith("transformers")), key=seconds.get)
     result["speedup"] = seconds[theirs_best] / seconds[ours_best]

@@ -150,6 +150,19 @@ def check_adapter(adapter: AdapterConfig) -> None:
         raise UserError(f"--lora-targets {adapter.lora_targets!r} names no layer")
 
 
+def check_step_switches(compile: bool, compile_step: bool, autotune: bool, precision: str, optimizer: str) -> None:
+    """--compile-step and --autotune (issue 59's switches) with the flags they need."""
+    for flag, on in (("--compile-step", compile_step), ("--autotune", autotune)):
+        if on and not compile:
+            raise UserError(f"{flag} needs --compile (it changes what torch.compile makes of the step)")
+    if compile_step and precision == "fp16":
+        raise UserError(
+            "--compile-step runs with --precision bf16 or fp32 (fp16's loss scaler reads its state on the host)"
+        )
+    if compile_step and optimizer == "rmsprop":
+        raise UserError("--compile-step runs with --optimizer adamw or lamb (torch's RMSprop skips a step on the host)")
+
+
 def check_pretrain_flags(cfg: PretrainConfig) -> PretrainConfig:
     # The sections first, in the order of their fields (as when each checked itself on being built).
     check_data(cfg.data)
@@ -169,6 +182,7 @@ def check_pretrain_flags(cfg: PretrainConfig) -> PretrainConfig:
         raise UserError(f"--pad-vocab-multiple must be at least 1, got {cfg.pad_vocab_multiple}")
     if cfg.peak_tflops < 0:
         raise UserError(f"--peak-tflops must be positive, got {cfg.peak_tflops}")
+    check_step_switches(cfg.run.compile, cfg.run.compile_step, cfg.run.autotune, cfg.run.precision, cfg.optim.optimizer)
     arch = CONFIGS.get(cfg.arch)
     if arch is not None and not arch.nsp and cfg.data.nsp:
         raise UserError(
@@ -245,6 +259,9 @@ def check_bench_flags(cfg: BenchConfig) -> BenchConfig:
         raise UserError(f"--dropout must be in [0, 1), got {cfg.dropout}")
     if cfg.peak_tflops < 0:
         raise UserError(f"--peak-tflops must be positive, got {cfg.peak_tflops}")
+    check_step_switches(cfg.compile is not False, cfg.compile_step, cfg.autotune, cfg.precision, "adamw")
+    if cfg.compiled_only and cfg.compile is False:
+        raise UserError("--compiled-only times bertgpu --compile alone: leave out --no-compile")
     # The batch is pretraining instances of --seq-len tokens: their checks, in pretrain's words as they always were.
     check_data(DataConfig(data="", max_seq_length=cfg.seq_len, max_predictions=cfg.max_predictions))
     return cfg

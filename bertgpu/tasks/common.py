@@ -50,6 +50,7 @@ from bertgpu.parallel.rng import gather_rng_states, restore_rng_state
 from bertgpu.tasks.prelaunch import check_out_dir
 from bertgpu.training import memory
 from bertgpu.training.batch import accumulation
+from bertgpu.training.fused_step import FusedStep
 from bertgpu.training.metrics import Sums, Throughput, peak_memory_mb
 from bertgpu.training.optim import build_optimizer, optimizer_step, unscale_and_clip
 from bertgpu.training.plan import FixedSteps
@@ -334,6 +335,8 @@ def spread(
         pipeline=parallel,
         seq_length=seq_length,
         cuda_graphs=run.cuda_graphs,
+        compile_step=run.compile_step,
+        autotune=run.autotune,
     )
     net = parallelize(model, session.dims, session.device, options)
     torch.manual_seed(run.seed + 1 + session.dims.dp_rank)
@@ -355,6 +358,14 @@ class Optimization:
             self._restore(session, task)
         self.schedule = task.steps.schedule(self.optimizer, session.start_step)
         self.balancer = Balancer(session.device, enabled=task.balance)
+        # --compile-step where the whole step compiles (one process): the update compiled, on one GPU with CUDA
+        # graphs the whole step one graph (training.fused_step); elsewhere each half runs as it is.
+        whole = getattr(task.net, "whole_step", None) is not None
+        self.fused = FusedStep(
+            self.optimizer,
+            enabled=whole and session.run_cfg.compile_step,
+            graphs=getattr(task.net, "step_graphs", False),
+        )
 
     def _restore(self, session: Session, task: Task) -> None:
         """On resume: the optimizer state (whatever layout wrote it), the gradient scaler, this
@@ -387,6 +398,11 @@ class Optimization:
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
+
+    def run_step(self, forward_backward, update, micro: list[dict[str, torch.Tensor]]):
+        """A step's device work, ``forward_backward(micro)`` then ``update()``, as --compile-step says
+        (``fused_step.FusedStep``): (its log sums, its skipped flag), on the device."""
+        return self.fused(forward_backward, update, micro)
 
     @contextlib.contextmanager
     def forward_context(self, micro_batch: dict[str, torch.Tensor]):

@@ -47,6 +47,7 @@ from bertgpu.errors import UserError, did_you_mean
 from bertgpu.models import architectures
 from bertgpu.models.config import EncoderConfig
 from bertgpu.models.interface import EncoderModel
+from bertgpu.models.layers import use_bf16_stream
 from bertgpu.parallel import ParallelModel, WholeModel, launch
 from bertgpu.parallel.compression import describe as describe_compression
 from bertgpu.parallel.layout import check_layout
@@ -563,15 +564,19 @@ def model_for(
     --fp8), and one line where a step looks too big for the device's memory."""
     model = build_model(cfg, plan, session.resume_from, train_text)
     if session.device.type == "cuda":
-        model.use_varlen_attention()  # padded rows through flash attention's variable-length kernel
+        # padded rows through flash attention's variable-length kernel (--document-bounds: see docs/bench.md)
+        model.use_varlen_attention(cfg.run.document_bounds)
     model.use_fused_qkv(cfg.fused_qkv)  # Q, K and V as one matmul (a BERT's; ModernBERT's are one weight)
+    if cfg.run.bf16_stream:  # the encoder layers' residual stream and LayerNorms in bf16 under autocast
+        use_bf16_stream(model)
     if cfg.run.fp8:
         from bertgpu.training.fp8 import apply_fp8
 
-        float8_layers = apply_fp8(model, session.device)
+        float8_layers = apply_fp8(model, session.device, cfg.run.fp8_recipe)
         if session.is_main:
             print(
-                f"--fp8: {len(float8_layers)} linear layers in float8 (torchao), the rest in {session.precision}",
+                f"--fp8: {len(float8_layers)} linear layers in float8 (torchao, {cfg.run.fp8_recipe} scaling; not "
+                f"the first and last encoder layers nor the heads), the rest in {session.precision}",
                 flush=True,
             )
     warn_if_batch_too_big(session, model, plan.model_config, cfg.data.max_seq_length, cfg.data.max_predictions)
@@ -628,31 +633,35 @@ def train_step(
     collective of a step outside the gradients), the NSP loss by its sentence pairs. Gradient
     reduction averages over the data-parallel ranks, hence the factor dp. Forward pass and loss are
     one function (``step.pretraining_objective``: one cross-entropy, the log's value its detached
-    sum), compiled as one graph under --compile with one process (``WholeModel.forward_backward_objective``).
+    sum), compiled as one graph under --compile with one process (``WholeModel.forward_backward_objective``);
+    with --compile-step the update (clip, optimizer step, zero) is compiled too, and on one GPU with CUDA graphs
+    the whole step replays as one graph (``opt.run_step``: ``training.fused_step``).
     """
     opt = run.opt
     net = opt.net
-    device, dims = micro[0]["input_ids"].device, net.dims
-    n_masked = dims.dp_sum(sum((mb["mlm_labels"] != IGNORE_INDEX).sum() for mb in micro).float())
-    zeros = torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device)
-    if isinstance(net, WholeModel):
-        step_sums = net.forward_backward_objective(
-            micro,
-            pretraining_objective,
-            (*MODEL_INPUTS, "mlm_labels", "nsp_label"),
-            zeros,
-            context=opt.forward_context,
-            scale=opt.scaler.scale,
-            n_masked=n_masked,
-            global_batch=global_batch,
-            nsp=nsp,
-        )
-    else:  # the pipeline's schedule calls the loss on the last stage (with the targets alone), apart from the sums
+
+    def forward_backward(micro: list[dict[str, torch.Tensor]]) -> torch.Tensor:
+        device, dims = micro[0]["input_ids"].device, net.dims
+        n_masked = dims.dp_sum(sum((mb["mlm_labels"] != IGNORE_INDEX).sum() for mb in micro).float())
+        zeros = torch.zeros(len(LOG_SUMS), dtype=torch.float64, device=device)
+        if isinstance(net, WholeModel):
+            return net.forward_backward_objective(
+                micro,
+                pretraining_objective,
+                (*MODEL_INPUTS, "mlm_labels", "nsp_label"),
+                zeros,
+                context=opt.forward_context,
+                scale=opt.scaler.scale,
+                n_masked=n_masked,
+                global_batch=global_batch,
+                nsp=nsp,
+            )
+        # the pipeline's schedule calls the loss on the last stage (with the targets alone), apart from the sums
 
         def loss_and_sums(outputs, mb: dict[str, torch.Tensor], tokens=0) -> tuple[torch.Tensor, torch.Tensor]:
             return pretraining_loss(outputs, mb["mlm_labels"], mb["nsp_label"], n_masked, global_batch, nsp, tokens)
 
-        step_sums = net.forward_backward(
+        return net.forward_backward(
             micro,
             MODEL_INPUTS,
             lambda outputs, mb: loss_and_sums(outputs, mb)[0],
@@ -661,9 +670,15 @@ def train_step(
             context=opt.forward_context,
             scale=opt.scaler.scale,
         )
-    bad = opt.clip_grad_norm()  # unscaled and clipped; a non-finite norm flags the step to skip, on the device
-    opt.step(bad)  # the optimizer step (skipped where bad)
-    opt.zero_grad()
+
+    def update() -> torch.Tensor:
+        bad = opt.clip_grad_norm()  # unscaled and clipped; a non-finite norm flags the step to skip, on the device
+        opt.step(bad)  # the optimizer step (skipped where bad)
+        opt.zero_grad()
+        return bad
+
+    # the two halves as they are, or under --compile-step compiled, on one GPU one CUDA graph (``fused_step``)
+    step_sums, bad = opt.run_step(forward_backward, update, micro)
     opt.schedule.step()  # the next step's learning rate
     return step_sums, bad
 

@@ -4,9 +4,12 @@ torchao's ``convert_to_float8_training`` swaps chosen ``nn.Linear`` modules for 
 matmuls of forward and backward run in float8 (e4m3) with dynamic per-tensor scales, the weights and
 their optimizer state stay in their own precision. Only layers large enough to gain take it
 (``worth_fp8``): both dimensions multiples of 16 (the float8 kernels' tiles) and at least
-``MIN_FEATURES`` wide, where the casts to float8 cost less than the faster matmul saves; the tied
-decoder (its weight is the embedding) and the small heads stay as they are. Whether it pays on a
-whole BERT step is not yet measured (BENCHMARKS.md): it is opt-in.
+``MIN_FEATURES`` wide, where the casts to float8 cost less than the faster matmul saves; and, as is usual
+(torchtitan, MosaicML's recipes), only in the encoder layers between the first and the last (``fp8_layers``): the
+first and last layers, the heads and the tied decoder (its weight is the embedding) stay in the run's precision,
+where float8's rounding costs the most loss. ``--fp8-recipe`` picks torchao's scaling: tensorwise (one scale
+per tensor) or rowwise (one per row, closer to bf16). Whether it pays on a whole BERT step is not yet measured
+(BENCHMARKS.md): it is opt-in.
 """
 
 from __future__ import annotations
@@ -48,16 +51,29 @@ def worth_fp8(module: nn.Module, fqn: str) -> bool:
     return all(d % 16 == 0 and d >= MIN_FEATURES for d in dims)
 
 
-def apply_fp8(model: nn.Module, device: torch.device) -> list[str]:
-    """Swap the layers ``worth_fp8`` for torchao's Float8Linear, in place; return their names."""
-    check_fp8(device.type)
-    from torchao.float8 import convert_to_float8_training
+def fp8_layers(model: nn.Module) -> list[str]:
+    """The names of the linear layers of ``model`` that --fp8 converts: those ``worth_fp8`` in the encoder layers
+    other than the first and the last (none of the embeddings, heads, pooler or decoder)."""
+    layers = list(model.encoder_layers().values() if isinstance(model.encoder_layers(), nn.ModuleDict)
+                  else model.encoder_layers())[1:-1]  # fmt: skip
+    inner = {id(m) for layer in layers for m in layer.modules()}
+    return [name for name, m in model.named_modules() if id(m) in inner and worth_fp8(m, name)]
 
-    chosen = [name for name, m in model.named_modules() if worth_fp8(m, name)]
+
+def apply_fp8(model: nn.Module, device: torch.device, recipe: str = "tensorwise") -> list[str]:
+    """Swap the layers ``fp8_layers`` chooses for torchao's Float8Linear with ``recipe``'s scaling (tensorwise or
+    rowwise), in place; return their names."""
+    check_fp8(device.type)
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    chosen = fp8_layers(model)
     if not chosen:
         raise UserError(
-            f"--fp8: no linear layer of this model has both dimensions at least {MIN_FEATURES} and multiples of 16 "
-            "(float8 would only add casts): use a larger model, or leave --fp8 out"
+            f"--fp8: no linear layer of this model's inner encoder layers (the first and last stay as they are) has "
+            f"both dimensions at least {MIN_FEATURES} and multiples of 16 (float8 would only add casts): use a larger "
+            "model, or leave --fp8 out"
         )
-    convert_to_float8_training(model, module_filter_fn=worth_fp8)
+    names = set(chosen)
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    convert_to_float8_training(model, config=config, module_filter_fn=lambda m, fqn: fqn in names)
     return chosen

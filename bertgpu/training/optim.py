@@ -103,7 +103,10 @@ class Lamb(torch.optim.Optimizer):
                     w_norm, u_norm = p.norm(), update.norm()
                     trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
                     update.mul_(trust)
-                p.add_(update * keep, alpha=-lr)
+                if torch.is_tensor(lr):  # a rate held on the device (--compile-step: ``fused_step``)
+                    p.sub_(update * keep * lr)
+                else:
+                    p.add_(update * keep, alpha=-lr)
         return None
 
 
@@ -152,7 +155,8 @@ def unscale_and_clip(net, optimizer: torch.optim.Optimizer, scaler: torch.amp.Gr
 
     ``net`` is the ``ParallelModel`` (its ``clip_grad_norm_`` sees through gradient shards); the norm is the same
     on every process, since the gradients are reduced first."""
-    scaler.unscale_(optimizer)
+    if not torch.compiler.is_compiling() and scaler.is_enabled():  # compiled (--compile-step): never fp16's scaler
+        scaler.unscale_(optimizer)
     grad_norm = net.clip_grad_norm_(clip if clip > 0 else float("inf"))
     return (~torch.isfinite(grad_norm)).float()
 
@@ -166,10 +170,11 @@ def optimizer_step(
         scaler.step(optimizer)
     elif skips_on_device(optimizer):
         skip_if(optimizer, bad)
-        scaler.step(optimizer)
+        optimizer.step()  # what the scaler's step is when disabled (fp16 alone enables it)
     elif not bad.item():  # torch's RMSprop has no kernel that reads found_inf: the host looks (a sync)
         optimizer.step()
-    scaler.update()
+    if not torch.compiler.is_compiling() and scaler.is_enabled():  # fp16's: its scale moves on
+        scaler.update()
 
 
 def describe_lr(lr: float, peak: float, scaling: str, global_batch: int, reference_batch: int) -> str:
