@@ -29,6 +29,7 @@ from bertgpu.config_sections import (
     OptimConfig,
     ParallelConfig,
     RunConfig,
+    TaskConfig,
     nproc_opt,
     opt,
     precision_opt,
@@ -319,6 +320,25 @@ class BenchConfig:
         "the GPU's dense peak TFLOP/s at this precision, for MFU (default: from the card's exact model in "
         "NVIDIA's data sheets; a card not listed gets no MFU)",
     )
+    # pretrain's switches of issue 59, for bertgpu's side (benchmarks/gpu.sh times each on and off)
+    compile_step: bool = opt(
+        False,
+        "bertgpu --compile's optimizer step and zeroing compiled too, on a GPU the whole step one CUDA graph "
+        "(pretrain's --compile-step; bench clips neither side)",
+    )
+    bf16_stream: bool = opt(
+        False, "bertgpu's encoder residual stream and LayerNorms in bf16 (pretrain's --bf16-stream)"
+    )
+    autotune: bool = opt(
+        False, "bertgpu --compile with max-autotune GEMM templates, epilogues fused (pretrain's --autotune)"
+    )
+    fp8: bool = opt(False, "bertgpu's inner encoder layers' large matmuls in float8 (pretrain's --fp8; torchao, a GPU)")
+    fp8_recipe: str = opt("tensorwise", "with --fp8: torchao's scaling", choices=["tensorwise", "rowwise"])
+    compiled_only: bool = opt(
+        False,
+        "time bertgpu --compile alone (no eager configuration, no transformers; no speedup line): benchmarks/gpu.sh's "
+        "rows of one switch, compared with the full row of the same shape",
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,7 +347,20 @@ class BenchConfig:
 # except weight decay 0.01 as in transformers' fine-tuning examples, so a Trainer user's settings carry over.
 
 _DATA_FILE = "a .csv or .tsv file with a header row, or a .jsonl file (one JSON object per line); .gz allowed"
-_FORMAT_HELP = "file format, when the extension does not tell"
+_FORMAT_HELP = "file format, when the extension does not tell (conll and json: token classification's and SQuAD's)"
+# The metrics --metric may name (each higher-is-better; which a task reports: bertgpu/finetuning/).
+METRICS = [
+    "accuracy",
+    "f1",
+    "precision",
+    "recall",
+    "exact_match",
+    "pearson",
+    "spearman",
+    "micro_f1",
+    "macro_f1",
+    "subset_accuracy",
+]
 _DELIMITER_HELP = (
     "the character between the fields of a CSV file: , ; | or tab (default: a comma, or else the one "
     "that splits the first lines into as many fields as the header, detected and said)"
@@ -339,6 +372,8 @@ _SAVED_COLUMN = " (default: the classifier's, from its fine-tuning run; else {})
 
 
 # The optimizer fields fine-tuning keeps at their defaults (no flag).
+# The step's switches of issue 59 (RunConfig): pretraining's (and bench's) alone, not fine-tuning's flags.
+PRETRAIN_ONLY_SWITCHES = ["fp8_recipe", "compile_step", "bf16_stream", "autotune", "document_bounds"]
 _FINETUNE_OPTIM_FIXED = ["optimizer", "steps", "clip", "adam_beta1", "adam_beta2", "adam_eps", "rmsprop_alpha"]
 
 
@@ -366,7 +401,7 @@ class FinetuneConfig:
     text_column: str = opt("text", _TEXT_HELP)
     pair_column: str = opt("", _PAIR_HELP)
     label_column: str = opt("label", _LABEL_HELP)
-    format: str | None = opt(None, _FORMAT_HELP, choices=["csv", "tsv", "jsonl"])
+    format: str | None = opt(None, _FORMAT_HELP, choices=["csv", "tsv", "jsonl", "conll", "json"])
     delimiter: str = opt("", _DELIMITER_HELP)
     out: str = opt(
         "",
@@ -406,15 +441,23 @@ class FinetuneConfig:
         "the pooler",
         choices=["auto", "pooler", "mean"],
     )
-    metric: str = opt("accuracy", "the evaluation metric that picks the best checkpoint", choices=["accuracy", "f1"])
+    metric: str = opt(
+        "",
+        "the evaluation metric that picks the best checkpoint (default: the task's own: accuracy, entity f1, SQuAD "
+        "f1, pearson, micro_f1)",
+        choices=["", *METRICS],
+    )
     save_total_limit: int = opt(3, "checkpoints to keep: the best and the newest (0: keep all)")
+    task_options: TaskConfig = field(default_factory=TaskConfig, metadata={"flat": True})
     adapter: AdapterConfig = field(default_factory=AdapterConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     run: FinetuneRunConfig = field(
-        default_factory=FinetuneRunConfig, metadata={"flat": True, "skip": ["keep", "compile", "cuda_graphs", "fp8"]}
+        default_factory=FinetuneRunConfig,
+        metadata={"flat": True, "skip": ["keep", "compile", "cuda_graphs", "fp8", *PRETRAIN_ONLY_SWITCHES]},
     )
 
 
+@accepts_flat_fields
 @dataclass
 class EvaluateConfig:
     """`bertgpu evaluate`: loss, accuracy and F1 of a fine-tuned classifier on labelled data; or, when --data is
@@ -435,7 +478,7 @@ class EvaluateConfig:
     text_column: str = opt("", _TEXT_HELP + _SAVED_COLUMN.format("text"))
     pair_column: str = opt("", _PAIR_HELP + _SAVED_COLUMN.format("none"))
     label_column: str = opt("", _LABEL_HELP + _SAVED_COLUMN.format("label"))
-    format: str | None = opt(None, _FORMAT_HELP, choices=["csv", "tsv", "jsonl"])
+    format: str | None = opt(None, _FORMAT_HELP, choices=["csv", "tsv", "jsonl", "conll", "json"])
     delimiter: str = opt("", _DELIMITER_HELP)
     output: str = opt(
         "",
@@ -460,8 +503,10 @@ class EvaluateConfig:
     )
     seed: int = opt(42, "prepared data: the seed that picks and masks the evaluation instances")
     json: bool = opt(False, "print the metrics as one JSON object (the --output file's) instead of a line")
+    task_options: TaskConfig = field(default_factory=TaskConfig, metadata={"flat": True})
 
 
+@accepts_flat_fields
 @dataclass
 class PredictConfig:
     """`bertgpu predict`: the label and its probability for a text (and pair text), or for a whole file."""
@@ -494,8 +539,9 @@ class PredictConfig:
     overwrite: bool = opt(False, "replace an existing --output file")
     text_column: str = opt("", _TEXT_HELP + " (with --input)" + _SAVED_COLUMN.format("text"))
     pair_column: str = opt("", _PAIR_HELP + " (with --input)" + _SAVED_COLUMN.format("none"))
-    format: str | None = opt(None, _FORMAT_HELP + " (of --input)", choices=["csv", "tsv", "jsonl"])
+    format: str | None = opt(None, _FORMAT_HELP + " (of --input)", choices=["csv", "tsv", "jsonl", "conll", "json"])
     delimiter: str = opt("", _DELIMITER_HELP + " (of --input)")
     batch_size: int = opt(32, "examples per forward pass")
     max_seq_length: int = opt(0, "tokens per example at most (0: the length the model was fine-tuned with)")
     device: str = opt("auto", "where to run", choices=DEVICE_CHOICES)
+    task_options: TaskConfig = field(default_factory=TaskConfig, metadata={"flat": True})

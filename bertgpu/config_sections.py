@@ -278,6 +278,38 @@ class RunConfig:
         "layers, on GPUs of compute capability 8.9 or more (H100, H200, L40S, L4); not yet measured here "
         "(BENCHMARKS.md)",
     )
+    fp8_recipe: str = opt(
+        "tensorwise",
+        "with --fp8: torchao's scaling of the float8 casts, tensorwise (one scale per tensor: the fastest) or rowwise "
+        "(one per row: closer to bf16, a little slower); either skips the first and last encoder layers and the heads",
+        choices=["tensorwise", "rowwise"],
+    )
+    compile_step: bool = opt(
+        False,
+        "with --compile and one process: the gradient clipping, the optimizer step and the zeroing of the gradients "
+        "compiled too, and with CUDA graphs the whole step (every micro-batch's forward and backward, then the "
+        "update) replayed as one graph, gradient accumulation included (--precision bf16 or fp32; --optimizer adamw "
+        "or lamb); off until measured on a GPU (docs/bench.md)",
+    )
+    bf16_stream: bool = opt(
+        False,
+        "under --precision bf16, the encoder layers' residual stream and LayerNorms in bf16 (LayerNorm's statistics "
+        "still accumulated in fp32; its weights kept in fp32 and cast): half the bytes of every residual add, "
+        "LayerNorm and saved activation; off: they stay fp32 as autocast leaves them; off until measured "
+        "(docs/bench.md)",
+    )
+    autotune: bool = opt(
+        False,
+        "with --compile: Inductor's max-autotune GEMM templates with epilogue fusion (bias and GELU computed in the "
+        "matmul's kernel, forward and backward), each matmul's kernel chosen by timing it at the first step (longer "
+        "compilation); off until measured on a GPU (docs/bench.md)",
+    )
+    document_bounds: bool = opt(
+        False,
+        "with --pack's per-document attention on a GPU: the variable-length kernel's document bounds built once per "
+        "batch from the rows' document numbers (B x L values) instead of in every layer from the [B, 1, L, L] "
+        "block-diagonal mask; the same attention; off until measured (docs/bench.md)",
+    )
     global_batch: int = opt(
         0,
         "the global batch the recipe means (0: --batch-size x data-parallel processes x --grad-accum): the "
@@ -402,3 +434,35 @@ class FinetuneRunConfig(RunConfig):
     )
     log_every: int = opt(50, "log the training loss every K steps")
     keep: int = opt(1, "resumable checkpoints to keep (the newest); --save-total-limit keeps the epochs'")
+
+
+TASK_NAMES = ["classification", "token-classification", "question-answering", "regression", "multi-label"]
+
+
+@dataclass
+class TaskConfig:
+    """Which fine-tuning task (bertgpu/finetuning/, one module each), and each task's own settings."""
+
+    task: str = opt(
+        "",
+        "classification (a label per text or pair), token-classification (a tag per word: NER, POS; CoNLL or JSONL "
+        "tokens/tags), question-answering (a span of a context: SQuAD v1.1/v2.0 JSON or JSONL), regression (a number "
+        "per text or pair) or multi-label (several labels per text); default: read from the data where it says so "
+        "unambiguously (a CoNLL file, SQuAD JSON, several labels per row, non-integer numbers), else classification; "
+        "evaluate and predict: the fine-tuned model's own",
+        choices=["", *TASK_NAMES],
+    )
+    doc_stride: int = opt(
+        128, "question-answering: tokens that consecutive windows of a long context share (transformers' run_qa.py)"
+    )
+    max_answer_length: int = opt(30, "question-answering: the longest answer, in tokens")
+    n_best: int = opt(20, "question-answering: start and end candidates kept per window")
+    null_threshold: float = opt(
+        0.0, "question-answering on v2.0 data: answer nothing when the null score beats the best span's by more"
+    )
+    label_separator: str = opt("|", "multi-label: what separates a row's label names (or give a JSON list)")
+    threshold: str = opt(
+        "",
+        "multi-label: the probability from which a label is predicted (default 0.5; auto: the one with the best "
+        "micro F1 on the evaluation data; predict: the fine-tuned model's)",
+    )

@@ -369,14 +369,15 @@ def test_the_folder_import_check_finds_each_kind():
 @functools.cache
 def architecture_names() -> dict[str, set[str]]:
     """Each architecture's module and parameter names (``bert.encoder.layer.0.attention.self.query``, ...), read
-    from its tiny pretraining and classification models (on the CPU: the meta device would import torch._dynamo,
+    from its tiny pretraining model and fine-tuning heads (on the CPU: the meta device would import torch._dynamo,
     3 s, where these take 1 s)."""
     from bertgpu.models import architectures
 
     names = {}
     for arch in architectures.ARCHS:
         config = architectures.preset(arch, "tiny", vocab_size=64)
-        models = [architectures.pretraining_model(config), architectures.classification_model(config)]
+        heads = [architectures.head_model(config, head) for head in architectures.by_name(arch).head_classes]
+        models = [architectures.pretraining_model(config), *heads]
         names[arch] = {n for m in models for n, _ in (*m.named_modules(), *m.named_parameters()) if n}
     return names
 

@@ -107,8 +107,8 @@ def remove_stale_temporaries(run_dir: str | os.PathLike) -> None:
 @dataclass(frozen=True)
 class ModelFiles:
     """What a Hugging Face directory holds beside the weights: the model's config (config.json, with the
-    ``architecture``'s class name; None: the config's own) and its vocab, lower-cased or not (vocab.txt and
-    the tokenizer's files)."""
+    ``architecture``'s class name, a fine-tuned model's ``architectures.head_class_name(config, head)``; None: the
+    model's own class name) and its vocab, lower-cased or not (vocab.txt and the tokenizer's files)."""
 
     model_config: EncoderConfig
     vocab_path: str | os.PathLike

@@ -92,9 +92,14 @@ def render(task: str, run_config: Any, model_config: EncoderConfig, facts: RunFa
         front.append("pipeline_tag: fill-mask")
     else:
         labels = ", ".join((m.id2label or {}).values())
-        title = "A text classifier fine-tuned with bertgpu"
-        what = f"{arch.title} with a sequence-classification head for the labels {labels}, after step {step:,}."
+        kind = (cfg.get("task_options") or {}).get("task") or "classification"
+        title, head, pipeline_tag, call, check = CARD_TASKS[kind]
+        what = f"{arch.title} with a {head} head" + (
+            f" for the labels {labels}" if kind in ("classification", "multi-label", "token-classification") else ""
+        )
+        what += f", after step {step:,}; metrics as `bertgpu evaluate` and `metrics.json` report them for {kind}."
         recipe = [
+            ("task", kind),
             ("base model", cfg["model"]),
             ("training data", cfg["train"]),
             ("evaluation data", cfg["eval"] or f"{cfg['eval_split'] or 0.1:g} of the training data"),
@@ -108,20 +113,20 @@ def render(task: str, run_config: Any, model_config: EncoderConfig, facts: RunFa
                 f"weight decay {cfg['optim']['weight_decay']:g}",
             ),
             ("dropout", _value(cfg.get("dropout"))),
-            ("pooling", arch.pooling_words[cfg.get("pooling") == "mean"]),
+            *[("pooling", arch.pooling_words[cfg.get("pooling") == "mean"])] * (head == "sequence-classification"),
             ("LoRA rank", cfg["adapter"]["lora_rank"] or "none (full fine-tuning)"),
             ("precision", run["precision"]),
             ("layout", layout),
             ("seed", run["seed"]),
         ]
-        load = (
-            "from transformers import pipeline\n"
-            'classify = pipeline("text-classification", model=PATH)\nclassify("a text")\n'
-        )
-        if architectures.pooling_of(m) == "mean" and not arch.hf_reads_mean_pooling:
+        load = f"from transformers import pipeline\n{call}\n"
+        if (
+            architectures.pooling_of(m) == "mean"
+            and not arch.hf_reads_mean_pooling
+            and head == "sequence-classification"
+        ):
             load = _mean_pooled_use(cfg["max_seq_length"] or m.max_position_embeddings)
-        check = 'bertgpu predict --model PATH "a text"'
-        front.append("pipeline_tag: text-classification")
+        front.append(f"pipeline_tag: {pipeline_tag}")
     lines = [
         *front,
         "---",
@@ -170,6 +175,46 @@ def render(task: str, run_config: Any, model_config: EncoderConfig, facts: RunFa
         "",
     ]
     return "\n".join(lines)
+
+
+# Each fine-tuning task's card: its title, head, Hugging Face pipeline tag, the pipeline call and the bertgpu command.
+CARD_TASKS = {
+    "classification": (
+        "A text classifier fine-tuned with bertgpu",
+        "sequence-classification",
+        "text-classification",
+        'classify = pipeline("text-classification", model=PATH)\nclassify("a text")',
+        'bertgpu predict --model PATH "a text"',
+    ),
+    "regression": (
+        "A text regression model fine-tuned with bertgpu",
+        "sequence-classification",
+        "text-classification",
+        'score = pipeline("text-classification", model=PATH, function_to_apply="none")\nscore("a text")',
+        'bertgpu predict --model PATH "a text"',
+    ),
+    "multi-label": (
+        "A multi-label text classifier fine-tuned with bertgpu",
+        "sequence-classification",
+        "text-classification",
+        'classify = pipeline("text-classification", model=PATH, top_k=None)  # a sigmoid per label\nclassify("a text")',
+        'bertgpu predict --model PATH "a text"',
+    ),
+    "token-classification": (
+        "A token classifier (named entities, tags) fine-tuned with bertgpu",
+        "token-classification",
+        "token-classification",
+        'tag = pipeline("token-classification", model=PATH, aggregation_strategy="first")\ntag("a sentence")',
+        'bertgpu predict --model PATH "a sentence"',
+    ),
+    "question-answering": (
+        "An extractive question-answering model fine-tuned with bertgpu",
+        "question-answering",
+        "question-answering",
+        'answer = pipeline("question-answering", model=PATH)\nanswer(question="a question", context="a text")',
+        'bertgpu predict --model PATH "a question" "a text holding the answer"',
+    ),
+}
 
 
 def _mean_pooled_use(max_length: int) -> str:

@@ -15,13 +15,15 @@ A third architecture is one new folder plus its line in ``ARCHITECTURES`` below.
   ``model_type``, ``title``, ``nsp``, ``preset()``, ``with_dropout()``, ``for_finetuning()``, ``from_hf_dict()``,
   ``to_hf_dict()`` and ``classifier_pooling``;
 - ``model.py``: its model classes, named as transformers names them (the entry's ``masked_lm_class`` and
-  ``classification_class``), each an ``EncoderModel`` that declares its tied weights, the prefixes of its
+  ``head_classes``), each an ``EncoderModel`` that declares its tied weights, the prefixes of its
   encoder and masked-LM head, where it holds the bare encoder, its tensors with a row per vocabulary word, and
   defines ``encoder_layers()`` and ``use_documents()`` (and, where they differ from the defaults, the NSP
-  head's prefixes, the file keys it ignores, ``encoder_to_load()``, ``freeze_unread()``, ``use_flex_attention()``,
-  ``use_varlen_attention()``, ``use_fused_qkv()``, ``use_next_sentence()``); the masked-LM model's
-  forward(input_ids, token_type_ids, attention_mask, mlm_positions) returns (mlm_logits, nsp_logits or zeros
-  [B, 2]), the classifier's forward(input_ids, token_type_ids, attention_mask) the logits; and
+  head's prefixes, the file keys it ignores, a fine-tuning head's kind and modules, ``encoder_to_load()``,
+  ``freeze_unread()``, ``use_flex_attention()``, ``use_varlen_attention()``, ``use_fused_qkv()``,
+  ``use_next_sentence()``); the masked-LM model's forward(input_ids, token_type_ids, attention_mask,
+  mlm_positions) returns (mlm_logits, nsp_logits or zeros [B, 2]), each fine-tuning head's
+  forward(input_ids, token_type_ids, attention_mask) its logits (sequence [B, num_labels], token
+  [B, L, num_labels], span [B, L, 2]: start, then end); and
   ``training_flops_per_sequence(config, seq_len, num_predictions)``, for MFU;
 - ``stages.py``: its pipeline stages (``Stage`` and ``keep``) for ``--pp``;
 - ``__init__.py``: its ``ARCHITECTURE`` entry (models/spec.py), with the tensor-parallel plan over
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bertgpu.errors import UserError
@@ -121,8 +124,25 @@ def prefer_flex_attention(model: nn.Module, device: str) -> nn.Module:
     return model
 
 
+def head_class_name(config: Any, head: str) -> str:
+    """transformers' class (and ours) of the fine-tuning ``head`` ("sequence", "token" or "span") of ``config``'s
+    architecture: what a fine-tuned directory's config.json names in ``architectures``."""
+    classes = of(config).head_classes
+    if head not in classes:
+        raise ValueError(f"no fine-tuning head {head!r} (heads: {', '.join(classes)})")
+    return classes[head]
+
+
+def head_model(config: Any, head: str) -> nn.Module:
+    """A new model of ``config`` with the fine-tuning ``head`` ("sequence": BertForSequenceClassification, "token":
+    BertForTokenClassification, "span": BertForQuestionAnswering, or ModernBERT's); forward(input_ids,
+    token_type_ids, attention_mask) -> logits [B, num_labels], [B, L, num_labels] or [B, L, 2]."""
+    return _class(config, head_class_name(config, head))(config)
+
+
 def classification_model(config: Any) -> nn.Module:
-    return _class(config, of(config).classification_class)(config)
+    """A new sequence classifier of ``config`` (``head_model(config, "sequence")``)."""
+    return head_model(config, "sequence")
 
 
 def encoder(model: nn.Module) -> nn.Module:
@@ -192,3 +212,12 @@ def load_config(path: str | os.PathLike) -> Any:
         raise UserError(f"model config not found: {path}") from None
     except (json.JSONDecodeError, TypeError, AttributeError) as e:
         raise UserError(f"{path}: not a valid BERT config.json ({e})") from None
+
+
+def saved_class(path: str | os.PathLike) -> str | None:
+    """The transformers class a model directory's config.json names (its ``architectures``' first), if any."""
+    try:
+        names = json.loads((Path(path) / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return None
+    return names[0] if names and isinstance(names[0], str) else None

@@ -26,6 +26,10 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu", "silu", "swish")
 
+# config.json's problem_type, by which transformers' sequence heads choose their loss: None (cross-entropy, or mean
+# squared error with one output), or each named.
+PROBLEM_TYPES = (None, "regression", "single_label_classification", "multi_label_classification")
+
 
 class EncoderConfig:
     """The base of each architecture's configuration: what the rest of bertgpu reads of either."""
@@ -39,9 +43,12 @@ class EncoderConfig:
     fast_warmup: ClassVar[float]
     fast_mlm_bias_init: ClassVar[str]
     finetune_lr_factor: ClassVar[float]
-    # Sequence classification (fine-tuning): label names by id, as transformers stores them (each subclass
-    # declares the field, in its own place among transformers' fields).
+    # Fine-tuning: label names by id (a sequence head's labels, a token head's tags), as transformers stores them
+    # (each subclass declares the field, in its own place among transformers' fields).
     id2label: dict[int, str] | None
+    # A sequence head's problem_type (PROBLEM_TYPES), as transformers stores it: regression (num_labels 1 for one
+    # value), or multi-label (sigmoid outputs and binary cross-entropy).
+    problem_type: str | None
     hidden_size: int
     num_attention_heads: int
 
@@ -61,6 +68,13 @@ class EncoderConfig:
             )
         if self.id2label is not None:
             self.id2label = {int(k): str(v) for k, v in self.id2label.items()}
+        if self.problem_type not in PROBLEM_TYPES:
+            raise UserError(
+                f"problem_type must be one of {', '.join(map(str, PROBLEM_TYPES[1:]))} or none, "
+                f"not {self.problem_type!r}"
+            )
+        if self.problem_type == "single_label_classification" and self.num_labels == 1:
+            raise UserError("problem_type single_label_classification needs two labels or more (one: regression)")
 
     def hf_dict(self, architecture: str) -> dict[str, Any]:
         """The fields as config.json holds them, with the labels both ways and the model_type and class."""

@@ -44,6 +44,11 @@ class EncoderModel(nn.Module):
     # The prefix a file of a model with heads gives the encoder (transformers' base_model_prefix, with its dot):
     # stripped when such a file loads into a bare encoder.
     heads_prefix: ClassVar[str] = ""
+    # A fine-tuning model's head: its kind (the registry's key, ``Architecture.head_classes``: "sequence", "token",
+    # "span"; None for a bare encoder or a pretraining model) and its modules, the new layers on top of the encoder
+    # that LoRA trains whole beside its adapters (PEFT's modules_to_save).
+    head_kind: ClassVar[str | None] = None
+    head_modules: ClassVar[tuple[str, ...]] = ()
 
     # Set on this process's model by parallel.pipeline, when it holds pipeline stages: the optimizer state names
     # of a tied copy (saved under the original's), and how to gather the whole model's weights from every stage.
@@ -64,9 +69,11 @@ class EncoderModel(nn.Module):
         """Attend through FlexAttention (CUDA) where the architecture has it and the model attends through
         SDPA; elsewhere nothing."""
 
-    def use_varlen_attention(self) -> bool:
+    def use_varlen_attention(self, document_bounds: bool = False) -> bool:
         """Let attention take flash attention's variable-length kernel for batches padded at the end (a GPU)
-        where the architecture has that path and this torch runs it here; return whether it does."""
+        where the architecture has that path and this torch runs it here; return whether it does. With
+        ``document_bounds`` (--document-bounds), rows of several documents give the kernel their bounds built once
+        per batch from the document numbers, where the architecture builds them."""
         return False
 
     def use_fused_qkv(self, on: bool) -> None:

@@ -20,7 +20,10 @@ class Architecture:
     config_class: type  # its EncoderConfig (models/config.py): model_type, title (as a model card names it), nsp
     module: Callable[[], ModuleType]  # its own module (imported when first asked): model classes, FLOPs
     masked_lm_class: str  # transformers' class of a pretraining checkpoint, and ours of that name
-    classification_class: str  # transformers' class of a fine-tuned classifier, and ours
+    # The fine-tuning heads, transformers' class of each and ours of that name: "sequence" (one output per sequence:
+    # a classifier, regression or multi-label), "token" (one per token) and "span" (a start and an end score per
+    # token: extractive question answering).
+    head_classes: Mapping[str, str]
     tokenizer_json: bool  # transformers reads its tokenizer from tokenizer.json only (no slow one to convert)
     # The linear layers --lora-targets may name (PEFT matches them by the end of a module's name), as its help and
     # errors list them; none: --lora-rank cannot fine-tune it.
@@ -39,6 +42,11 @@ class Architecture:
     hf_reads_mean_pooling: bool  # transformers' classifier reads classifier_pooling "mean" from config.json
     # The model card's words for what the classifier reads: with --pooling pooler, with --pooling mean.
     pooling_words: tuple[str, str]
+
+    @property
+    def classification_class(self) -> str:
+        """transformers' class of a fine-tuned sequence classifier, and ours."""
+        return self.head_classes["sequence"]
 
     @property
     def title(self) -> str:

@@ -18,6 +18,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -214,3 +215,60 @@ def _as_pairs(inputs: Inputs, pair: str | None) -> tuple[list[tuple[str, str | N
         else:
             raise TypeError(f"each input must be a text or a (text, pair text) tuple, got {x!r}")
     return items, False
+
+
+# ---------------------------------------------------------------------------------------------
+# Any fine-tuned model: which task it was fine-tuned for, and the model itself.
+
+
+def head_of(path: Path, config: Any) -> str | None:
+    """The head ("sequence", "token", "span") a directory's config.json names, None when it names no head class."""
+    saved = architectures.saved_class(path)
+    heads = {name: head for head, name in architectures.of(config).head_classes.items()}
+    return heads.get(saved or "")
+
+
+def task_of(path: Path, config: Any, given: str = "") -> Any:
+    """The fine-tuning task of the model at ``path`` (``finetuning``'s task object): the one its `bertgpu finetune`
+    run recorded, else the one its head and ``problem_type`` say (a transformers checkpoint). ``given`` (--task) must
+    agree with it: a model fine-tuned for one task cannot be evaluated or used as another's."""
+    from bertgpu import finetuning
+
+    run = finetuned_config(path) or {}
+    name = (run.get("task_options") or {}).get("task") or ""
+    if not name:
+        head = head_of(path, config) or "sequence"
+        problem = config.problem_type
+        name = {"token": "token-classification", "span": "question-answering"}.get(head) or {
+            "regression": "regression",
+            "multi_label_classification": "multi-label",
+        }.get(problem or "", "classification")
+    if given and given != name:
+        raise UserError(f"--task {given}: {path} was fine-tuned for {name} (its config says so); leave --task out")
+    return finetuning.get(name)
+
+
+def load_finetuned(path: Path, task: Any, device: torch.device) -> EncoderModel:
+    """The fine-tuned model at ``path`` with ``task``'s head, its weights loaded, in eval mode on ``device``."""
+    config = architectures.load_config(path)
+    model = architectures.head_model(config, task.head)
+    missing, _ = hf_dir.load_weights(model, path)
+    if any(name.startswith(model.head_modules) for name in missing):
+        raise UserError(
+            f"{path / hf_dir.WEIGHTS_NAME} has no {task.name} head "
+            f"(fine-tune it first: bertgpu finetune --model {path} ...)"
+        )
+    return model.eval().to(device)
+
+
+def saved_threshold(path: Path) -> float | None:
+    """The multi-label threshold a fine-tuned model's best evaluation chose or used (metrics.json beside it)."""
+    for candidate in (path / "metrics.json", path.parent.parent / "metrics.json"):
+        try:
+            record = json.loads(candidate.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        value = record.get("eval_threshold", (record.get("best") or {}).get("eval_threshold"))
+        if isinstance(value, (int, float)):
+            return float(value)
+    return None

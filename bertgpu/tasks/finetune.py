@@ -20,24 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from bertgpu import atomic
+from bertgpu import atomic, finetuning
 from bertgpu.checkpoints import checkpoint, hf_dir, model_card
 from bertgpu.config import FinetuneConfig
-from bertgpu.data.classification import (
-    ClassificationDataset,
-    Examples,
-    check_labels,
-    describe_labels,
-    label_names,
-    load_examples,
-    split_examples,
-    train_batches,
-)
+from bertgpu.data.classification import train_batches
 from bertgpu.data.sharing import shares_of
 from bertgpu.data.tokenizer import Tokenizer, fragmentation_warning, load_vocab, vocab_is_cased
 from bertgpu.errors import UserError, did_you_mean
+from bertgpu.finetuning.base import Options
 from bertgpu.models import architectures
 from bertgpu.models.config import PRESETS, EncoderConfig
 from bertgpu.models.interface import EncoderModel
@@ -57,7 +48,7 @@ from bertgpu.tasks.prelaunch import (
     run_workers,
     warn_before_start,
 )
-from bertgpu.tasks.sharded_eval import compute_metrics, describe_f1, per_class_table, predict_logits
+from bertgpu.tasks.sharded_eval import describe_f1, per_class_table, predict_logits
 from bertgpu.training import lora
 from bertgpu.training.batch import accumulation, finetune_lr, peak_lr
 from bertgpu.training.metrics import Throughput
@@ -80,7 +71,8 @@ MIN_EXAMPLES_SEEN = 2400
 MAX_DEFAULT_EPOCHS = 20
 METRICS_NAME = "metrics.json"
 # What the log sums between two log lines, and over an epoch (summed over the data-parallel ranks).
-LOG_SUMS = ("loss", "correct", "examples", "tokens")
+# ``units``: what the task's loss averages over (examples, or labelled tokens); ``correct`` counts right units.
+LOG_SUMS = ("loss", "correct", "units", "examples", "tokens")
 
 
 @dataclass
@@ -91,13 +83,16 @@ class Plan:
     model_config: EncoderConfig  # id2label = the training labels
     keep_head: bool  # the directory already holds a classifier for exactly these labels
     lowercase: bool
-    train: Examples
-    eval: Examples
+    train: Any  # the task's examples (finetuning.base: what a task reads)
+    eval: Any
     warnings: list[str]
     dp: int  # data-parallel processes: the global batch is batch size x dp x accumulation steps
     labels_line: str = ""  # the examples per label in --train
     vocab: Path = Path()  # the model directory's vocab.txt, or --vocab with a preset
     head_line: str = ""  # the dropout and pooling chosen, and why
+    task: Any = None  # the fine-tuning task (bertgpu/finetuning/: classification, token-classification, ...)
+    options: Options = Options()  # the task's settings from the command line
+    task_line: str = ""  # the task, and why
 
 
 def check(cfg: FinetuneConfig) -> Plan:
@@ -132,37 +127,37 @@ def check(cfg: FinetuneConfig) -> Plan:
             f"--max-seq-length {cfg.max_seq_length} is beyond the model's "
             f"{base.max_position_embeddings} positions (max_position_embeddings in {model_dir})"
         )
+    options = Options.from_flags(cfg, cfg.max_seq_length)
+    given = cfg.task_options.task
+    task, why = (finetuning.get(given), "--task") if given else finetuning.detect(cfg.train, options)
     dims = check_layout(resolve_device(cfg), base, adapter=cfg.adapter)
     if cfg.adapter.enabled:
         if model_dir is None:
             raise UserError(
                 f"--lora-rank adapts a pretrained model; the preset {cfg.model} has random weights (fine-tune it whole)"
             )
-        lora.check(cfg.adapter, base)
-    columns = dict(
-        text_column=cfg.text_column,
-        pair_column=cfg.pair_column or None,
-        label_column=cfg.label_column,
-        fmt=cfg.format,
-        delimiter=cfg.delimiter,
-    )
-    train = load_examples(cfg.train, **columns)
-    names = label_names(train)
-    labels_line, label_warnings = describe_labels(train, names)
-    warnings = [train.note, train.skipped_warning(), *label_warnings]
-    if model_dir is None:  # random weights: the vocab is the user's choice, and a misfit one costs every step
+        lora.check(cfg.adapter, base, head=task.head)
+    train = task.read(Path(cfg.train), options)
+    names = task.label_names(train)
+    labels_line, label_warnings = task.describe(train, names)
+    warnings = [train.note, *finetuning.file_warnings(train), *label_warnings]
+    if model_dir is None and hasattr(train, "texts"):  # random weights: a misfit vocab costs every step
         warnings.append(fragmentation_warning(Tokenizer(vocab, lowercase), train.texts, vocab, f"{cfg.train}'s"))
     if cfg.eval:
-        evaluation = load_examples(cfg.eval, **columns)
-        check_labels(evaluation, names, f"the training data {cfg.train}")
-        warnings += [evaluation.note, evaluation.skipped_warning()]
+        evaluation = task.read(Path(cfg.eval), options)
+        task.check_eval(evaluation, names, f"the training data {cfg.train}")
+        warnings += [evaluation.note, *finetuning.file_warnings(evaluation)]
     else:
-        train, evaluation = split_examples(train, cfg.eval_split or DEFAULT_EVAL_SPLIT, cfg.run.seed)
+        train, evaluation = task.split(train, cfg.eval_split or DEFAULT_EVAL_SPLIT, cfg.run.seed)
     id2label = dict(enumerate(names))
-    keep_head = model_dir is not None and base.id2label == id2label
+    keep_head = model_dir is not None and base.id2label == id2label and _saved_head(model_dir, base, task)
     dropout = DEFAULT_DROPOUT if cfg.dropout is None else cfg.dropout
-    pooling, why = choose_pooling(cfg.pooling, model_dir, base, keep_head)
-    config = architectures.for_finetuning(dataclasses.replace(base, id2label=id2label), dropout, pooling)
+    if task.head == "sequence":
+        pooling, pooling_why = choose_pooling(cfg.pooling, model_dir, base, keep_head)
+    else:  # a token or span head reads every token's state: no pooling
+        pooling, pooling_why = "pooler", ""
+    base = dataclasses.replace(base, id2label=id2label, problem_type=task.problem_type)
+    config = architectures.for_finetuning(base, dropout, pooling)
     head_line = (
         f"dropout {dropout:g} ("
         + (
@@ -170,7 +165,7 @@ def check(cfg: FinetuneConfig) -> Plan:
             if cfg.dropout is not None
             else f"fine-tuning's default; the model's config says {_dropout(base)}"
         )
-        + f"), pooling {pooling} ({why})"
+        + (f"), pooling {pooling} ({pooling_why})" if pooling_why else ")")
     )
     return Plan(
         model_dir,
@@ -184,7 +179,15 @@ def check(cfg: FinetuneConfig) -> Plan:
         labels_line,
         vocab,
         head_line,
+        task,
+        options,
+        f"task {task.name} ({why})",
     )
+
+
+def _saved_head(model_dir: Path, base: EncoderConfig, task: Any) -> bool:
+    """Whether ``model_dir`` holds the head ``task`` fine-tunes (its config.json's architectures say so)."""
+    return architectures.saved_class(model_dir) == architectures.head_class_name(base, task.head)
 
 
 def _dropout(config: EncoderConfig) -> str:
@@ -206,6 +209,8 @@ def pooler_untrained(model_dir: Path | None, base: EncoderConfig) -> bool:
     data = run.get("data")
     if not isinstance(data, dict) or "nsp" not in data:
         return False  # a fine-tuning run's, or another task's
+    # A continuation's pooler is its start's, but stale: the encoder under it moved (MiniLM continued 10 minutes,
+    # a pair task: pooler 0.713 and 0.729 against mean 0.794 and 0.761, docs/experiments.md). Mean pooling it is.
     return not data["nsp"]
 
 
@@ -297,6 +302,7 @@ def run_finetune(cfg: FinetuneConfig) -> None:
     if not launch.restarted(cfg.out) and parse_nnodes(cfg.run.nnodes)[1] == 1:  # many machines: rank 0 checks it
         check_out_dir(cfg.out, cfg.run.overwrite, cfg.run.resume)
         if int(os.environ.get("RANK", 0)) == 0:
+            print(f"bertgpu: {plan.task_line}", flush=True)
             print(plan.labels_line, flush=True)
             print(f"bertgpu: {lr_line}", flush=True)
             print(f"bertgpu: {epochs_line}", flush=True)
@@ -366,6 +372,8 @@ def train(cfg: FinetuneConfig) -> Path:
         cfg,
         dropout=plan.model_config.hidden_dropout_prob,
         pooling=architectures.pooling_of(plan.model_config),
+        metric=cfg.metric or plan.task.main_metric,
+        task_options=dataclasses.replace(cfg.task_options, task=plan.task.name),
     )
     session = Session(cfg, plan.model_config, "finetune", adapter=cfg.adapter)
     task = FineTuning(cfg, plan, session)  # the data, the loop, the model spread, the steps, what is logged and saved
@@ -378,7 +386,7 @@ def train(cfg: FinetuneConfig) -> Path:
             while loop.step_in_epoch < len(batches) and not run.stopped:  # on resume: straight to the next batch
                 indices, global_size = batches[loop.step_in_epoch]
                 micro = micro_batches(indices, global_size, [s * accum for s in loop.sizes], accum)
-                step_sums, bad = train_step(run, train_set, micro, global_size)  # forward, backward, optimizer
+                step_sums, bad = train_step(run, plan.task, train_set, micro, global_size)  # the whole step
                 loop.step_in_epoch += 1
                 epoch_end = loop.step_in_epoch == len(batches)
                 run.account(loop, step_sums, bad, epoch_end)  # counted and recorded; its flags read
@@ -395,7 +403,7 @@ def train(cfg: FinetuneConfig) -> Path:
         raise run.interrupted(loop.step)  # the process exits with the signal's status, the checkpoint written
     run.records.summary(
         loop.step,
-        {"loss": "min", "accuracy": "max", "eval_loss": "min", "eval_accuracy": "max", "eval_f1": "max"},
+        {"loss": "min", "accuracy": "max", "eval_loss": "min", **{f"eval_{m}": "max" for m in plan.task.metrics}},
         summary_where(cfg, plan, loop.best, session.out),
     )
     return session.out / "best"
@@ -414,8 +422,8 @@ class FineTuning:
         # Data: encoded once; every epoch a fresh order, cut into global batches shared by the data-parallel ranks.
         tokenizer = Tokenizer(plan.vocab, plan.lowercase)
         label2id = {name: i for i, name in plan.model_config.id2label.items()}
-        self.train_set = ClassificationDataset(plan.train, tokenizer, cfg.max_seq_length, label2id)
-        self.eval_set = ClassificationDataset(plan.eval, tokenizer, cfg.max_seq_length, label2id)
+        self.train_set = plan.task.encode(plan.train, tokenizer, label2id, plan.options)
+        self.eval_set = plan.task.encode(plan.eval, tokenizer, label2id, plan.options)
         self.loop = Loop(sizes, out=session.out)  # the batch sizes per data-parallel rank
         self.global_batch = global_batch = sum(sizes) * self.accum
         steps_per_epoch = len(epoch_batches(cfg, self.train_set, sizes, self.accum, dims, 1))
@@ -428,7 +436,7 @@ class FineTuning:
         self.steps = FixedSteps(self.optim)
         self.fixed = {  # what a resumed run must share with the run it continues; every checkpoint records it
             "labels": list(label2id),
-            "train_examples": len(self.train_set),
+            "train_examples": len(self.train_set),  # rows: a long example's windows count each
             "global_batch": global_batch,
             "group_by_length": cfg.group_by_length,
             "adapter": _adapter_record(cfg, plan),
@@ -443,9 +451,7 @@ class FineTuning:
         longest = int(self.train_set.lengths.max()) if len(self.train_set) else cfg.max_seq_length
         warn_if_batch_too_big(session, model, plan.model_config, longest, examples=len(self.train_set))
         self.meter = Throughput(None, None, dims.world_size)
-        self.files = checkpoint.ModelFiles(
-            plan.model_config, plan.vocab, plan.lowercase, architectures.class_names(plan.model_config)[1]
-        )
+        self.files = model_files(plan)
         # The log's sums: since the last log line, and in the epoch (its evaluation's record).
         self.log = LogSpec(LOG_SUMS, ("window", "epoch_sums"), "example")
         self.evaluation = None  # every epoch's instead (end_epoch)
@@ -468,16 +474,24 @@ class FineTuning:
             else f"{n_params / 1e6:.1f}M parameters"
         )
         global_batch = sum(loop.sizes) * accum
+        pooling = f"pooling {cfg.pooling}, " if self.plan.task.head == "sequence" else ""
         o = cfg.optim
         return (
             f"bertgpu finetune: {what}, {session.dims.describe()}, on {session.device.type}, "
-            f"{session.precision}, {len(self.train_set):,} training and {len(self.eval_set):,} evaluation examples, "
+            f"{session.precision}, task {self.plan.task.name}, {len(self.plan.train):,} training and "
+            f"{len(self.plan.eval):,} evaluation examples{self._rows()}, "
             f"labels {', '.join(self.plan.model_config.id2label.values())}, global batch {global_batch} = "
             f"{describe_batch(loop.sizes, accum)}, "
             f"{describe_lr(o.lr, optim.lr, o.lr_scaling, global_batch, o.reference_batch)}, "
-            f"dropout {cfg.dropout:g}, pooling {cfg.pooling}, "
-            f"{optim.steps} steps in {cfg.epochs} epoch(s){how}"
+            f"dropout {cfg.dropout:g}, {pooling}{optim.steps} steps in {cfg.epochs} epoch(s){how}"
         )
+
+    def _rows(self) -> str:
+        """What the model reads when it is not one row per example (a long sentence's or context's windows)."""
+        if len(self.train_set) == len(self.plan.train) and len(self.eval_set) == len(self.plan.eval):
+            return ""
+        rows = f"{len(self.train_set):,} and {len(self.eval_set):,} rows"
+        return f" ({rows} of --max-seq-length {self.cfg.max_seq_length})"
 
     def log_values(self, sums: dict[str, float]) -> dict[str, float]:
         return log_values(sums)
@@ -497,12 +511,13 @@ class FineTuning:
 
 def summary_where(cfg: FinetuneConfig, plan: Plan, best: dict[str, Any], out: Path) -> str:
     """The closing lines' last: the best epoch, where it is and how to use it, and its evaluation by label."""
+    head = architectures.head_class_name(plan.model_config, plan.task.head)
+    mean = plan.task.head == "sequence" and cfg.pooling == "mean"
     where = f"best: epoch {best['epoch']}, {cfg.metric} {best[f'eval_{cfg.metric}']:.4f} -> {out / 'best'}  " + (
         f"(bertgpu predict --model {out / 'best'} TEXT; mean pooling, which transformers' "
-        "BertForSequenceClassification does not read: --pooling pooler for that)"
-        if not architectures.of(plan.model_config).hf_reads_mean_pooling and cfg.pooling == "mean"
-        else f"(transformers.{architectures.class_names(plan.model_config)[1]}.from_pretrained('{out / 'best'}'), "
-        f"or bertgpu predict --model {out / 'best'} TEXT)"
+        f"{head} does not read: --pooling pooler for that)"
+        if not architectures.of(plan.model_config).hf_reads_mean_pooling and mean
+        else f"(transformers.{head}.from_pretrained('{out / 'best'}'), or bertgpu predict --model {out / 'best'} TEXT)"
     )
     if best.get("eval_per_class"):  # the best epoch's evaluation by label (a checkpoint of an older bertgpu has none)
         names = list(plan.model_config.id2label.values())
@@ -513,7 +528,7 @@ def summary_where(cfg: FinetuneConfig, plan: Plan, best: dict[str, Any], out: Pa
 
 
 def epoch_batches(
-    cfg: FinetuneConfig, train_set: ClassificationDataset, sizes: list[int], accum: int, dims: ParallelDims, epoch: int
+    cfg: FinetuneConfig, train_set: Any, sizes: list[int], accum: int, dims: ParallelDims, epoch: int
 ) -> list[tuple[list[int], int]]:
     """The epoch's global batches in a fresh order (each with this rank's indices and its global size)."""
     lengths = train_set.lengths if cfg.group_by_length else None  # batches of similar length pad little
@@ -521,12 +536,19 @@ def epoch_batches(
     return train_batches(len(train_set), shares, dims.dp, dims.dp_rank, cfg.run.seed, epoch, lengths)
 
 
+def model_files(plan: Plan) -> checkpoint.ModelFiles:
+    """What every checkpoint of the run writes beside the weights: config.json naming the task's transformers class
+    (BertForTokenClassification, ...), the vocab and the tokenizer's settings."""
+    head_class = architectures.head_class_name(plan.model_config, plan.task.head)
+    return checkpoint.ModelFiles(plan.model_config, plan.vocab, plan.lowercase, head_class)
+
+
 def build_model(cfg: FinetuneConfig, plan: Plan, session: Session) -> EncoderModel:
     """The pretrained encoder; a fresh head unless the directory has one for these very labels. On
     resume, the checkpoint's whole classifier; with LoRA, the frozen base from --model again and the
     checkpoint's adapter and head."""
     torch.manual_seed(cfg.run.seed)
-    model = architectures.classification_model(plan.model_config)
+    model = architectures.head_model(plan.model_config, plan.task.head)
     if session.resume_from is not None and not cfg.adapter.enabled:
         hf_dir.load_weights(model, session.resume_from)
     elif plan.model_dir is not None:  # else a preset: the seeded random initialisation
@@ -540,28 +562,31 @@ def build_model(cfg: FinetuneConfig, plan: Plan, session: Session) -> EncoderMod
 
 
 def train_step(
-    run: Run, dataset: ClassificationDataset, micro: list[list[int]], global_size: int
+    run: Run, task: Any, dataset: Any, micro: list[list[int]], global_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step over this rank's micro-batches (example indices) of a global batch of
     ``global_size`` examples: the forward and backward passes, the gradients unscaled and clipped, the optimizer
     step (a non-finite one skipped on the device), the gradients zeroed, the schedule moved on. Return the step's
-    log sums (``LOG_SUMS`` order) and its skipped flag, both still on the device. The loss is the global batch's
-    mean cross-entropy."""
+    log sums (``LOG_SUMS`` order) and its skipped flag, both still on the device. The loss is the ``task``'s, its
+    mean over the global batch's units (examples; a token task's labelled tokens, counted over every rank)."""
     opt, sums = run.opt, run.records.window
-    net, device = opt.net, run.session.device
+    net, device, dims = opt.net, run.session.device, run.session.dims
+    batches = [{k: v.to(device, non_blocking=True) for k, v in dataset.batch(part).items()} for part in micro]
+    if task.unit == "example":
+        units = torch.tensor(float(global_size), device=device)
+    else:  # the global batch's labelled tokens: every rank's, so that N processes take one process's step
+        units = dims.dp_sum(sum(task.units(b).double() for b in batches).reshape(1)).squeeze(0).clamp(min=1)
 
     def loss_fn(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return F.cross_entropy(logits.float(), batch["labels"], reduction="sum") / global_size
+        return task.loss(logits, batch) / units.float()
 
     def record(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return sums.of(
-            loss=F.cross_entropy(logits.float(), batch["labels"], reduction="sum"),
-            correct=(logits.argmax(-1) == batch["labels"]).sum(),
-            examples=len(batch["labels"]),
+            **task.train_sums(logits.detach(), batch),
+            examples=len(batch["input_ids"]),
             tokens=batch["attention_mask"].sum(),
         )
 
-    batches = [{k: v.to(device, non_blocking=True) for k, v in dataset.batch(part).items()} for part in micro]
     step_sums = net.forward_backward(
         batches,
         ("input_ids", "token_type_ids", "attention_mask"),
@@ -579,8 +604,8 @@ def train_step(
 
 
 def log_values(s: dict[str, float]) -> dict[str, float]:
-    """The training loss and accuracy from the sums of a log window."""
-    return {"loss": s["loss"] / max(s["examples"], 1), "accuracy": s["correct"] / max(s["examples"], 1)}
+    """The training loss and accuracy (of the task's units) from the sums of a log window."""
+    return {"loss": s["loss"] / max(s["units"], 1), "accuracy": s["correct"] / max(s["units"], 1)}
 
 
 def log_line(step: int, values: dict[str, Any], steps: int) -> str:
@@ -593,33 +618,30 @@ def log_line(step: int, values: dict[str, Any], steps: int) -> str:
     )
 
 
-def end_epoch(
-    cfg: FinetuneConfig, run: Run, loop: Loop, plan: Plan, eval_set: ClassificationDataset, train_examples: int
-) -> None:
+def end_epoch(cfg: FinetuneConfig, run: Run, loop: Loop, plan: Plan, eval_set: Any, train_examples: int) -> None:
     """After an epoch: evaluate, record, save the epoch's checkpoint and keep the best; then the resumable
     checkpoint at the start of the next epoch."""
     session, records, net = run.session, run.records, run.opt.net
     dims, sizes, epoch, out = session.dims, loop.sizes, loop.epoch, session.out
     records.meter.pause()
     s = records.sums["epoch_sums"].read(dims)
-    metrics = compute_metrics(
-        predict_logits(net, eval_set, max(sizes), dims, session.device, session.precision, sizes),
-        eval_set.labels,
-        list(plan.model_config.id2label.values()),
-    )
+    names, task = list(plan.model_config.id2label.values()), plan.task
+    shape = task.output_shape(eval_set, len(names))
+    outputs = predict_logits(net, eval_set, max(sizes), dims, session.device, session.precision, sizes, shape)
+    metrics = task.evaluate(outputs, eval_set, plan.eval, names)
     record = {
         "epoch": epoch,
         "step": loop.step,
-        "train_loss": s["loss"] / max(s["examples"], 1),
-        "train_accuracy": s["correct"] / max(s["examples"], 1),
+        "train_loss": s["loss"] / max(s["units"], 1),
+        "train_accuracy": s["correct"] / max(s["units"], 1),
         **{f"eval_{k}": v for k, v in metrics.items()},
     }
     loop.history.append(record)
     is_best = loop.best is None or record[f"eval_{cfg.metric}"] > loop.best[f"eval_{cfg.metric}"]
     loop.best = best = record if is_best else loop.best
     line = (
-        f"epoch {epoch} eval | loss {metrics['loss']:.4f} | accuracy {metrics['accuracy']:.4f} | "
-        f"f1 {metrics['f1']:.4f} | {metrics['examples']} examples{' | best so far' if is_best else ''}"
+        f"epoch {epoch} eval | {task.eval_line(metrics)} | {metrics['examples']} examples"
+        f"{' | best so far' if is_best else ''}"
     )
     records.log.log(loop.step, {k: v for k, v in record.items() if k != "step"}, line, write=records.write)
     loop.kept = save_epoch(run, loop, plan, cfg, record, is_best)
@@ -735,9 +757,7 @@ def save_epoch(
     session, epoch, kept, best = run.session, loop.epoch, loop.kept, loop.best
     out, precision, layout = session.out, session.precision, session.dims.describe()
     path = out / _epoch_dir(epoch)
-    files = checkpoint.ModelFiles(
-        plan.model_config, plan.vocab, plan.lowercase, architectures.class_names(plan.model_config)[1]
-    )
+    files = model_files(plan)
     checkpoint.save_model_dir(
         path,
         run.opt.net.model,

@@ -10,6 +10,7 @@ import io
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +20,36 @@ from tqdm import tqdm
 from bertgpu import atomic
 from bertgpu.config import EvaluateConfig, PredictConfig
 from bertgpu.data.classification import (
-    ClassificationDataset,
-    Examples,
     Table,
     as_data_labels,
-    check_labels,
     detect_format,
-    load_examples,
     read_lines,
     read_table,
     require_columns,
 )
+from bertgpu.data.tokenizer import Tokenizer
 from bertgpu.errors import UserError
+from bertgpu.finetuning import file_warnings
+from bertgpu.finetuning.base import Options
 from bertgpu.parallel import ParallelDims, launch
 from bertgpu.paths import refuse_clobbering, refuse_existing
 from bertgpu.tasks.checks import check_evaluate_flags, check_predict_flags
-from bertgpu.tasks.classifier import COLUMNS, Classifier, classifier_dir, finetuned_columns, not_a_classifier
+from bertgpu.tasks.classifier import (
+    COLUMNS,
+    Classifier,
+    classifier_dir,
+    finetuned_columns,
+    finetuned_max_length,
+    load_finetuned,
+    model_lowercase,
+    model_vocab,
+    not_a_classifier,
+    saved_threshold,
+    task_of,
+)
 from bertgpu.tasks.model_dirs import check_model_dir
 from bertgpu.tasks.prelaunch import run_local_workers
 from bertgpu.tasks.sharded_eval import (
-    compute_metrics,
     describe_f1,
     missing_labels_warning,
     per_class_table,
@@ -48,22 +59,50 @@ from bertgpu.training.precision import resolve_precision
 from bertgpu.training.runlog import console_is_tty
 
 
-def check_evaluate(cfg: EvaluateConfig) -> tuple[Examples, list[str], Path]:
-    """The labelled examples to evaluate on, the model's labels as the data names them (``as_data_labels``)
-    and where the metrics go; UserError on any mistake."""
+@dataclass
+class Evaluation:
+    """What ``check_evaluate`` found: the model's task, the labelled examples, the model's labels as the data names
+    them (``as_data_labels``), the task's settings and where the metrics go."""
+
+    task: Any
+    examples: Any
+    names: list[str]
+    options: Options
+    output: Path
+
+
+def check_evaluate(cfg: EvaluateConfig) -> Evaluation:
+    """Everything ``evaluate`` needs, checked: UserError on any mistake."""
     model_dir, config = check_model_dir(cfg.model)
-    if not config.id2label:
+    task = task_of(model_dir, config, cfg.task_options.task)
+    if task.head == "sequence" and not config.id2label:
         raise not_a_classifier(model_dir)
     resolve_precision(cfg.precision, torch.device(launch.resolve_device(cfg.device)))
-    examples = load_examples(
-        cfg.data, cfg.text_column, cfg.pair_column or None, cfg.label_column, cfg.format, cfg.delimiter
-    )
-    names = as_data_labels([config.id2label[i] for i in sorted(config.id2label)], examples)
-    check_labels(examples, names, f"the model's labels ({model_dir / 'config.json'})")
+    options = task_settings(cfg, model_dir, config)
+    examples = task.read(Path(cfg.data), options)
+    names = [config.id2label[i] for i in sorted(config.id2label)]
+    if task.name == "classification":  # transformers' LABEL_0, LABEL_1 ... are the data's 0, 1 ...
+        names = as_data_labels(names, examples)
+    task.check_eval(examples, names, f"the model's labels ({model_dir / 'config.json'})")
     output = Path(cfg.output) if cfg.output else model_dir / "eval_results.json"
     if output.is_dir() or not os.access(output.parent, os.W_OK):
         raise UserError(f"cannot write the metrics to {output}; choose another --output")
-    return examples, names, output
+    return Evaluation(task, examples, names, options, output)
+
+
+def task_settings(cfg: EvaluateConfig | PredictConfig, model_dir: Path, config: Any) -> Options:
+    """The task's settings: the flags, the length the model was fine-tuned with (or --max-seq-length), and a
+    multi-label model's own threshold unless --threshold is given."""
+    length = cfg.max_seq_length or finetuned_max_length(model_dir) or config.max_position_embeddings
+    if length > config.max_position_embeddings:
+        raise UserError(
+            f"--max-seq-length {length} is beyond the model's {config.max_position_embeddings} "
+            f"positions (max_position_embeddings in {model_dir / 'config.json'})"
+        )
+    options = Options.from_flags(cfg, length)
+    if not cfg.task_options.threshold:
+        options = dataclasses.replace(options, threshold=saved_threshold(model_dir) or 0.5)
+    return options
 
 
 def run_evaluate(cfg: EvaluateConfig) -> None:
@@ -82,35 +121,43 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     env = launch.init(cfg.device)
     dims = ParallelDims(env.world_size)  # every process a data-parallel rank holding the whole model
     dims.build_mesh(env.device.type)
-    examples, names, output = check_evaluate(cfg)
-    clf = Classifier.load(cfg.model, env.device, cfg.max_seq_length or None)
-    dataset = ClassificationDataset(
-        examples, clf.tokenizer, clf.max_seq_length, {name: i for i, name in enumerate(names)}
-    )
+    checked = check_evaluate(cfg)
+    task, examples, names, options = checked.task, checked.examples, checked.names, checked.options
+    model_dir = Path(cfg.model)
+    model = load_finetuned(model_dir, task, env.device)
+    tokenizer = Tokenizer(model_vocab(model_dir), lowercase=model_lowercase(model_dir))
+    encoded = task.encode(examples, tokenizer, {name: i for i, name in enumerate(names)}, options)
     precision = resolve_precision(cfg.precision, env.device)
-    metrics = compute_metrics(
-        predict_logits(clf.model, dataset, cfg.batch_size, dims, env.device, precision), dataset.labels, clf.labels
-    )
+    shape = task.output_shape(encoded, len(names))
+    outputs = predict_logits(model, encoded, cfg.batch_size, dims, env.device, precision, shape=shape)
+    metrics = task.evaluate(outputs, encoded, examples, names)
+    classes = "per_class" in metrics  # a classifier's: its F1's average and the labels the data lacks
     result = {
         "model": str(cfg.model),
         "data": str(cfg.data),
-        "labels": clf.labels,
-        "f1_average": describe_f1(metrics, clf.labels),
-        "max_seq_length": clf.max_seq_length,
-        "skipped_rows": len(examples.skipped),
+        "task": task.name,
+        "labels": names,
+        **({"f1_average": describe_f1(metrics, names)} if classes else {}),
+        "max_seq_length": options.max_seq_length,
+        "skipped_rows": len(getattr(examples, "skipped", ())),
         **metrics,
     }
+    output = checked.output
     if env.is_main:
-        for warning in (examples.note, examples.skipped_warning(), missing_labels_warning(metrics, str(cfg.data))):
+        warnings = [examples.note, *file_warnings(examples)]
+        warnings += [missing_labels_warning(metrics, str(cfg.data))] if classes else []
+        for warning in warnings:
             if warning:
                 print(f"bertgpu: warning: {warning}", file=sys.stderr, flush=True)
         if cfg.json:
             print(json.dumps(result, ensure_ascii=False), flush=True)
         else:
+            average = f" ({result['f1_average']})" if classes else ""
+            kinds = ("per_class", "per_type", "per_label")  # by label, entity type or label of several
+            table = next(({"per_class": metrics[k]} for k in kinds if k in metrics), None)
             print(
-                f"{cfg.data}: {metrics['examples']} examples | loss {metrics['loss']:.4f} | "
-                f"accuracy {metrics['accuracy']:.4f} | f1 {metrics['f1']:.4f} ({result['f1_average']})",
-                *per_class_table(metrics),
+                f"{cfg.data}: {metrics['examples']} examples | {task.eval_line(metrics)}{average}",
+                *(per_class_table(table) if table else ()),
                 sep="\n",
                 flush=True,
             )
@@ -170,8 +217,12 @@ def run_predict(cfg: PredictConfig) -> None:
     refuse_existing("--output", cfg.output, cfg.overwrite)
     cfg = dataclasses.replace(cfg, model=str(classifier_dir(cfg.model)))
     device = launch.resolve_device(cfg.device)
+    model_dir, config = check_model_dir(cfg.model)
+    task = task_of(model_dir, config, cfg.task_options.task)
+    if task.name != "classification":  # the classifier's own path below keeps its table output and pair checks
+        predict_task(with_columns(cfg, model_dir), task, model_dir, config)
+        return
     if not cfg.input:
-        model_dir, _ = check_model_dir(cfg.model)
         inputs = _inputs_of_texts(cfg, model_dir)
         clf = Classifier.load(cfg.model, device, cfg.max_seq_length or None)
         probs = clf.predict_proba([a if b is None else (a, b) for a, b in inputs], batch_size=cfg.batch_size)
@@ -232,6 +283,34 @@ def run_predict(cfg: PredictConfig) -> None:
         return
     atomic.write_bytes(Path(cfg.output), _render(table, predictions, out_format, cfg.output.lower().endswith(".gz")))
     print(f"{len(predictions)} predictions -> {cfg.output}")
+
+
+def predict_task(cfg: PredictConfig, task: Any, model_dir: Path, config: Any) -> None:
+    """Any task's predictions (``finetuning``): of the texts given (a sentence each to tag, a question and its
+    context, a text each to score), printed a line each; or of every example of --input, printed or written to
+    --output in the task's format (a tagged CoNLL or JSONL file, SQuAD's predictions JSON, JSON Lines)."""
+    device = torch.device(launch.resolve_device(cfg.device))
+    options = task_settings(cfg, model_dir, config)
+    if cfg.input:
+        if cfg.input == "-":
+            raise UserError(f"--input -: a {task.name} model reads a file (standard input is for classifiers)")
+        examples = task.read(Path(cfg.input), options)
+    else:
+        examples = task.from_texts(cfg.texts, options)
+    names = [config.id2label[i] for i in sorted(config.id2label)]
+    model = load_finetuned(model_dir, task, device)
+    tokenizer = Tokenizer(model_vocab(model_dir), lowercase=model_lowercase(model_dir))
+    encoded = task.encode(examples, tokenizer, {}, options)  # no labels read: predict needs none
+    shape = task.output_shape(encoded, len(names))
+    precision = "fp32"  # predict has no --precision: a model's inference as it was saved
+    outputs = predict_logits(model, encoded, cfg.batch_size, ParallelDims(1), device, precision, shape=shape)
+    predictions = task.predict(outputs, encoded, examples, names, options)
+    if cfg.output:
+        atomic.write_bytes(Path(cfg.output), task.render(examples, predictions))
+        print(f"{len(predictions)} predictions -> {cfg.output}")
+        return
+    for prediction in predictions:
+        print(task.show(prediction))
 
 
 def _read_input(cfg: PredictConfig) -> Table:

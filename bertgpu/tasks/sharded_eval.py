@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from bertgpu.data.classification import ClassificationDataset, eval_batches
+from bertgpu.data.classification import eval_batches
+from bertgpu.finetuning.classification import compute_metrics  # noqa: F401 (evaluate's, and tests', name)
 from bertgpu.parallel import ParallelDims
 from bertgpu.training.precision import autocast
 
@@ -22,14 +22,16 @@ from bertgpu.training.precision import autocast
 @torch.no_grad()
 def predict_logits(
     model: Any,
-    dataset: ClassificationDataset,
+    dataset: Any,
     batch_size: int,
     dims: ParallelDims,
     device: torch.device,
     precision: str,
     shares: list[int] | None = None,
+    shape: tuple[int, ...] | None = None,
 ) -> torch.Tensor:
-    """Logits of every example, ``[N, num_labels]`` in float64 on the CPU, identical on every rank.
+    """Logits of every example (row), ``[N, *shape]`` in float64 on the CPU, identical on every rank: ``shape``
+    is one row's (default ``(num_labels,)``; a token head's ``(longest row, num_labels)``, zero past a row's end).
 
     ``model`` is a classifier, or a ``ParallelModel`` of one; ``shares`` the ranks' shares of the
     batches (unequal GPUs). Each data-parallel rank fills the rows of its batches in a zero array and
@@ -39,7 +41,8 @@ def predict_logits(
     """
     was_training = model.training
     model.eval()
-    logits = torch.zeros(len(dataset), model.config.num_labels, dtype=torch.float64, device=device)
+    shape = (model.config.num_labels,) if shape is None else shape
+    logits = torch.zeros(len(dataset), *shape, dtype=torch.float64, device=device)
     batches = eval_batches(dataset.lengths, batch_size, dims.dp, dims.dp_rank, shares)
     if dims.fsdp:
         rounds = max(len(eval_batches(dataset.lengths, batch_size, dims.dp, r, shares)) for r in range(dims.dp))
@@ -50,60 +53,13 @@ def predict_logits(
         with autocast(precision, device):
             out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         if indices is not None:
-            logits[indices] = out.double()
+            if out.dim() == 3:  # per token: [B, L, C], L this batch's longest
+                logits[indices, : out.size(1)] = out.double()
+            else:
+                logits[indices] = out.double()
             last = indices
     model.train(was_training)
     return dims.dp_sum(logits).cpu()
-
-
-def compute_metrics(logits: torch.Tensor, labels: torch.Tensor, names: list[str] | None = None) -> dict[str, Any]:
-    """Mean loss, accuracy, F1, each label's precision, recall, F1 and support, and the confusion matrix
-    (rows: true label, columns: predicted); ``names``: the labels by id (default: the ids as text).
-
-    ``f1`` is the F1 of label id 1 with two classes, else the macro average over the labels whose F1 is
-    defined, those in the labels or the predictions (scikit-learn's f1_score); ``f1_labels`` names them.
-    A label the data lacks but the model predicts has F1 0 and pulls that average down, so the macro
-    averages over the labels in the data and over all the model's labels (an undefined F1 counted as 0,
-    scikit-learn's ``labels=all, zero_division=0``) are given too. An undefined precision (a label never
-    predicted), recall (a label absent from the data) or F1 (both) is None."""
-    num_labels = logits.size(1)
-    names = [str(i) for i in range(num_labels)] if names is None else list(names)
-    labels = labels.cpu()
-    predictions = logits.argmax(-1)
-    confusion = torch.zeros(num_labels, num_labels, dtype=torch.long)
-    confusion.index_put_((labels, predictions), torch.ones_like(labels), accumulate=True)
-    tp, support, predicted = confusion.diag().tolist(), confusion.sum(1).tolist(), confusion.sum(0).tolist()
-    per_class = {}
-    for k, name in enumerate(names):
-        errors = support[k] + predicted[k] - 2 * tp[k]  # false negatives + false positives
-        per_class[name] = {
-            "precision": tp[k] / predicted[k] if predicted[k] else None,
-            "recall": tp[k] / support[k] if support[k] else None,
-            "f1": 2 * tp[k] / (2 * tp[k] + errors) if 2 * tp[k] + errors else None,
-            "support": support[k],
-            "predicted": predicted[k],
-        }
-    f1 = [per_class[name]["f1"] for name in names]
-    defined = [name for name in names if per_class[name]["f1"] is not None]
-    in_data = [name for name, count in zip(names, support) if count]
-    f1_labels = [names[1]] if num_labels == 2 else defined
-    return {
-        "loss": F.cross_entropy(logits, labels).item(),
-        "accuracy": sum(tp) / len(labels),
-        "f1": _mean(per_class[name]["f1"] or 0.0 for name in f1_labels),
-        "f1_labels": f1_labels,
-        "macro_f1_data_labels": _mean(per_class[name]["f1"] for name in in_data),
-        "macro_f1_all_labels": _mean(value or 0.0 for value in f1),
-        "data_labels": in_data,
-        "per_class": per_class,
-        "examples": len(labels),
-        "confusion": confusion.tolist(),
-    }
-
-
-def _mean(values: Any) -> float:
-    values = list(values)
-    return sum(values) / len(values) if values else 0.0
 
 
 def describe_f1(metrics: dict[str, Any], names: list[str]) -> str:

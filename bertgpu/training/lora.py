@@ -1,6 +1,6 @@
 """LoRA adapters and 8-/4-bit base weights for fine-tuning (``finetune --lora-rank R --quantize int8|nf4``).
 
-A model transformation, applied to a classifier whose weights are loaded and before
+A model transformation, applied to a fine-tuning model (a head on the encoder) whose weights are loaded and before
 ``parallelize()`` spreads it over the processes (the model's own module knows nothing of it):
 
 1. ``--quantize``: every linear layer of the encoder becomes a bitsandbytes layer holding its frozen
@@ -11,7 +11,8 @@ A model transformation, applied to a classifier whose weights are loaded and bef
    ``W x + (alpha / r) B A dropout(x)``, ``A`` and ``B`` trainable, ``B`` starting at zero. The model
    stays our model: PEFT's layers hold the original layer as ``base_layer``, so parameter names
    are PEFT's (``...query.base_layer.weight``, ``...query.lora_A.default.weight``).
-3. Everything is frozen but the adapters and the classifier head (PEFT's ``modules_to_save``).
+3. Everything is frozen but the adapters and the head's modules, trained whole (PEFT's ``modules_to_save``:
+   the model's ``head_modules``, such as BERT's ``classifier``, or ``qa_outputs`` of a span head).
 
 Saving (``bertgpu.checkpoints.checkpoint`` asks ``is_lora``): a LoRA model is written as the merged classifier
 (``W + (alpha / r) B A`` in fp32, the quantised weights dequantised first, so it computes what the
@@ -46,7 +47,8 @@ ADAPTER_DIR = "adapter"
 ADAPTER_CONFIG_NAME = "adapter_config.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 ADAPTER_NAME = "default"  # PEFT's name for a model's one adapter (in parameter names, not in files)
-HEAD = "classifier"  # trained whole: PEFT's modules_to_save
+# PEFT's task type of each fine-tuning head (``EncoderModel.head_kind``): which PeftModel class loads the adapter.
+TASK_TYPES = {"sequence": "SEQ_CLS", "token": "TOKEN_CLS", "span": "QUESTION_ANS"}
 PEFT_PREFIX = "base_model.model."  # how PEFT's files name a parameter of the model it wraps
 
 # bitsandbytes (imported by peft too) tries, on CPUs with AVX512-BF16, to fetch a 4-bit kernel from the
@@ -83,20 +85,22 @@ def _bnb():
     return bitsandbytes
 
 
-def check(cfg: AdapterConfig, model_config: EncoderConfig) -> list[str]:
-    """The adapter settings against the model (no side effects): every target must name linear
-    layers of the encoder, as PEFT matches ``target_modules``. Return the targets."""
+def check(cfg: AdapterConfig, model_config: EncoderConfig, head: str = "sequence") -> list[str]:
+    """The adapter settings against the model with the fine-tuning ``head`` (no side effects): every target must
+    name linear layers of the encoder, as PEFT matches ``target_modules``. Return the targets."""
     require(cfg)
     choices = ", ".join(architectures.of(model_config).lora_targets)
     if not choices:
         raise UserError("--lora-rank fine-tunes BERT models only; a ModernBERT is fine-tuned whole (leave it out)")
     with torch.device("meta"):
-        model = architectures.classification_model(model_config)
-    linear = [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and name != HEAD]
+        model = architectures.head_model(model_config, head)
+    linear = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    whole = [name for name in linear if _in(name, model.head_modules)]  # the head's: PEFT must not adapt them
+    linear = [name for name in linear if name not in whole]
     for target in cfg.targets:
-        if target == HEAD or target.endswith("." + HEAD):
+        if named := next((name for name in whole if _matches(name, target)), None):
             raise UserError(
-                f"--lora-targets {target}: the classifier head is trained whole with LoRA; targets are the "
+                f"--lora-targets {target}: the {named} head is trained whole with LoRA; targets are the "
                 f"encoder's linear layers ({choices})"
             )
         if not any(_matches(name, target) for name in linear):
@@ -111,14 +115,19 @@ def _matches(name: str, target: str) -> bool:
     return name == target or name.endswith("." + target)
 
 
-def peft_config(cfg: AdapterConfig, base_model: str | os.PathLike | None = None) -> Any:
-    """PEFT's LoraConfig for these settings, a sequence-classification task. The head is trained as
-    our own module (injected, PEFT would keep a frozen copy of it beside a trained one); the saved
-    config names it in ``modules_to_save``, where PEFT expects it."""
+def _in(name: str, modules: tuple[str, ...]) -> bool:
+    """Whether ``name`` is one of ``modules`` or inside one."""
+    return any(name == m or name.startswith(m + ".") for m in modules)
+
+
+def peft_config(cfg: AdapterConfig, base_model: str | os.PathLike | None = None, head: str = "sequence") -> Any:
+    """PEFT's LoraConfig for these settings, the task of the fine-tuning ``head`` (``TASK_TYPES``). The head is
+    trained as our own modules (injected, PEFT would keep a frozen copy of them beside trained ones); the saved
+    config names them in ``modules_to_save``, where PEFT expects them."""
     import peft
 
     return peft.LoraConfig(
-        task_type="SEQ_CLS",
+        task_type=TASK_TYPES[head],
         r=cfg.lora_rank,
         lora_alpha=cfg.alpha,
         lora_dropout=cfg.dropout,
@@ -135,16 +144,17 @@ def apply(
     precision: str,
     base_model: str | os.PathLike | None = None,
 ) -> nn.Module:
-    """Quantise (``cfg.quantize``), add the LoRA adapters and freeze all else, in place. ``model``
-    is a classifier whose weights are loaded, the same on every process; the
-    adapters' initialisation draws from the global RNG (seed it first for the same adapters everywhere)."""
+    """Quantise (``cfg.quantize``), add the LoRA adapters and freeze all else but the head's modules
+    (``head_modules``), in place. ``model`` is a fine-tuning model whose weights are loaded, the same on every
+    process; the adapters' initialisation draws from the global RNG (seed it first for the same adapters
+    everywhere)."""
     import peft
 
     if cfg.quantize:
         quantize(model, cfg.quantize, device, precision)
-    peft.inject_adapter_in_model(peft_config(cfg, base_model), model, adapter_name=ADAPTER_NAME)
+    peft.inject_adapter_in_model(peft_config(cfg, base_model, model.head_kind), model, adapter_name=ADAPTER_NAME)
     for name, p in model.named_parameters():
-        p.requires_grad_(name.startswith(HEAD + ".") or ".lora_" in name)
+        p.requires_grad_(_in(name, model.head_modules) or ".lora_" in name)
     return model
 
 
@@ -298,14 +308,14 @@ def merged_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[
     return merged
 
 
-def adapter_tensors(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The adapter and head as PEFT's ``adapter_model.safetensors`` names them: ``base_model.model.``
-    before the model's own name, the adapter's name (``.default``) left out."""
+def adapter_tensors(state: dict[str, torch.Tensor], heads: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The adapter and the head's modules ``heads`` as PEFT's ``adapter_model.safetensors`` names them:
+    ``base_model.model.`` before the model's own name, the adapter's name (``.default``) left out."""
     tensors = {}
     for key, tensor in state.items():
         if ".lora_A." in key or ".lora_B." in key:
             tensors[PEFT_PREFIX + key.replace(f".{ADAPTER_NAME}.", ".")] = tensor
-        elif key.startswith(HEAD + "."):
+        elif _in(key, heads):
             tensors[PEFT_PREFIX + key] = tensor
     return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
 
@@ -318,9 +328,9 @@ def write_adapter(directory: Path, model: nn.Module, state: dict[str, torch.Tens
     directory.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(model.peft_config[ADAPTER_NAME])
     config.inference_mode = True  # as PeftModel.save_pretrained saves it
-    config.modules_to_save = [HEAD]
+    config.modules_to_save = list(model.head_modules)
     config.save_pretrained(str(directory))
-    save_file(adapter_tensors(state), directory / ADAPTER_WEIGHTS_NAME, metadata={"format": "pt"})
+    save_file(adapter_tensors(state, model.head_modules), directory / ADAPTER_WEIGHTS_NAME, metadata={"format": "pt"})
 
 
 def load_adapter(model: nn.Module, directory: Path) -> None:
@@ -344,7 +354,7 @@ def load_adapter(model: nn.Module, directory: Path) -> None:
             f"asks for rank {config.r} on {sorted(config.target_modules)}; resume with the same LoRA flags"
         )
     own = {name: p for name, p in model.named_parameters() if p.requires_grad}
-    expected = adapter_tensors({name: p for name, p in own.items()})
+    expected = adapter_tensors(own, model.head_modules)
     names = {PEFT_PREFIX + name.replace(f".{ADAPTER_NAME}.", "."): name for name in own}
     missing = sorted(set(expected) - set(loaded))
     if missing:

@@ -30,7 +30,11 @@ ARCHITECTURE = Architecture(
     BertConfig,
     _module,
     "BertForPreTraining",
-    "BertForSequenceClassification",
+    head_classes={
+        "sequence": "BertForSequenceClassification",
+        "token": "BertForTokenClassification",
+        "span": "BertForQuestionAnswering",
+    },
     tokenizer_json=False,
     lora_targets=(
         "query",

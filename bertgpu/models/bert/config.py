@@ -44,6 +44,7 @@ class BertConfig(EncoderConfig):
     classifier_dropout: float | None = None
     # Sequence classification (fine-tuning): label names by id, as transformers stores them.
     id2label: dict[int, str] | None = None
+    problem_type: str | None = None  # a sequence head's: regression, single_ or multi_label_classification
     # bertgpu's own (not BertConfig's; None: not written): "mean" classifies the mean of the last hidden states
     # instead of the pooler's tanh(W h_[CLS]) (finetune --pooling; transformers' BertForSequenceClassification
     # ignores it and reads the pooler).

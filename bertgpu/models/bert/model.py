@@ -1,7 +1,8 @@
 """BERT in plain PyTorch (Devlin et al. 2019), parameter for parameter the model of transformers.
 
 Module and parameter names are exactly those of transformers' ``BertModel``,
-``BertForPreTraining`` and ``BertForSequenceClassification``, so a state dict moves between the two
+``BertForPreTraining`` and the fine-tuning heads ``BertForSequenceClassification``,
+``BertForTokenClassification`` and ``BertForQuestionAnswering``, so a state dict moves between the two
 unchanged (``bertgpu.checkpoints.checkpoint`` does the file side). Everything here is pure computation: no
 files, no processes, no distribution.
 
@@ -22,7 +23,7 @@ from torch import nn
 
 from bertgpu.models.bert.config import BertConfig
 from bertgpu.models.interface import EncoderModel
-from bertgpu.models.layers import ACT_FNS, document_mask, padded_vocab_size
+from bertgpu.models.layers import ACT_FNS, check_span_outputs, document_mask, layer_norm, padded_vocab_size
 
 
 class BertEmbeddings(nn.Module):
@@ -119,6 +120,8 @@ class BertSelfAttention(nn.Module):
         B, L, _ = x.shape
         dropout_p = self.dropout_p if self.training else 0.0
         q, k, v = self.project(x)
+        if mask is not None and mask.dim() == 1:  # --document-bounds: the kernel's bounds, built once per batch
+            return _varlen(q, k, v, mask).reshape(B, L, -1)
         if mask is not None and self.varlen and dropout_p == 0.0 and x.is_cuda and q.dtype in _HALF:
             return _padded_varlen(q, k, v, mask).reshape(B, L, -1)
         # [B, L, heads, head_dim] -> [B, heads, L, head_dim]
@@ -170,8 +173,27 @@ def _padded_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
         index = torch.arange(B * L, device=q.device, dtype=torch.int32)
         bounds = torch.where(new, index, B * L).sort().values
     cu = torch.cat([bounds, torch.full((1,), B * L, device=q.device, dtype=torch.int32)])
+    return _varlen(q, k, v, cu)
+
+
+def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+    """The variable-length kernel over the [B·L] tokens of [B, L, heads, D] tensors, ``cu`` the sequences' int32
+    bounds (each sequence at most L tokens long)."""
+    B, L, H, D = q.shape
     y = _VARLEN[0](q.reshape(B * L, H, D), k.reshape(B * L, H, D), v.reshape(B * L, H, D), cu, cu, L, L)
     return y.view(B, L, H, D)
+
+
+def document_bounds(documents: torch.Tensor) -> torch.Tensor:
+    """--document-bounds: the variable-length kernel's B·L + 1 int32 bounds of rows whose ``documents`` [B, L]
+    number each token's document (0 on padding), the very bounds ``_padded_varlen`` derives from their
+    block-diagonal mask in every layer: the starts of the documents and of the padding in order, then B·L repeated.
+    Built once per batch from B·L numbers, where the mask is B·L² values."""
+    B, L = documents.shape
+    new = torch.cat([torch.ones_like(documents[:, :1], dtype=torch.bool), documents[:, 1:] != documents[:, :-1]], 1)
+    index = torch.arange(B * L, device=documents.device, dtype=torch.int32)
+    bounds = torch.where(new.flatten(), index, B * L).sort().values
+    return torch.cat([bounds, torch.full((1,), B * L, device=documents.device, dtype=torch.int32)])
 
 
 # The kernel, looked up once outside any traced code (torch.compile then sees a plain function, no import).
@@ -195,14 +217,17 @@ def _varlen_works() -> bool:
         return False
 
 
-def use_varlen_attention(model: nn.Module) -> bool:
+def use_varlen_attention(model: nn.Module, document_bounds: bool = False) -> bool:
     """Let ``model``'s attention take the variable-length kernel for padded batches (batches padded at the
-    end only) where this torch has it and it runs here; return whether it does."""
+    end only) where this torch has it and it runs here; return whether it does. ``document_bounds``
+    (--document-bounds): --pack's rows of several documents hand it bounds built once per batch."""
     if not _varlen_works():
         return False
     for module in model.modules():
         if isinstance(module, BertSelfAttention):
             module.varlen = True
+        if isinstance(module, BertModel):
+            module.document_bounds = document_bounds
     return True
 
 
@@ -218,9 +243,10 @@ class BertDenseAddNorm(nn.Module):
         self.dense = nn.Linear(in_features, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.bf16_stream = False  # --bf16-stream: the LayerNorm (and so the residual stream) in bf16 under autocast
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(residual + self.dropout(self.dense(x)))
+        return layer_norm(self.LayerNorm, residual + self.dropout(self.dense(x)), self.bf16_stream)
 
 
 class BertAttention(nn.Module):
@@ -305,8 +331,8 @@ class _Bert(EncoderModel):
     )
     ignored_keys = ("embeddings.position_ids", "embeddings.token_type_ids")
 
-    def use_varlen_attention(self) -> bool:
-        return use_varlen_attention(self)
+    def use_varlen_attention(self, document_bounds: bool = False) -> bool:
+        return use_varlen_attention(self, document_bounds)
 
     def use_fused_qkv(self, on: bool) -> None:
         use_fused_qkv(self, on)
@@ -329,6 +355,7 @@ class BertModel(_Bert):
         # True (``use_document_attention``; pretraining on --pack rows): attention_mask numbers each token's
         # document (1, 2, ...; 0 on padding), and each document is computed as if alone in its row.
         self.documents = False
+        self.document_bounds = False  # --document-bounds (use_varlen_attention): see attention_inputs
 
     def attention_inputs(self, attention_mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """(the mask the layers take, the position ids or None for 0, 1, ...) of a batch's ``attention_mask``.
@@ -341,8 +368,17 @@ class BertModel(_Bert):
         if attention_mask is None:
             return None, None
         if self.documents:
+            if self.document_bounds and self._takes_varlen(attention_mask):  # the kernel's bounds, once per batch
+                return document_bounds(attention_mask), document_positions(attention_mask)
             return document_mask(attention_mask), document_positions(attention_mask)
         return attention_mask.bool()[:, None, None, :], None
+
+    def _takes_varlen(self, attention_mask: torch.Tensor) -> bool:
+        """Whether every layer's attention takes the variable-length kernel for this batch (``use_varlen_attention``
+        set, a GPU, a half-precision autocast, no attention dropout): its conditions in ``BertSelfAttention``."""
+        dropout = self.config.attention_probs_dropout_prob if self.training else 0.0
+        half = torch.is_autocast_enabled("cuda") and torch.get_autocast_dtype("cuda") in _HALF
+        return attention_mask.is_cuda and half and dropout == 0.0
 
     def forward(
         self,
@@ -474,6 +510,9 @@ class BertForSequenceClassification(_WithEncoder):
     """BERT with a linear classifier on the pooled [CLS] output (or, with ``config.classifier_pooling`` "mean",
     on the mean of the last hidden states over the real tokens)."""
 
+    head_kind = "sequence"
+    head_modules = ("classifier",)
+
     def __init__(self, config: BertConfig) -> None:
         super().__init__()
         self.config = config
@@ -523,3 +562,64 @@ def training_flops_per_sequence(config: BertConfig, seq_len: int, num_prediction
     per_token = 8 * h * h + 4 * h * i + 4 * L * h
     forward = config.num_hidden_layers * L * per_token + 2 * h * h + 4 * h + num_predictions * (2 * h * h + 2 * h * V)
     return 3.0 * forward
+
+
+class BertForTokenClassification(_WithEncoder):
+    """BERT with a linear classifier on every token's last hidden state (NER, POS: a tag per token), as
+    transformers' BertForTokenClassification: no pooler, dropout (classifier_dropout, else hidden_dropout_prob),
+    ``classifier`` [H -> num_labels]."""
+
+    head_kind = "token"
+    head_modules = ("classifier",)
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        p = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
+        self.dropout = nn.Dropout(p)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        init_weights(self.classifier, config.initializer_range)
+
+    def encoder_to_load(self) -> nn.Module:
+        return self.bert
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Return logits [B, L, num_labels]."""
+        x, _ = self.bert(input_ids, token_type_ids, attention_mask, pool=False)
+        return self.classifier(self.dropout(x))
+
+
+class BertForQuestionAnswering(_WithEncoder):
+    """BERT with a start and an end score per token (extractive question answering), as transformers'
+    BertForQuestionAnswering: no pooler, no dropout, ``qa_outputs`` [H -> 2]."""
+
+    head_kind = "span"
+    head_modules = ("qa_outputs",)
+
+    def __init__(self, config: BertConfig) -> None:
+        super().__init__()
+        check_span_outputs(config.num_labels)
+        self.config = config
+        self.bert = BertModel(config, add_pooling_layer=False)
+        self.qa_outputs = nn.Linear(config.hidden_size, config.num_labels)
+        init_weights(self.qa_outputs, config.initializer_range)
+
+    def encoder_to_load(self) -> nn.Module:
+        return self.bert
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Return logits [B, L, 2]: each token's start score, then its end score (transformers' start_logits
+        and end_logits, stacked on the last dimension)."""
+        x, _ = self.bert(input_ids, token_type_ids, attention_mask, pool=False)
+        return self.qa_outputs(x)

@@ -38,7 +38,11 @@ ARCHITECTURE = Architecture(
     ModernBertConfig,
     _module,
     "ModernBertForMaskedLM",
-    "ModernBertForSequenceClassification",
+    head_classes={
+        "sequence": "ModernBertForSequenceClassification",
+        "token": "ModernBertForTokenClassification",
+        "span": "ModernBertForQuestionAnswering",
+    },
     tokenizer_json=True,
     lora_targets=(),  # --lora-rank fine-tunes BERT's linear layers only
     presets=(*PRESETS, *OWN_SHAPES),

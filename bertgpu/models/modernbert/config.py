@@ -56,6 +56,7 @@ class ModernBertConfig(EncoderConfig):
     layer_types: list[str] | None = None
     # Sequence classification (fine-tuning): label names by id, as transformers stores them.
     id2label: dict[int, str] | None = None
+    problem_type: str | None = None  # a sequence head's: regression, single_ or multi_label_classification
 
     model_type: ClassVar[str] = "modernbert"
     title: ClassVar[str] = "ModernBERT"

@@ -1,7 +1,8 @@
 """ModernBERT in plain PyTorch (Warner et al. 2024), parameter for parameter the model of transformers.
 
 Module and parameter names are exactly those of transformers' ``ModernBertModel``,
-``ModernBertForMaskedLM`` and ``ModernBertForSequenceClassification``, so a state dict moves between
+``ModernBertForMaskedLM`` and the fine-tuning heads ``ModernBertForSequenceClassification``,
+``ModernBertForTokenClassification`` and ``ModernBertForQuestionAnswering``, so a state dict moves between
 the two unchanged (``bertgpu.checkpoints.hf_dir`` does the file side). Everything here is pure computation: no
 files, no processes, no distribution.
 
@@ -36,7 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bertgpu.models.interface import EncoderModel
-from bertgpu.models.layers import ACT_FNS, document_mask, padded_vocab_size
+from bertgpu.models.layers import ACT_FNS, check_span_outputs, document_mask, padded_vocab_size
 from bertgpu.models.modernbert.config import ModernBertConfig
 
 ATTENTION_KINDS = ("sdpa", "flex")
@@ -435,6 +436,9 @@ class ModernBertForSequenceClassification(_WithEncoder):
     (``encoder_to_load``: itself): its ``head`` is the masked-LM head's transform, which transformers also
     loads from a ModernBertForMaskedLM; the classifier stays new."""
 
+    head_kind = "sequence"
+    head_modules = ("head", "classifier")
+
     def __init__(self, config: ModernBertConfig, attention: str = "sdpa") -> None:
         super().__init__()
         self.config = config
@@ -475,9 +479,58 @@ def training_flops_per_sequence(config: ModernBertConfig, seq_len: int, num_pred
     return 3.0 * forward
 
 
+class _PerToken(_WithEncoder):
+    """transformers' head of a score per token: every token's last hidden state through the prediction head's
+    transform, dropout (classifier_dropout) and ``classifier`` [H -> num_labels]. As the sequence classifier, the
+    whole file of a pretrained model loads into it (its ``head`` from the masked-LM head's transform)."""
+
+    head_modules = ("head", "classifier")
+
+    def __init__(self, config: ModernBertConfig, attention: str = "sdpa") -> None:
+        super().__init__()
+        self.config = config
+        self.model = ModernBertModel(config, attention=attention)
+        self.head = ModernBertPredictionHead(config)
+        self.drop = nn.Dropout(config.classifier_dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        init_weights(self.head, config)
+        _trunc_normal(self.classifier, config.hidden_size**-0.5, config.initializer_cutoff_factor or 3.0)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Return logits [B, L, num_labels]; ``token_type_ids`` are ignored (ModernBERT has no segments)."""
+        x = self.model(input_ids, attention_mask)
+        return self.classifier(self.drop(self.head(x)))
+
+
+class ModernBertForTokenClassification(_PerToken):
+    """ModernBERT with a classifier per token (NER, POS: a tag per token), as transformers'
+    ModernBertForTokenClassification; forward -> logits [B, L, num_labels]."""
+
+    head_kind = "token"
+
+
+class ModernBertForQuestionAnswering(_PerToken):
+    """ModernBERT with a start and an end score per token (extractive question answering), as transformers'
+    ModernBertForQuestionAnswering; forward -> logits [B, L, 2]: each token's start score, then its end score
+    (transformers' start_logits and end_logits, stacked on the last dimension)."""
+
+    head_kind = "span"
+
+    def __init__(self, config: ModernBertConfig, attention: str = "sdpa") -> None:
+        check_span_outputs(config.num_labels)
+        super().__init__(config, attention)
+
+
 __all__ = [
     "ModernBertConfig",
     "ModernBertForMaskedLM",
+    "ModernBertForQuestionAnswering",
     "ModernBertForSequenceClassification",
+    "ModernBertForTokenClassification",
     "ModernBertModel",
 ]
