@@ -130,6 +130,8 @@ def check(cfg: FinetuneConfig) -> Plan:
     options = Options.from_flags(cfg, cfg.max_seq_length)
     given = cfg.task_options.task
     task, why = (finetuning.get(given), "--task") if given else finetuning.detect(cfg.train, options)
+    if cfg.metric and cfg.metric not in task.metrics:
+        raise UserError(f"--metric {cfg.metric}: {task.name} reports {', '.join(task.metrics)}")
     dims = check_layout(resolve_device(cfg), base, adapter=cfg.adapter)
     if cfg.adapter.enabled:
         if model_dir is None:
