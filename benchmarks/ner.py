@@ -115,7 +115,14 @@ def run_bertgpu(name: str, model: Path, data: tuple[Path, Path, Path], out: Path
 
 
 def run_trainer(name: str, model: Path, data: tuple[Path, Path, Path], out: Path, hp: dict) -> dict:
-    spec = {"model": str(model), "train": str(data[0]), "val": str(data[1]), "test": str(data[2]), "out": str(out), **hp}
+    spec = {
+        "model": str(model),
+        "train": str(data[0]),
+        "val": str(data[1]),
+        "test": str(data[2]),
+        "out": str(out),
+        **hp,
+    }
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     sh(PY, PEERS / "hf_trainer_ner.py", json.dumps(spec), env=ENV)
@@ -137,7 +144,9 @@ def means(rows: list[dict]) -> str:
     cells = [(name, len(g), f"{statistics.mean(r['f1'] for r in g):.4f}",
               f"{statistics.pstdev(r['f1'] for r in g):.4f}", f"{statistics.mean(r['examples_per_s'] for r in g):.1f}")
              for name, g in groups.items()]  # fmt: skip
-    return "\n".join(reporting.markdown_table(("run", "seeds", "mean entity F1", "std", "mean examples/s"), cells, align="lrrrr"))
+    return "\n".join(
+        reporting.markdown_table(("run", "seeds", "mean entity F1", "std", "mean examples/s"), cells, align="lrrrr")
+    )
 
 
 def main() -> None:

@@ -53,7 +53,9 @@ def main(spec: dict) -> None:
             for word in enc.word_ids(i):
                 labels.append(-100 if word is None or word == previous else label2id[tags[word]])
                 previous = word
-            rows.append({"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": labels})
+            rows.append(
+                {"input_ids": enc["input_ids"][i], "attention_mask": enc["attention_mask"][i], "labels": labels}
+            )
         return rows
 
     def tags_of(prediction) -> tuple[list[list[str]], list[list[str]]]:
