@@ -9,6 +9,8 @@ The Python API mirrors the commands::
     pretrain(PretrainConfig(model="tiny", out="run", data=DataConfig(data="data")))  # run=RunConfig(nproc=2)
     finetune(FinetuneConfig(model="run/checkpoints/step-0001000", train="train.csv", out="clf"))
     Classifier.load("clf/best")("a text")   # {"label": ..., "score": ...}
+    finetune(FinetuneConfig(model="run/", train="train.conll", out="ner"))  # any task: NER, QA, regression, ...
+    evaluate(EvaluateConfig(model="ner", data="test.conll"))              # its metrics; predict(PredictConfig(...))
 
 Names are imported lazily, so ``import bertgpu`` stays cheap.
 """
@@ -22,6 +24,8 @@ _EXPORTS = {
     "OptimConfig": "bertgpu.config",
     "RunConfig": "bertgpu.config",
     "FinetuneConfig": "bertgpu.config",
+    "EvaluateConfig": "bertgpu.config",
+    "PredictConfig": "bertgpu.config",
     "AdapterConfig": "bertgpu.config",
     "UserError": "bertgpu.errors",
     "Tokenizer": "bertgpu.data.tokenizer",
@@ -41,7 +45,7 @@ _EXPORTS = {
 # The names of earlier releases, kept: BERT's configuration was ModelConfig.
 _ALIASES = {"ModelConfig": "BertConfig"}
 
-__all__ = [*_EXPORTS, *_ALIASES, "train_vocab", "prepare", "pretrain", "finetune", "__version__"]
+__all__ = [*_EXPORTS, *_ALIASES, "train_vocab", "prepare", "pretrain", "finetune", "evaluate", "predict", "__version__"]
 
 
 # The commands as functions. Each first stops a worker process that is re-running a script without
@@ -83,6 +87,26 @@ def finetune(cfg):
 
     refuse_when_reimported()
     return run_finetune(cfg)
+
+
+def evaluate(cfg):
+    """Run `bertgpu evaluate` from Python with an EvaluateConfig: any task's metrics, printed and written to
+    cfg.output (default: eval_results.json beside the model)."""
+    from bertgpu.parallel.launch import refuse_when_reimported
+    from bertgpu.tasks import evaluate_mlm, predict
+
+    refuse_when_reimported()
+    return evaluate_mlm.run(cfg) if evaluate_mlm.is_prepared(cfg.data) else predict.run_evaluate(cfg)
+
+
+def predict(cfg):
+    """Run `bertgpu predict` from Python with a PredictConfig: labels, entities, answers or scores, printed or
+    written to cfg.output."""
+    from bertgpu.parallel.launch import refuse_when_reimported
+    from bertgpu.tasks.predict import run_predict
+
+    refuse_when_reimported()
+    return run_predict(cfg)
 
 
 def __getattr__(name):

@@ -77,7 +77,7 @@ def read_table(path: str | Path, fmt: str | None = None, text: str | None = None
     content, already read, e.g. from standard input; ``delimiter``: --delimiter, else a CSV's is detected)."""
     path = Path(path)
     fmt = detect_format(path, fmt)
-    text = _read_text(path) if text is None else text
+    text = read_text(path) if text is None else text
     if not text.strip():
         raise UserError(f"{path} is empty")
     table = _read_jsonl(path, text) if fmt == "jsonl" else _read_delimited(path, text, fmt, delimiter)
@@ -91,20 +91,22 @@ def read_lines(path: str | Path, text: str | None = None) -> Table:
     read, e.g. from standard input). A blank line is a row with an empty text, so that what is written
     row by row stays line by line with the input."""
     path = Path(path)
-    text = _read_text(path) if text is None else text
+    text = read_text(path) if text is None else text
     rows = [(number, {"text": line}) for number, line in enumerate(text.splitlines(), start=1)]
     if not any(record["text"].strip() for _, record in rows):
         raise UserError(f"{path} holds no text")
     return Table(path, "lines", ["text"], rows)
 
 
-def _read_text(path: Path) -> str:
+def read_text(path: Path, directory: str = "a data file") -> str:
+    """A data file's text (.gz decompressed, UTF-8 checked), or one line saying why it cannot be read
+    (``directory``: what to give instead of a directory)."""
     try:
         data = gzip.decompress(path.read_bytes()) if path.name.lower().endswith(".gz") else path.read_bytes()
     except FileNotFoundError:
         raise UserError(f"{path} does not exist") from None
     except IsADirectoryError:
-        raise UserError(f"{path} is a directory, not a data file") from None
+        raise UserError(f"{path} is a directory, not {directory}") from None
     except (OSError, EOFError) as e:  # unreadable, or a damaged .gz
         raise UserError(f"{path} cannot be read: {getattr(e, 'strerror', None) or e}") from None
     return decode_text(data, path)

@@ -26,7 +26,6 @@ scripts' (``squad_scores``), between 0 and 1.
 from __future__ import annotations
 
 import bisect
-import gzip
 import json
 import math
 import random
@@ -43,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bertgpu.data.encoding import decode_text
+from bertgpu.data.classification import read_text
 from bertgpu.errors import UserError
 from bertgpu.finetuning.base import Options
 
@@ -88,18 +87,6 @@ class QAExamples:
         return QAExamples(
             self.path, pick(self.ids), pick(self.questions), pick(self.contexts), answers, pick(self.lines), self.v2
         )
-
-
-def _read_text(path: Path) -> str:
-    try:
-        data = gzip.decompress(path.read_bytes()) if path.name.lower().endswith(".gz") else path.read_bytes()
-    except FileNotFoundError:
-        raise UserError(f"{path} does not exist") from None
-    except IsADirectoryError:
-        raise UserError(f"{path} is a directory: give one SQuAD JSON or JSON Lines file") from None
-    except (OSError, EOFError) as e:
-        raise UserError(f"{path} cannot be read: {getattr(e, 'strerror', None) or e}") from None
-    return decode_text(data, path)
 
 
 def _short(text: str, limit: int = 60) -> str:
@@ -322,7 +309,7 @@ def _read_jsonl(path: Path, text: str) -> QAExamples:
 def read(path: str | Path, options: Options = Options()) -> QAExamples:
     """The questions of a SQuAD JSON or JSON Lines file, checked (see the module's docstring)."""
     path = Path(path)
-    text = _read_text(path)
+    text = read_text(path, "one SQuAD JSON or JSON Lines file")
     if not text.strip():
         raise UserError(f"{path} is empty")
     return _read_jsonl(path, text) if _is_jsonl(path, text, options) else _read_squad_json(path, text)
@@ -332,7 +319,7 @@ def detect(path: str | Path, options: Options = Options()) -> str | None:
     """Why ``path`` is question-answering data by its structure alone (reading checks the rest), else None."""
     path = Path(path)
     try:
-        text = _read_text(path)
+        text = read_text(path, "one SQuAD JSON or JSON Lines file")
         jsonl = _is_jsonl(path, text, options)
     except UserError:
         return None

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bertgpu.data.encoding import decode_text
+from bertgpu.data.classification import read_text
 from bertgpu.errors import UserError
 from bertgpu.finetuning.base import IGNORE_INDEX, Options
 
@@ -178,20 +178,6 @@ class Sentences:
             f"{self.path}: {len(lines):,} I- tags that begin an entity (after O or another type), read as B- as "
             f"conlleval does{iob1} (line{'s' * (len(distinct) > 1)} {shown})"
         ]
-
-
-def _read_text(path: Path) -> str:
-    try:
-        data = path.read_bytes()
-        if path.name.lower().endswith(".gz"):
-            data = gzip.decompress(data)
-    except FileNotFoundError:
-        raise UserError(f"{path} does not exist") from None
-    except IsADirectoryError:
-        raise UserError(f"{path} is a directory, not a data file") from None
-    except (OSError, EOFError) as e:  # unreadable, or a damaged .gz
-        raise UserError(f"{path} cannot be read: {getattr(e, 'strerror', None) or e}") from None
-    return decode_text(data, path)
 
 
 def _fields(line: str) -> list[str]:
@@ -547,7 +533,7 @@ class TokenClassification:
     def read(self, path: Path, options: Options) -> Sentences:
         path = Path(path)
         fmt = _format(path, options)
-        text = _read_text(path)
+        text = read_text(path)
         sentences = _read_jsonl(path, text, options) if fmt == "jsonl" else _read_conll(path, text)
         _check_tags(sentences)
         return sentences
