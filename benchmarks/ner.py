@@ -70,6 +70,8 @@ def pretrained(work: Path, corpus: Path, arch: str, budget: str) -> Path:
     if not data.exists():
         bertgpu("prepare", corpus, "--vocab", VOCAB, "--zh-wwm", "--out", data, "--workers", 2)
     out = work / f"pretrain-{arch}"
+    if (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir()):  # pretrained before: fine-tune again
+        return sorted((out / "checkpoints").iterdir())[-1]
     proc = bertgpu(
         "pretrain",
         *common.flags(data=data, model="tiny", arch=arch, out=out, device="cpu", recipe="fast", wwm=True,
@@ -152,19 +154,20 @@ def means(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="bench-ner", help="working directory")
-    parser.add_argument("--train", type=int, default=2000)
+    parser.add_argument("--train", type=int, default=3000)
     parser.add_argument("--val", type=int, default=300)
     parser.add_argument("--test", type=int, default=1000)
     parser.add_argument("--budget", default="10m", help="pretraining time of each architecture")
     parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--lr", type=float, default=7.2e-4, help="both sides' (finetune's default for hidden 128)")
     parser.add_argument("--skip", choices=["modernbert", "trainer", "payoff"], action="append", default=[])
     args = parser.parse_args()
     work = Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     train, val, test, corpus = files(work, args.train, args.val, args.test, seed=0)
     data = (train, val, test)
-    hp = dict(epochs=args.epochs, lr=5e-4, warmup=0.1, batch_size=16, max_seq_length=128, weight_decay=0.01)
+    hp = dict(epochs=args.epochs, lr=args.lr, warmup=0.1, batch_size=16, max_seq_length=128, weight_decay=0.01)
     seeds = [int(s) for s in args.seeds.split(",")]
     print(f"settings: {hp}, seeds {seeds}", flush=True)
     rows, vs = [], []

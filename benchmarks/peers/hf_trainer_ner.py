@@ -1,7 +1,7 @@
 """The Trainer side of benchmarks/ner.py, in its own process (``python THIS SPEC_JSON``): transformers' Trainer
 fine-tunes a BertForTokenClassification (or ModernBertForTokenClassification) on CoNLL files with bertgpu's
 settings (epochs, rate, warmup, batch, weight decay, seed, maximum length), the label of a word on its first piece
-(-100 elsewhere, run_ner.py's convention), evaluating every epoch and keeping the best by validation entity F1,
+(-100 elsewhere, run_ner.py's convention), dropout 0.1 as bertgpu's, evaluating every epoch and keeping the best by validation entity F1,
 then scores it on the test set. Entity F1 by bertgpu's conlleval scorer on both sides (the same code counts both).
 Writes OUT/test.json: test f1, precision, recall, best epoch, training seconds and examples/s."""
 
@@ -80,8 +80,10 @@ def main(spec: dict) -> None:
         def on_epoch_end(self, args, state, control, **kwargs):
             TrainTime.seconds += time.perf_counter() - self.start
 
+    # dropout 0.1, as bertgpu fine-tunes (a --recipe fast checkpoint's config.json says 0)
+    dropout = {"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
     model = AutoModelForTokenClassification.from_pretrained(
-        spec["model"], num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id
+        spec["model"], num_labels=len(names), id2label=dict(enumerate(names)), label2id=label2id, **dropout
     )
     args = TrainingArguments(
         output_dir=spec["out"],
