@@ -250,6 +250,10 @@ class Examples:
         pick = lambda values: None if values is None else [values[i] for i in indices]  # noqa: E731
         return Examples(self.path, pick(self.texts), pick(self.pairs), pick(self.labels), pick(self.lines), [])
 
+    def warnings(self) -> list[str]:
+        """Its file's warnings, one line each (as every fine-tuning task's examples give them)."""
+        return [w for w in (self.skipped_warning(),) if w]
+
     def skipped_warning(self) -> str | None:
         """One line about the rows skipped, with the first few line numbers; None when there are none."""
         if not self.skipped:

@@ -39,8 +39,3 @@ def detect(path: str | Path, options: Any) -> tuple[Any, str]:
         if why:
             return task, f"{path}: {why}; --task sets another"
     return get(DEFAULT), "the default; --task sets another"
-
-
-def file_warnings(examples: Any) -> list[str | None]:
-    """A task's examples' warnings about their file (rows skipped, tags repaired), one line each."""
-    return list(examples.warnings()) if hasattr(examples, "warnings") else [examples.skipped_warning()]

@@ -8,6 +8,7 @@ pair text and label columns, encoded as ``[CLS] a [SEP] (b [SEP])``, one row per
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -65,6 +66,16 @@ class SequenceTask:
         ]
         return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
 
+    def label_cells(self, path: Path, options: Options) -> list[str] | None:
+        """The label column of the table at ``path`` as read (None: not a table this task reads), for ``detect``:
+        read once per file for every sequence task's detection (``_label_cells``)."""
+        try:
+            stat = Path(path).stat()
+        except OSError:
+            return None
+        columns = (options.text_column, options.pair_column, options.label_column, options.format, options.delimiter)
+        return _label_cells(str(path), (stat.st_mtime_ns, stat.st_size), columns)
+
     def split(self, examples: Examples, fraction: float, seed: int) -> tuple[Examples, Examples]:
         return split_examples(examples, fraction, seed)
 
@@ -84,6 +95,17 @@ class SequenceTask:
 
     def units(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.tensor(len(batch["input_ids"]), device=batch["input_ids"].device)
+
+
+@functools.lru_cache(maxsize=4)
+def _label_cells(path: str, stamp: tuple[int, int], columns: tuple) -> list[str] | None:
+    """A table's label cells, cached by its path, modification time and size and the columns asked for: regression's
+    and multi-label's detection look at the same file before any of them reads it for good."""
+    text, pair, label, fmt, delimiter = columns
+    try:
+        return load_examples(path, text, pair or None, label, fmt, delimiter).labels
+    except UserError:
+        return None
 
 
 class Classification(SequenceTask):

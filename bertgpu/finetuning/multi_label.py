@@ -79,12 +79,13 @@ class MultiLabel(SequenceTask):
 
     def detect(self, path: Any, options: Options) -> str | None:
         """Labels that hold the separator in a quarter of the rows or more, or JSON lists."""
-        try:
-            examples = self.read(path, options)
+        labels = self.label_cells(path, options)
+        if labels is None:
+            return None
+        try:  # every row's names must read, as when the file is read for good (else: not told from the data)
+            several = sum(len(names_of(v, options.label_separator, path, 0)) > 1 for v in labels)
         except UserError:
             return None
-        labels = examples.labels
-        several = sum(JOINED in v for v in labels)
         if several and several >= len(labels) / 4:
             how = f"{options.label_separator!r} or a JSON list"
             return f"{several:,} of its {len(labels):,} labels name several ({how})"

@@ -58,12 +58,11 @@ class Regression(SequenceTask):
 
     def detect(self, path: Any, options: Options) -> str | None:
         """A label column of numbers, some not integers (integers alone are class names as often as scores)."""
-        try:
-            examples = self.read(path, options)
-        except UserError:
+        labels = self.label_cells(path, options)
+        if labels is None:
             return None
         try:
-            values = [float(label) for label in examples.labels]
+            values = [float(label) for label in labels]
         except ValueError:
             return None
         if any(not v.is_integer() for v in values):

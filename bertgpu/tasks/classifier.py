@@ -124,6 +124,18 @@ def finetuned_max_length(model_dir: str | os.PathLike) -> int | None:
         return None
 
 
+def model_length(path: Path, config: Any, asked: int | None) -> int:
+    """The tokens per example a fine-tuned model at ``path`` reads: ``asked`` (--max-seq-length), else the length it
+    was fine-tuned with, else its positions; more than its positions is an error."""
+    length = asked or finetuned_max_length(path) or config.max_position_embeddings
+    if length > config.max_position_embeddings:
+        raise UserError(
+            f"--max-seq-length {length} is beyond the model's {config.max_position_embeddings} "
+            f"positions (max_position_embeddings in {path / 'config.json'})"
+        )
+    return length
+
+
 # The column flags of fine-tuning, evaluation and prediction, with their defaults.
 COLUMNS = {"text_column": "text", "pair_column": "", "label_column": "label"}
 
@@ -165,12 +177,7 @@ class Classifier:
                 f"{path / hf_dir.WEIGHTS_NAME} has no classifier weights "
                 f"(fine-tune it first: bertgpu finetune --model {path} ...)"
             )
-        length = max_seq_length or finetuned_max_length(path) or config.max_position_embeddings
-        if length > config.max_position_embeddings:
-            raise UserError(
-                f"--max-seq-length {length} is beyond the model's {config.max_position_embeddings} "
-                f"positions (max_position_embeddings in {path / 'config.json'})"
-            )
+        length = model_length(path, config, max_seq_length)
         device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         return cls(model, tokenizer, length, device)
 

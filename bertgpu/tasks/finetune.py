@@ -142,13 +142,13 @@ def check(cfg: FinetuneConfig) -> Plan:
     train = task.read(Path(cfg.train), options)
     names = task.label_names(train)
     labels_line, label_warnings = task.describe(train, names)
-    warnings = [train.note, *finetuning.file_warnings(train), *label_warnings]
+    warnings = [train.note, *train.warnings(), *label_warnings]
     if model_dir is None and hasattr(train, "texts"):  # random weights: a misfit vocab costs every step
         warnings.append(fragmentation_warning(Tokenizer(vocab, lowercase), train.texts, vocab, f"{cfg.train}'s"))
     if cfg.eval:
         evaluation = task.read(Path(cfg.eval), options)
         task.check_eval(evaluation, names, f"the training data {cfg.train}")
-        warnings += [evaluation.note, *finetuning.file_warnings(evaluation)]
+        warnings += [evaluation.note, *evaluation.warnings()]
     else:
         train, evaluation = task.split(train, cfg.eval_split or DEFAULT_EVAL_SPLIT, cfg.run.seed)
     id2label = dict(enumerate(names))

@@ -29,7 +29,6 @@ from bertgpu.data.classification import (
 )
 from bertgpu.data.tokenizer import Tokenizer
 from bertgpu.errors import UserError
-from bertgpu.finetuning import file_warnings
 from bertgpu.finetuning.base import Options
 from bertgpu.parallel import ParallelDims, launch
 from bertgpu.paths import refuse_clobbering, refuse_existing
@@ -39,8 +38,8 @@ from bertgpu.tasks.classifier import (
     Classifier,
     classifier_dir,
     finetuned_columns,
-    finetuned_max_length,
     load_finetuned,
+    model_length,
     model_lowercase,
     model_vocab,
     not_a_classifier,
@@ -93,13 +92,7 @@ def check_evaluate(cfg: EvaluateConfig) -> Evaluation:
 def task_settings(cfg: EvaluateConfig | PredictConfig, model_dir: Path, config: Any) -> Options:
     """The task's settings: the flags, the length the model was fine-tuned with (or --max-seq-length), and a
     multi-label model's own threshold unless --threshold is given."""
-    length = cfg.max_seq_length or finetuned_max_length(model_dir) or config.max_position_embeddings
-    if length > config.max_position_embeddings:
-        raise UserError(
-            f"--max-seq-length {length} is beyond the model's {config.max_position_embeddings} "
-            f"positions (max_position_embeddings in {model_dir / 'config.json'})"
-        )
-    options = Options.from_flags(cfg, length)
+    options = Options.from_flags(cfg, model_length(model_dir, config, cfg.max_seq_length))
     if not cfg.task_options.threshold:
         options = dataclasses.replace(options, threshold=saved_threshold(model_dir) or 0.5)
     return options
@@ -144,7 +137,7 @@ def evaluate(cfg: EvaluateConfig) -> dict[str, Any]:
     }
     output = checked.output
     if env.is_main:
-        warnings = [examples.note, *file_warnings(examples)]
+        warnings = [examples.note, *examples.warnings()]
         warnings += [missing_labels_warning(metrics, str(cfg.data))] if classes else []
         for warning in warnings:
             if warning:
@@ -230,7 +223,6 @@ def run_predict(cfg: PredictConfig) -> None:
             k = int(p.argmax())
             print(f"{clf.labels[k]}\t{float(p[k]):.4f}" + (f"\t{text}" if len(inputs) > 1 else ""))
         return
-    model_dir, _ = check_model_dir(cfg.model)
     cfg = with_columns(cfg, model_dir)
     table = _read_input(cfg)
     if table.format == "lines":
