@@ -122,7 +122,14 @@ class FinetuneTask(Protocol):
         """The loss summed over the batch's units (examples, or labelled tokens), in float32."""
 
     def units(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """How many units the batch's loss sums over (a global batch's loss is divided by its total)."""
+        """How many units the batch's loss sums over (the training log's denominator)."""
+
+    def mean_units(self, encoded: Encoded) -> float:
+        """The training rows' mean units per row (1 for a task of examples). A global batch's summed loss is divided
+        by its examples times this, not by its own count: every unit then weighs the same over an epoch however the
+        batches are grouped (divided by its own count, a batch of short sentences weighs each token several times
+        more, and length-grouped batches cost 2.5 points of entity F1 on People's Daily NER), and no rank waits for
+        another's count."""
 
     def train_sums(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The training log's sums of a batch: ``loss`` (summed), ``correct`` and ``units`` (the log shows

@@ -96,6 +96,9 @@ class SequenceTask:
     def units(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.tensor(len(batch["input_ids"]), device=batch["input_ids"].device)
 
+    def mean_units(self, encoded: Any) -> float:
+        return 1.0
+
 
 @functools.lru_cache(maxsize=4)
 def _label_cells(path: str, stamp: tuple[int, int], columns: tuple) -> list[str] | None:

@@ -743,6 +743,9 @@ class QuestionAnswering:
     def units(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return units(batch)
 
+    def mean_units(self, encoded: QAEncoded) -> float:
+        return 1.0
+
     def train_sums(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return train_sums(logits, batch)
 

@@ -20,6 +20,7 @@ counted per type and micro-averaged, plus word accuracy.
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 import random
@@ -410,6 +411,13 @@ class TokenRows:
     def __post_init__(self) -> None:
         self.lengths = np.array([len(ids) for ids in self.input_ids], dtype=np.int64)
 
+    @functools.cached_property
+    def mean_units(self) -> float:
+        """The rows' mean labelled tokens (the training loss's divisor per row)."""
+        if not self.labels:
+            return 1.0
+        return max(1.0, sum(int((row != IGNORE_INDEX).sum()) for row in self.labels) / len(self.labels))
+
     def __len__(self) -> int:
         return len(self.input_ids)
 
@@ -626,6 +634,9 @@ class TokenClassification:
 
     def units(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return (batch["labels"] != IGNORE_INDEX).sum()
+
+    def mean_units(self, encoded: TokenRows) -> float:
+        return encoded.mean_units
 
     def train_sums(self, logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         labels = batch["labels"]

@@ -570,17 +570,15 @@ def train_step(
     ``global_size`` examples: the forward and backward passes, the gradients unscaled and clipped, the optimizer
     step (a non-finite one skipped on the device), the gradients zeroed, the schedule moved on. Return the step's
     log sums (``LOG_SUMS`` order) and its skipped flag, both still on the device. The loss is the ``task``'s, its
-    mean over the global batch's units (examples; a token task's labelled tokens, counted over every rank)."""
+    sum over the global batch divided by its examples times the training rows' mean units (examples: 1; a token
+    task's labelled tokens), the same divisor on every rank and in every batch (``FinetuneTask.mean_units``)."""
     opt, sums = run.opt, run.records.window
-    net, device, dims = opt.net, run.session.device, run.session.dims
+    net, device = opt.net, run.session.device
     batches = [{k: v.to(device, non_blocking=True) for k, v in dataset.batch(part).items()} for part in micro]
-    if task.unit == "example":
-        units = torch.tensor(float(global_size), device=device)
-    else:  # the global batch's labelled tokens: every rank's, so that N processes take one process's step
-        units = dims.dp_sum(sum(task.units(b).double() for b in batches).reshape(1)).squeeze(0).clamp(min=1)
+    units = global_size * task.mean_units(dataset)
 
     def loss_fn(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return task.loss(logits, batch) / units.float()
+        return task.loss(logits, batch) / units
 
     def record(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return sums.of(
