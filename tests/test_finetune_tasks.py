@@ -104,8 +104,9 @@ def test_ner_predict_prints_entities_and_writes_the_tagged_file(ner_run, ner_fil
 
 
 def test_two_processes_take_one_process_steps_on_token_classification(tmp_path, ner_files):
-    """The loss of a token task is averaged over the global batch's labelled tokens, counted over both ranks: the
-    2-process run's losses and metrics are the 1-process run's (fp32, no dropout)."""
+    """The loss of a token task is the global batch's sum divided by its sentences times the training rows' mean
+    labelled tokens, the same on both ranks: the 2-process run's losses and metrics are the 1-process run's (fp32,
+    no dropout)."""
     runs = {}
     for nproc in (1, 2):
         out = tmp_path / f"n{nproc}"
