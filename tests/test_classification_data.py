@@ -21,6 +21,7 @@ from bertgpu.data.classification import (
     ClassificationDataset,
     check_labels,
     eval_batches,
+    known_columns,
     label_names,
     load_examples,
     read_table,
@@ -421,3 +422,28 @@ def test_encodings_are_read_or_named(tmp_path):
         assert needle in message and "GBK" not in message, message
         iconv = {"latin1": "LATIN1", "cp1252": "CP1252"}.get(name, name.upper().replace("16-", "16"))
         assert f"iconv -f {iconv} -t UTF-8 {path} > {tmp_path / name}.utf8.csv" in message, message
+
+
+@pytest.mark.parametrize(
+    "header, expected",
+    [
+        ("index\tgenre\tsentence1\tsentence2\tscore", ("sentence1", "sentence2", "score")),  # STS-B
+        ("index\tpromptID\tsentence1\tsentence2\tlabel1\tgold_label", ("sentence1", "sentence2", "gold_label")),  # MNLI
+        ("index\tquestion\tsentence\tlabel", ("question", "sentence", "label")),  # QNLI
+        ("id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate", ("question1", "question2", "is_duplicate")),  # QQP
+        ("sentence\tlabel", ("sentence", "", "label")),  # SST-2
+        ("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String", ("#1 String", "#2 String", "Quality")),  # MRPC
+        ("text\tsentence1\tscore", ("text", "", "label")),  # a text column: the flags' defaults stand
+    ],
+)
+def test_glues_column_names_are_read_where_the_defaults_name_no_column(tmp_path, header, expected):
+    path = tmp_path / "data.tsv"
+    path.write_text(header + "\n" + "\t".join(["1"] * len(header.split("\t"))) + "\n", encoding="utf-8")
+    text, pair, label, note = known_columns(path, "text", "", "label")
+    assert (text, pair, label) == expected
+    assert (note is None) == (expected[0] == "text")
+    # given flags win, and a file that is not a table is left to its task's reader
+    assert known_columns(path, "sentence2", "", "label")[:3] == ("sentence2", "", "label")
+    conll = tmp_path / "ner.conll"
+    conll.write_text("Paris B-LOC\n", encoding="utf-8")
+    assert known_columns(conll, "text", "", "label") == ("text", "", "label", None)

@@ -204,6 +204,15 @@ def _write(path: Path, rows: list[dict], label) -> Path:
     return path
 
 
+def _write_sts(path: Path, rows: list[dict], label) -> Path:
+    """As GLUE's STS-B TSV: sentence pairs and a float score among other columns, no column called text or label."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("index\tgenre\tsentence1\tsentence2\tscore\n")
+        for i, (r, s) in enumerate(zip(rows, rows[1:] + rows[:1])):
+            f.write(f"{i}\treviews\t{r['text']}\t{s['text']}\t{label(r)}\n")
+    return path
+
+
 @pytest.mark.parametrize("kind", ["regression", "multi-label"])
 def test_sequence_tasks_end_to_end(kind, tmp_path, review_rows, small_uncased_vocab):
     transformers = pytest.importorskip("transformers")
@@ -213,21 +222,26 @@ def test_sequence_tasks_end_to_end(kind, tmp_path, review_rows, small_uncased_vo
     else:
         label = lambda r: r["label"] + ("|long" if len(r["text"]) > 40 else "")  # noqa: E731
         keys, problem = ("micro_f1", "macro_f1", "subset_accuracy"), "multi_label_classification"
-    train = _write(tmp_path / "train.csv", review_rows["train"], label)
-    test = _write(tmp_path / "test.csv", review_rows["test"], label)
+    # regression as STS-B ships it (GLUE's column names, read without flags), multi-label as a CSV of text and label
+    write, ext = (_write_sts, "tsv") if kind == "regression" else (_write, "csv")
+    train = write(tmp_path / f"train.{ext}", review_rows["train"], label)
+    test = write(tmp_path / f"test.{ext}", review_rows["test"], label)
     out = tmp_path / "run"
     proc = run_cli(
         "finetune", "--model", "tiny", "--vocab", small_uncased_vocab, "--train", train, "--eval", test,
         "--out", out, "--epochs", "1", *QUICK,
     )  # fmt: skip
     assert f"task {kind} (" in proc.stdout, proc.stdout
+    if kind == "regression":
+        assert "columns text 'sentence1', pair 'sentence2', label 'score' (GLUE's names;" in proc.stdout, proc.stdout
     result = json.loads(
         run_cli("evaluate", "--model", out, "--data", test, "--json", "--device", "cpu").stdout.strip().splitlines()[-1]
     )
     assert result["task"] == kind
     for key in keys:
         assert (-1 if key in ("pearson", "spearman") else 0) <= result[key] <= (1 if key != "mse" else 1e9), key
-    line = run_cli("predict", "--model", out, "很好用,推荐", "--device", "cpu").stdout
+    texts = ["很好用,推荐"] + ["质量一般"] * (kind == "regression")  # a pair model takes a text and its pair
+    line = run_cli("predict", "--model", out, *texts, "--device", "cpu").stdout
     assert line.strip(), line
     theirs = transformers.AutoModelForSequenceClassification.from_pretrained(out / "best").eval()
     assert theirs.config.problem_type == problem

@@ -219,6 +219,46 @@ def _cell(table: Table, line: int, column: str, value: Any) -> str:
     raise UserError(f"{table.path}:{line}: column {column!r} holds a JSON {type(value).__name__}, not a text or label")
 
 
+# The column names of GLUE's files and of the Hugging Face datasets of the tasks BERT is judged on (SST-2, CoLA,
+# MRPC, QQP, STS-B, MNLI, QNLI, RTE), read where the flags' defaults (text, label) are not columns of a table: the
+# first text column (and its pair) of this list the table has, then its first label column of the next.
+KNOWN_TEXTS = (
+    ("sentence1", "sentence2"),
+    ("question1", "question2"),
+    ("premise", "hypothesis"),
+    ("question", "sentence"),
+    ("#1 String", "#2 String"),
+    ("sentence", ""),
+)
+KNOWN_LABELS = ("score", "gold_label", "is_duplicate", "labels", "Quality")
+
+
+def known_columns(path: str | Path, text: str, pair: str, label: str, fmt: str | None = None, delimiter: str = ""):
+    """(text, pair, label, note): the columns to read from the table at ``path``, ``text`` / ``pair`` / ``label``
+    (the flags) unless ``text`` is the default "text" (``label`` the default "label") and the table has no such
+    column but has one of GLUE's names (``KNOWN_TEXTS``, ``KNOWN_LABELS``); ``note`` says what was chosen, or is
+    None. A file that is not a table (CoNLL, SQuAD JSON) is left to its task's reader."""
+    try:
+        columns = read_table(path, fmt, delimiter=delimiter).columns
+    except UserError:
+        return text, pair, label, None
+    chosen = []
+    if text == "text" and "text" not in columns and not pair:
+        found = next(((a, b) for a, b in KNOWN_TEXTS if a in columns and (not b or b in columns)), None)
+        if found:
+            text, pair = found
+            chosen += [f"text {text!r}"] + [f"pair {pair!r}"] * bool(pair)
+    if label == "label" and "label" not in columns and chosen:
+        found_label = next((name for name in KNOWN_LABELS if name in columns), None)
+        if found_label:
+            label = found_label
+            chosen.append(f"label {label!r}")
+    if not chosen:
+        return text, pair, label, None
+    flags = "--text-column, --pair-column and --label-column choose others"
+    return text, pair, label, f"{path}: columns {', '.join(chosen)} (GLUE's names; {flags})"
+
+
 def require_columns(table: Table, **columns: str | None) -> None:
     """Each named column (flag name -> column) must exist; the error lists the columns found."""
     for flag, column in columns.items():

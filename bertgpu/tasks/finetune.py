@@ -24,7 +24,7 @@ import torch
 from bertgpu import atomic, finetuning
 from bertgpu.checkpoints import checkpoint, hf_dir, model_card
 from bertgpu.config import FinetuneConfig
-from bertgpu.data.classification import train_batches
+from bertgpu.data.classification import known_columns, train_batches
 from bertgpu.data.sharing import shares_of
 from bertgpu.data.tokenizer import Tokenizer, fragmentation_warning, load_vocab, vocab_is_cased
 from bertgpu.errors import UserError, did_you_mean
@@ -284,7 +284,7 @@ def resolve_epochs(cfg: FinetuneConfig, train_examples: int) -> tuple[FinetuneCo
 
 def run_finetune(cfg: FinetuneConfig) -> None:
     """Check, then fine-tune here or in local workers."""
-    cfg = resolve_device(check_finetune_flags(cfg))
+    cfg, columns_note = with_known_columns(resolve_device(check_finetune_flags(cfg)))
     plan = check(cfg)
     cfg, lr_line = resolve_lr(cfg, plan.model_config)
     cfg, epochs_line = resolve_epochs(cfg, len(plan.train))
@@ -304,6 +304,8 @@ def run_finetune(cfg: FinetuneConfig) -> None:
     if not launch.restarted(cfg.out) and parse_nnodes(cfg.run.nnodes)[1] == 1:  # many machines: rank 0 checks it
         check_out_dir(cfg.out, cfg.run.overwrite, cfg.run.resume)
         if int(os.environ.get("RANK", 0)) == 0:
+            if columns_note:
+                print(f"bertgpu: {columns_note}", flush=True)
             print(f"bertgpu: {plan.task_line}", flush=True)
             print(plan.labels_line, flush=True)
             print(f"bertgpu: {lr_line}", flush=True)
@@ -366,8 +368,19 @@ class Loop(LoopState):
         self.kept = [self.out / p for p in state["kept"]]
 
 
+def with_known_columns(cfg: FinetuneConfig) -> tuple[FinetuneConfig, str | None]:
+    """``cfg`` with the training table's GLUE-named columns where the default column flags name none of its
+    columns (``known_columns``), as the run records them for evaluate and predict; and the line that says so."""
+    if cfg.task_options.task not in ("", "classification", "regression", "multi-label"):
+        return cfg, None
+    text, pair, label, note = known_columns(
+        cfg.train, cfg.text_column, cfg.pair_column, cfg.label_column, cfg.format, cfg.delimiter
+    )
+    return dataclasses.replace(cfg, text_column=text, pair_column=pair, label_column=label), note
+
+
 def train(cfg: FinetuneConfig) -> Path:
-    plan = check(cfg)
+    plan = check(cfg)  # cfg as run_finetune resolved it (its columns, its device)
     cfg = resolve_lr(cfg, plan.model_config)[0]  # set by run_finetune; a config built elsewhere gets the default
     # as it ran (bertgpu.json and the model card): the dropout and pooling chosen
     cfg = dataclasses.replace(

@@ -23,6 +23,7 @@ from bertgpu.data.classification import (
     Table,
     as_data_labels,
     detect_format,
+    known_columns,
     read_lines,
     read_table,
     require_columns,
@@ -168,11 +169,21 @@ PREDICTION_COLUMNS = ("prediction", "probability")
 def with_columns(cfg: EvaluateConfig | PredictConfig, model_dir: str | os.PathLike) -> Any:
     """``cfg`` (evaluate's or predict's) with each column flag left out taken from the classifier's fine-tuning
     run (its bertgpu.json), else the default (text, label, no pair column). Predict reads no labels."""
-    saved = finetuned_columns(model_dir) or COLUMNS
+    saved = finetuned_columns(model_dir)
     columns = {"text_column": cfg.text_column, "pair_column": cfg.pair_column}
     if isinstance(cfg, EvaluateConfig):
         columns["label_column"] = cfg.label_column
-    return dataclasses.replace(cfg, **{name: value or saved[name] for name, value in columns.items()})
+    cfg = dataclasses.replace(cfg, **{name: value or (saved or COLUMNS)[name] for name, value in columns.items()})
+    table = cfg.data if isinstance(cfg, EvaluateConfig) else cfg.input
+    if saved is None and table and table != "-":  # a model fine-tuned elsewhere: GLUE's names where "text" is none
+        text, pair, label, note = known_columns(
+            table, cfg.text_column, cfg.pair_column, getattr(cfg, "label_column", "label"), cfg.format, cfg.delimiter
+        )
+        if note:
+            print(f"bertgpu: {note}", flush=True)
+            cfg = dataclasses.replace(cfg, text_column=text, pair_column=pair)
+            cfg = dataclasses.replace(cfg, label_column=label) if isinstance(cfg, EvaluateConfig) else cfg
+    return cfg
 
 
 def _pair_column(model_dir: Path) -> str | None:
