@@ -447,3 +447,10 @@ def test_glues_column_names_are_read_where_the_defaults_name_no_column(tmp_path,
     conll = tmp_path / "ner.conll"
     conll.write_text("Paris B-LOC\n", encoding="utf-8")
     assert known_columns(conll, "text", "", "label") == ("text", "", "label", None)
+
+
+def test_a_table_without_a_header_row_is_named_as_such(tmp_path):
+    path = tmp_path / "goemotions.tsv"  # as GoEmotions ships its TSVs: text, label ids, id; no header
+    path.write_text("I love it\t2\tid0\nNot for me\t3,5\tid1\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"columns found: 'I love it', '2', 'id0' \(its first row looks like data: "):
+        load_examples(path, "text", None, "label")

@@ -36,6 +36,7 @@ from bertgpu.errors import UserError
 
 FORMATS = ("csv", "tsv", "jsonl")
 _EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _SHOWN_LINES = 5  # line numbers quoted in a warning about skipped rows
 _INTEGER = re.compile(r"[+-]?\d+")
 # What a ".csv" may be separated by (spreadsheets save ';' where ',' is the decimal comma), and their names.
@@ -266,6 +267,8 @@ def require_columns(table: Table, **columns: str | None) -> None:
             found = ", ".join(map(repr, table.columns)) or "none"
             inside = [d for d in DELIMITERS if len(table.columns) == 1 and d in table.columns[0]]
             hint = f" (fields separated by {DELIMITERS[inside[0]]}s? give --delimiter)" if inside else ""
+            if not hint and table.format != "jsonl" and any(_NUMBER.fullmatch(c.strip()) for c in table.columns):
+                hint = " (its first row looks like data: the file needs a header row naming its columns)"
             raise UserError(
                 f"{table.path} has no column {column!r} (--{flag.replace('_', '-')}); columns found: {found}{hint}"
             )
