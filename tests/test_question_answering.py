@@ -463,6 +463,7 @@ def test_evaluate_hand_made_files_against_the_official_scripts(tmp_path, tokeniz
         assert metrics["examples"] == len(examples) and metrics["loss"] > 0
         assert TASK.eval_line(metrics).startswith("loss ") and "| exact_match " in TASK.eval_line(metrics)
     assert metrics["NoAns_exact"] == 1.0 and metrics["HasAns_f1"] == pytest.approx(2 / 3)  # e2 wrong
+    assert TASK.eval_line(metrics).endswith("| HasAns_f1 0.6667 | NoAns_f1 1.0000")  # v2.0's split, in the log too
 
 
 # --- Windows, offsets and post-processing ----------------------------------------------------------------------

@@ -764,7 +764,10 @@ class QuestionAnswering:
         return metrics
 
     def eval_line(self, metrics: dict[str, Any]) -> str:
-        return f"loss {metrics['loss']:.4f} | exact_match {metrics['exact_match']:.4f} | f1 {metrics['f1']:.4f}"
+        line = f"loss {metrics['loss']:.4f} | exact_match {metrics['exact_match']:.4f} | f1 {metrics['f1']:.4f}"
+        if metrics.get("NoAns_total"):  # v2.0: how the answerable and the unanswerable questions fare apart
+            line += f" | HasAns_f1 {metrics['HasAns_f1']:.4f} | NoAns_f1 {metrics['NoAns_f1']:.4f}"
+        return line
 
     def predict(
         self, outputs: torch.Tensor, encoded: QAEncoded, examples: QAExamples, names: list[str], options: Options
