@@ -65,34 +65,35 @@ def files(work: Path, train: int, val: int, test: int, seed: int) -> tuple[Path,
     return paths["train"], paths["val"], paths["test"], corpus
 
 
-def pretrained(work: Path, corpus: Path, arch: str, budget: str) -> Path:
+def pretrained(work: Path, corpus: Path, arch: str, budget: str, size: str = "tiny") -> Path:
     data = work / "data"
     if not data.exists():
         bertgpu("prepare", corpus, "--vocab", VOCAB, "--zh-wwm", "--out", data, "--workers", 2)
-    out = work / f"pretrain-{arch}"
+    out = work / (f"pretrain-{arch}" if size == "tiny" else f"pretrain-{arch}-{size}")
     if (out / "checkpoints").is_dir() and any((out / "checkpoints").iterdir()):  # pretrained before: fine-tune again
         return sorted((out / "checkpoints").iterdir())[-1]
     proc = bertgpu(
         "pretrain",
-        *common.flags(data=data, model="tiny", arch=arch, out=out, device="cpu", recipe="fast", wwm=True,
+        *common.flags(data=data, model=size, arch=arch, out=out, device="cpu", recipe="fast", wwm=True,
                       no_nsp=True, time_budget=budget, eval_fraction=0.02, overwrite=True, log_every=100),
     )  # fmt: skip
     print(f"pretraining {arch}: {proc.stdout.strip().splitlines()[-6:]}", flush=True)
     return sorted((out / "checkpoints").iterdir())[-1]
 
 
-def random_start(work: Path, arch: str) -> Path:
-    """The same tiny model with random weights (seed 0), as a directory `finetune --model` reads."""
+def random_start(work: Path, arch: str, size: str = "tiny") -> Path:
+    """The same model with random weights (seed 0), as a directory `finetune --model` reads."""
     import torch
 
     from bertgpu.checkpoints.hf_dir import save_pretrained
     from bertgpu.data.tokenizer import load_vocab
     from bertgpu.models import architectures
 
-    config = architectures.preset(arch, "tiny", len(load_vocab(VOCAB)), load_vocab(VOCAB))
+    config = architectures.preset(arch, size, len(load_vocab(VOCAB)), load_vocab(VOCAB))
     torch.manual_seed(0)
     model = architectures.pretraining_model(config)
-    return save_pretrained(model, config, work / f"random-{arch}", vocab_path=VOCAB, do_lower_case=True)
+    name = f"random-{arch}" if size == "tiny" else f"random-{arch}-{size}"
+    return save_pretrained(model, config, work / name, vocab_path=VOCAB, do_lower_case=True)
 
 
 def run_bertgpu(name: str, model: Path, data: tuple[Path, Path, Path], out: Path, hp: dict) -> dict:
@@ -160,23 +161,28 @@ def main() -> None:
     parser.add_argument("--budget", default="10m", help="pretraining time of each architecture")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--lr", type=float, default=7.2e-4, help="both sides' (finetune's default for hidden 128)")
+    parser.add_argument("--size", default="tiny", help="the preset pretrained and fine-tuned (tiny or mini)")
+    parser.add_argument("--lr", type=float, default=0, help="both sides' (default: finetune's for the size's width)")
     parser.add_argument("--skip", choices=["modernbert", "trainer", "payoff"], action="append", default=[])
     args = parser.parse_args()
     work = Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     train, val, test, corpus = files(work, args.train, args.val, args.test, seed=0)
     data = (train, val, test)
-    hp = dict(epochs=args.epochs, lr=args.lr, warmup=0.1, batch_size=16, max_seq_length=128, weight_decay=0.01)
+    from bertgpu.models.config import PRESETS
+    from bertgpu.training.batch import finetune_lr
+
+    lr = args.lr or finetune_lr(PRESETS[args.size][1])  # (layers, hidden, heads): tiny 7.2e-4, mini 1.8e-4
+    hp = dict(epochs=args.epochs, lr=lr, warmup=0.1, batch_size=16, max_seq_length=128, weight_decay=0.01)
     seeds = [int(s) for s in args.seeds.split(",")]
     print(f"settings: {hp}, seeds {seeds}", flush=True)
     rows, vs = [], []
     archs = ["bert"] + ["modernbert"] * ("modernbert" not in args.skip)
     for arch in archs:
-        start = pretrained(work, corpus, arch, args.budget)
-        starts = {f"{arch} tiny, pretrained {args.budget}": start}
+        start = pretrained(work, corpus, arch, args.budget, args.size)
+        starts = {f"{arch} {args.size}, pretrained {args.budget}": start}
         if "payoff" not in args.skip:
-            starts[f"{arch} tiny, random weights"] = random_start(work, arch)
+            starts[f"{arch} {args.size}, random weights"] = random_start(work, arch, args.size)
         for label, model in starts.items():
             for seed in seeds:
                 out = work / "ft" / f"{label.split(',')[0].replace(' ', '-')}-{label.split(', ')[1][:6]}-{seed}"
