@@ -435,8 +435,8 @@ class FinetuneConfig:
         "auto",
         "what the classifier reads: pooler (BERT's tanh(W h_[CLS]); ModernBERT's [CLS] through its head), or mean "
         "(the mean of the last hidden states); auto: mean for a BERT checkpoint bertgpu pretrained without NSP "
-        "(--no-nsp, --recipe fast: its pooler never trained), else pooler (BENCHMARKS.md: The chance-level "
-        "fine-tune). A "
+        "(--no-nsp, --recipe fast: its pooler never trained) but a continuation whose encoder stayed near its "
+        "start (start CKA 0.95 or more), else pooler (BENCHMARKS.md: The chance-level fine-tune). A "
         "BERT with mean pooling gives other outputs in transformers' BertForSequenceClassification, which reads "
         "the pooler",
         choices=["auto", "pooler", "mean"],

@@ -103,6 +103,9 @@ def test_the_card_and_the_summary_carry_the_signal(continued):
     card = (out / "checkpoints" / "step-0000008" / "README.md").read_text()
     assert float(re.search(r"\| eval_start_cka \| (\S+) \| 8 \|", card).group(1)) == pytest.approx(last, abs=1e-4)
     assert "eval_start_cka: how alike this encoder's representations" in card
+    # and bertgpu.json, where fine-tuning reads whether the start's pooler still fits
+    record = json.loads((out / "checkpoints" / "step-0000008" / "bertgpu.json").read_text())
+    assert record["start_cka"] == pytest.approx(last, abs=1e-6)
     summary = re.search(r"eval_start_cka 1\.0000 -> (\d\.\d{4})", stdout)
     assert float(summary.group(1)) == pytest.approx(last, abs=1e-4), stdout
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import pytest
 import torch
@@ -103,3 +104,22 @@ def test_finetuning_says_and_records_what_it_chose(checkpoints, tmp_path):
         csv.writer(f).writerows([("text", "label"), *((text, label[0]) for text, label in TEXTS * 10)])
     again = _plan(out / "best", relabelled, tmp_path)
     assert again.model_config.classifier_pooling == "mean" and "classifier_pooling mean" in again.head_line
+
+
+def test_a_continuation_that_stayed_near_its_start_keeps_the_starts_pooler(checkpoints, tmp_path):
+    """A --no-nsp continuation records how far its encoder moved (start CKA, in bertgpu.json): near its start the
+    start's pooler still fits (MiniLM at start CKA 0.993: a pair task 0.814 through it, 0.777 through the mean), further
+    from it the mean reads as well or better (at 0.912: 0.769 against 0.777; at 0.838: 0.72 against 0.78)."""
+    fast, _, train = checkpoints
+    for cka, pooling in ((0.99, None), (0.84, "mean")):
+        ckpt = tmp_path / f"cka{cka}"
+        shutil.copytree(fast, ckpt)
+        record = json.loads((ckpt / "bertgpu.json").read_text())
+        (ckpt / "bertgpu.json").write_text(json.dumps({**record, "start_cka": cka}))
+        plan = _plan(ckpt, train, tmp_path)
+        assert plan.model_config.classifier_pooling == pooling, plan.head_line
+    assert "pooling mean (auto: pretrained without NSP, the pooler is untrained" in plan.head_line
+    assert (
+        "pooling pooler (auto: continued to start CKA 0.990, the start's pooler still fits)"
+        in _plan(tmp_path / "cka0.99", train, tmp_path).head_line
+    )

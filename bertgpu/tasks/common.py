@@ -48,7 +48,7 @@ from bertgpu.parallel.compression import Compression
 from bertgpu.parallel.layout import check_layout
 from bertgpu.parallel.rng import gather_rng_states, restore_rng_state
 from bertgpu.tasks.prelaunch import check_out_dir
-from bertgpu.training import memory
+from bertgpu.training import drift, memory
 from bertgpu.training.batch import accumulation
 from bertgpu.training.fused_step import FusedStep
 from bertgpu.training.metrics import Sums, Throughput, peak_memory_mb
@@ -573,6 +573,8 @@ class Checkpoints:
         card_keys = self.records.spec.card_keys
         metrics = self.records.log.latest(*card_keys) if card_keys else None
         config, notes = self.ran_config()
+        if metrics and drift.KEY in metrics:  # a continuation: how far its encoder moved (finetune pools by it)
+            notes = {**(notes or {}), "start_cka": metrics[drift.KEY][0]}
         facts = model_card.RunFacts(
             loop.step,
             dims.describe(),

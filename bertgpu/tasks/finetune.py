@@ -196,6 +196,10 @@ def _dropout(config: EncoderConfig) -> str:
     return f"{config.hidden_dropout_prob:g}"
 
 
+# The start CKA (training.drift) down to which a continuation's pooler still fits its encoder.
+POOLER_FITS_CKA = 0.95
+
+
 def pooler_untrained(model_dir: Path | None, base: EncoderConfig) -> bool:
     """Whether ``model_dir`` (of model config ``base``) is a bertgpu BERT pretraining checkpoint whose pooler no loss
     ever trained: masked LM alone (--no-nsp) leaves it as initialised, and fine-tuning through it sat at chance for
@@ -211,8 +215,13 @@ def pooler_untrained(model_dir: Path | None, base: EncoderConfig) -> bool:
     data = run.get("data")
     if not isinstance(data, dict) or "nsp" not in data:
         return False  # a fine-tuning run's, or another task's
-    # A continuation's pooler is its start's, but stale: the encoder under it moved (MiniLM continued 10 minutes,
-    # a pair task: pooler 0.713 and 0.729 against mean 0.794 and 0.761, docs/experiments.md). Mean pooling it is.
+    # A continuation's pooler is its start's: it still fits an encoder that barely moved (MiniLM continued on
+    # Wikipedia, a pair task, docs/experiments.md: at start CKA 0.993 pooler 0.814 against mean 0.777, 3 seeds; at
+    # 0.912 0.769 against 0.777, at 0.838 0.713 and 0.729 against 0.794 and 0.761, seeds 1-2). (A start whose own
+    # pooler no loss trained is not told apart: continue it with NSP, or give --pooling mean.)
+    cka = record.get("start_cka")
+    if not data["nsp"] and cka is not None and cka >= POOLER_FITS_CKA:
+        return False
     return not data["nsp"]
 
 
@@ -226,6 +235,9 @@ def choose_pooling(asked: str, model_dir: Path | None, base: EncoderConfig, keep
         return "mean", "auto: the model's config.json says classifier_pooling mean"
     if pooler_untrained(model_dir, base):
         return "mean", "auto: pretrained without NSP, the pooler is untrained; --pooling pooler for transformers"
+    record = checkpoint.read_run_record(model_dir) if model_dir is not None else None
+    if record and record.get("start_cka") is not None and not (record["config"].get("data") or {}).get("nsp", True):
+        return "pooler", f"auto: continued to start CKA {record['start_cka']:.3f}, the start's pooler still fits"
     return "pooler", "auto"
 
 
