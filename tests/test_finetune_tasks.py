@@ -243,6 +243,13 @@ def test_sequence_tasks_end_to_end(kind, tmp_path, review_rows, small_uncased_vo
     texts = ["很好用,推荐"] + ["质量一般"] * (kind == "regression")  # a pair model takes a text and its pair
     line = run_cli("predict", "--model", out, *texts, "--device", "cpu").stdout
     assert line.strip(), line
+    # a file to predict has no label column (predict read one before, and refused the file without)
+    unlabelled, delimiter = tmp_path / f"new.{ext}", "\t" if ext == "tsv" else ","
+    with open(test, encoding="utf-8", newline="") as f, open(unlabelled, "w", encoding="utf-8", newline="") as g:
+        head = [row for row, _ in zip(csv.reader(f, delimiter=delimiter), range(4))]  # the header and 3 rows
+        csv.writer(g, delimiter=delimiter).writerows(row[:-1] for row in head)
+    predicted = run_cli("predict", "--model", out, "--input", unlabelled, "--device", "cpu").stdout
+    assert len(predicted.strip().splitlines()) == 3, predicted
     theirs = transformers.AutoModelForSequenceClassification.from_pretrained(out / "best").eval()
     assert theirs.config.problem_type == problem
     from bertgpu.finetuning import get

@@ -92,9 +92,10 @@ class FinetuneTask(Protocol):
     def detect(self, path: Path, options: Options) -> str | None:
         """Why ``path`` is unambiguously this task's data ("a CoNLL file: token and tag per line"), else None."""
 
-    def read(self, path: Path, options: Options) -> Any:
-        """The file's examples, checked: a UserError naming the file and line for each bad input. Without labels
-        (predict's input) the examples have none."""
+    def read(self, path: Path, options: Options, labelled: bool = True) -> Any:
+        """The file's examples, checked: a UserError naming the file and line for each bad input. ``labelled``
+        False (predict's input): no label is read, none needed (a tagged file or an answered question may still
+        have its own)."""
 
     def from_texts(self, texts: list[str], options: Options) -> Any:
         """The examples of ``predict TEXT...``: a text each (or one pair), a sentence each, a question and its

@@ -693,8 +693,8 @@ class QuestionAnswering:
     def detect(self, path: Path, options: Options) -> str | None:
         return detect(path, options)
 
-    def read(self, path: Path, options: Options) -> QAExamples:
-        return read(path, options)
+    def read(self, path: Path, options: Options, labelled: bool = True) -> QAExamples:
+        return read(path, options)  # answers where the file has them, none needed
 
     def from_texts(self, texts: list[str], options: Options) -> QAExamples:
         """A question and its context."""

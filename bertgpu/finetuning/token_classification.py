@@ -538,7 +538,7 @@ class TokenClassification:
             return JSONL if ok else None
         return CONLL if _looks_like_conll(head) else None
 
-    def read(self, path: Path, options: Options) -> Sentences:
+    def read(self, path: Path, options: Options, labelled: bool = True) -> Sentences:  # tags where the file has them
         path = Path(path)
         fmt = _format(path, options)
         text = read_text(path)

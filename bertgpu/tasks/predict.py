@@ -297,7 +297,7 @@ def predict_task(cfg: PredictConfig, task: Any, model_dir: Path, config: Any) ->
     if cfg.input:
         if cfg.input == "-":
             raise UserError(f"--input -: a {task.name} model reads a file (standard input is for classifiers)")
-        examples = task.read(Path(cfg.input), options)
+        examples = task.read(Path(cfg.input), options, labelled=False)  # predict's input needs no labels
     else:
         examples = task.from_texts(cfg.texts, options)
     names = [config.id2label[i] for i in sorted(config.id2label)]
