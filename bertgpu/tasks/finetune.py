@@ -200,29 +200,22 @@ def _dropout(config: EncoderConfig) -> str:
 POOLER_FITS_CKA = 0.95
 
 
-def pooler_untrained(model_dir: Path | None, base: EncoderConfig) -> bool:
-    """Whether ``model_dir`` (of model config ``base``) is a bertgpu BERT pretraining checkpoint whose pooler no loss
-    ever trained: masked LM alone (--no-nsp) leaves it as initialised, and fine-tuning through it sat at chance for
-    an epoch (BENCHMARKS.md: The chance-level fine-tune). ModernBERT's classifier reads [CLS] through the masked-LM
-    head's transform, which pretraining trains: its fine-tuning did as well either way there. The architecture is
-    the model's own: a run continued from a ModernBERT without --arch recorded BERT's before 2026-11-29."""
+def masked_lm_only(model_dir: Path | None, base: EncoderConfig) -> dict[str, Any] | None:
+    """The run record (bertgpu.json) of ``model_dir`` (of model config ``base``) when it is a bertgpu BERT
+    pretraining checkpoint of masked LM alone (--no-nsp), which trains no pooler, else None. From scratch its pooler is
+    as initialised, and fine-tuning through it sat at chance for an epoch (BENCHMARKS.md: The chance-level fine-tune).
+    ModernBERT's classifier reads [CLS] through the masked-LM head's transform, which pretraining trains: its
+    fine-tuning did as well either way there. The architecture is the model's own: a run continued from a ModernBERT
+    without --arch recorded BERT's before 2026-11-29."""
     if model_dir is None or not architectures.of(base).pooler:
-        return False
+        return None
     record = checkpoint.read_run_record(model_dir)
     if record is None:
-        return False  # not one of our pretraining checkpoints: a pooler of unknown history counts as trained
-    run = record["config"]
-    data = run.get("data")
+        return None  # not one of our pretraining checkpoints: a pooler of unknown history counts as trained
+    data = record["config"].get("data")
     if not isinstance(data, dict) or "nsp" not in data:
-        return False  # a fine-tuning run's, or another task's
-    # A continuation's pooler is its start's: it still fits an encoder that barely moved (MiniLM continued on
-    # Wikipedia, a pair task, docs/experiments.md: at start CKA 0.993 pooler 0.814 against mean 0.777, 3 seeds; at
-    # 0.912 0.769 against 0.777, at 0.838 0.713 and 0.729 against 0.794 and 0.761, seeds 1-2). (A start whose own
-    # pooler no loss trained is not told apart: continue it with NSP, or give --pooling mean.)
-    cka = record.get("start_cka")
-    if not data["nsp"] and cka is not None and cka >= POOLER_FITS_CKA:
-        return False
-    return not data["nsp"]
+        return None  # a fine-tuning run's, or another task's
+    return None if data["nsp"] else record
 
 
 def choose_pooling(asked: str, model_dir: Path | None, base: EncoderConfig, keep_head: bool) -> tuple[str, str]:
@@ -233,12 +226,17 @@ def choose_pooling(asked: str, model_dir: Path | None, base: EncoderConfig, keep
         return architectures.pooling_of(base), "the classifier's own, continued"
     if architectures.pooling_of(base) == "mean":  # e.g. a classifier fine-tuned so, now given other labels
         return "mean", "auto: the model's config.json says classifier_pooling mean"
-    if pooler_untrained(model_dir, base):
-        return "mean", "auto: pretrained without NSP, the pooler is untrained; --pooling pooler for transformers"
-    record = checkpoint.read_run_record(model_dir) if model_dir is not None else None
-    if record and record.get("start_cka") is not None and not (record["config"].get("data") or {}).get("nsp", True):
-        return "pooler", f"auto: continued to start CKA {record['start_cka']:.3f}, the start's pooler still fits"
-    return "pooler", "auto"
+    record = masked_lm_only(model_dir, base)
+    if record is None:
+        return "pooler", "auto"
+    # A continuation's pooler is its start's: it still fits an encoder that barely moved (MiniLM continued on
+    # Wikipedia, a pair task, docs/experiments.md: at start CKA 0.993 pooler 0.814 against mean 0.777, 3 seeds; at
+    # 0.912 0.769 against 0.777, at 0.838 0.713 and 0.729 against 0.794 and 0.761, seeds 1-2). (A start whose own
+    # pooler no loss trained is not told apart: continue it with NSP, or give --pooling mean.)
+    cka = record.get("start_cka")
+    if cka is not None and cka >= POOLER_FITS_CKA:
+        return "pooler", f"auto: continued to start CKA {cka:.3f}, the start's pooler still fits"
+    return "mean", "auto: pretrained without NSP, the pooler is untrained; --pooling pooler for transformers"
 
 
 def _preset(cfg: FinetuneConfig) -> tuple[EncoderConfig, Path]:

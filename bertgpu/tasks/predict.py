@@ -181,8 +181,8 @@ def with_columns(cfg: EvaluateConfig | PredictConfig, model_dir: str | os.PathLi
         )
         if note:
             print(f"bertgpu: {note}", flush=True)
-            cfg = dataclasses.replace(cfg, text_column=text, pair_column=pair)
-            cfg = dataclasses.replace(cfg, label_column=label) if isinstance(cfg, EvaluateConfig) else cfg
+            found = {"text_column": text, "pair_column": pair, "label_column": label}
+            cfg = dataclasses.replace(cfg, **{name: found[name] for name in columns})  # predict has no label column
     return cfg
 
 
