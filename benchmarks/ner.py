@@ -164,10 +164,17 @@ def main() -> None:
     parser.add_argument("--size", default="tiny", help="the preset pretrained and fine-tuned (tiny or mini)")
     parser.add_argument("--lr", type=float, default=0, help="both sides' (default: finetune's for the size's width)")
     parser.add_argument("--skip", choices=["modernbert", "trainer", "payoff"], action="append", default=[])
+    parser.add_argument("--vocab-size", type=int, default=0, help="a vocab of this size trained on the corpus "
+                        "(`bertgpu vocab`, as make demo does; default: bert-base-chinese's 21,128)")  # fmt: skip
     args = parser.parse_args()
     work = Path(args.out)
     work.mkdir(parents=True, exist_ok=True)
     train, val, test, corpus = files(work, args.train, args.val, args.test, seed=0)
+    if args.vocab_size:
+        global VOCAB
+        VOCAB = work / f"vocab-{args.vocab_size}.txt"
+        if not VOCAB.exists():
+            bertgpu("vocab", corpus, "--size", args.vocab_size, "--out", VOCAB)
     data = (train, val, test)
     from bertgpu.models.config import PRESETS
     from bertgpu.training.batch import finetune_lr

@@ -187,6 +187,13 @@ class PretrainConfig:
         "encoder held still, so that a random head's first gradients do not reach it)",
         flag="--no-head-warmup",
     )
+    fresh_head_lr: float | None = opt(
+        None,
+        "continuing a --model whose checkpoint lacks heads (a sentence encoder's masked-LM head): their peak "
+        "learning rate (default: the from-scratch rate --recipe fast takes for the model's size and global batch, "
+        "while the encoder continues at its own gentle rate; a random head needs the one, a pretrained encoder the "
+        "other)",
+    )
     pad_vocab_multiple: int = opt(
         64,
         "pad the vocab inside the model to a multiple of this, for faster GPU "

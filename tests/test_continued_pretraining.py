@@ -64,7 +64,11 @@ def evaluations(run_dir) -> dict[int, dict]:
 def test_the_start_line_says_continuation_rate_fresh_heads_hold_and_signal(continued, encoder_only):
     _, stdout = continued
     line = next(line for line in stdout.splitlines() if line.startswith("bertgpu pretrain:"))
-    assert "peak lr 0.0001 (a continuation of a pretrained model: --recipe fast chose lr 0.0001" in line, line
+    # the paper's 1e-4 at its batch 256, linearly scaled to the run's 8
+    assert (
+        "peak lr 3.13e-06 = 0.0001 x 8/256 (--lr-scaling linear) (a continuation of a pretrained model: --recipe "
+        "fast chose lr 0.0001 at batch 256"
+    ) in line, line
     assert "not a from-scratch rate" in line and "warmup 4 steps" in line
     assert (
         f"starting from the weights of {encoder_only} (continued pretraining; its checkpoint has no masked-LM" in line
@@ -74,6 +78,8 @@ def test_the_start_line_says_continuation_rate_fresh_heads_hold_and_signal(conti
         "word embeddings, the bias at the text's token frequencies (--mlm-bias-init unigram)"
     ) in line
     assert "no NSP head (cls.seq_relationship): started fresh, unused under --no-nsp" in line
+    # tiny's from-scratch rate: the sweep's 1e-3, x 2 (BERT up to width 256), x sqrt(8/32)
+    assert "the fresh heads at peak lr 0.001 (the from-scratch rate for its size; --fresh-head-lr overrides)" in line
     assert "the fresh heads train alone for the warmup's 4 steps, the encoder held still" in line
     assert "start CKA, 1 = unchanged" in line
 
@@ -156,14 +162,48 @@ def test_a_from_scratch_rate_is_warned_of_and_the_signal_shows_the_harm(
 def test_either_recipe_continues_at_the_continuation_rate_and_a_given_lr_wins(recipe_flag):
     mini = BertConfig.preset("mini", vocab_size=2000)
     optim, why = recipe.choose(_parse("--model", "m", "--recipe", recipe_flag), mini, continued=True)
-    assert (optim.lr, optim.warmup, optim.lr_scaling) == (1e-4, 0.06, "none")
-    assert why.startswith(f"(a continuation of a pretrained model: --recipe {recipe_flag} chose lr 0.0001")
+    assert (optim.lr, optim.warmup, optim.lr_scaling, optim.reference_batch) == (1e-4, 0.06, "linear", 256)
+    assert why.startswith(f"(a continuation of a pretrained model: --recipe {recipe_flag} chose lr 0.0001 at batch 256")
     scratch, _ = recipe.choose(_parse("--model", "m", "--recipe", recipe_flag), mini)
     assert scratch.lr != 1e-4 or scratch.warmup != 0.06  # from scratch: the recipe's own
     mine, why = recipe.choose(_parse("--model", "m", "--recipe", recipe_flag, "--lr", "1.4e-3"), mini, continued=True)
     assert mine.lr == 1.4e-3 and mine.warmup == 0.06 and "lr" not in why.split("chose")[1].split(";")[0]
+    assert mine.lr_scaling == "none"  # a rate the user gives is the run's, unscaled unless asked
     assert recipe.continuation_warning(1.4e-3, 1.4e-3, "none").startswith("--lr 0.0014 on a pretrained model")
     assert recipe.continuation_warning(2e-4, 2e-4, "none") is None
+
+
+def test_the_fresh_heads_learn_at_a_from_scratch_rate_beside_the_encoders_gentle_one():
+    """Parameters the start lacks get the rate --recipe fast gives the size from scratch (or --fresh-head-lr), the
+    rest the continuation's; the schedule warms up and decays both alike, each to its own peak."""
+    from bertgpu.config import OptimConfig
+    from bertgpu.tasks.continuation import Start
+    from bertgpu.training.optim import build_optimizer, build_schedule
+
+    minilm = BertConfig(num_hidden_layers=6, hidden_size=384, num_attention_heads=12, intermediate_size=1536)
+    assert recipe.fresh_head_lr(_parse("--model", "m"), minilm, 32) == (
+        0.001,
+        "the from-scratch rate for its size; --fresh-head-lr overrides",
+    )
+    assert recipe.fresh_head_lr(_parse("--model", "m", "--fresh-head-lr", "3e-4"), minilm, 32)[0] == 3e-4
+    start = Start.__new__(Start)
+    start.missing, start.fresh_lr = ["head.weight", "head.bias"], None
+    assert start.lr_factor(1e-3, (1e-3, "same")) is None  # one rate: one group, as a run from scratch
+    factor = start.lr_factor(1.25e-5, (1e-3, "why"))
+    model = torch.nn.ModuleDict({"encoder": torch.nn.Linear(4, 4), "head": torch.nn.Linear(4, 2)})
+    cfg = OptimConfig(lr=1.25e-5, warmup=0.5, steps=4)
+    optimizer = build_optimizer(model, cfg, torch.device("cpu"), factor)
+    schedule = build_schedule(optimizer, cfg)
+    by_param = {}
+    for _ in range(4):
+        rates = {id(p): g["lr"] for g in optimizer.param_groups for p in g["params"]}
+        by_param.setdefault("head", []).append(rates[id(model["head"].weight)])
+        by_param.setdefault("encoder", []).append(rates[id(model["encoder"].weight)])
+        optimizer.step()
+        schedule.step()
+    assert by_param["encoder"] == pytest.approx([0.625e-5, 1.25e-5, 1.25e-5, 0.625e-5])  # warmup 2, decay over 2
+    assert by_param["head"] == pytest.approx([5e-4, 1e-3, 1e-3, 5e-4])
+    assert rates[id(model["head"].bias)] == rates[id(model["head"].weight)]  # biases too (in a no-decay group)
 
 
 def test_the_hold_lasts_the_warmup_by_steps_or_by_the_clock():

@@ -148,6 +148,7 @@ class Task(Protocol):
     files: checkpoint.ModelFiles  # the model's config and vocab, in every checkpoint
     fixed: dict[str, Any]  # the state that stays the same for the whole run, in every checkpoint
     warnings: Sequence[str]  # said before the start line
+    lr_factor: Callable[[str], float] | None  # a parameter's rate as a multiple of the run's (None: all the same)
 
     def start_line(self) -> str:
         """The run's first line (every process calls it: the parameter count is a collective under --pp)."""
@@ -352,7 +353,7 @@ class Optimization:
 
     def __init__(self, session: Session, task: Task):
         self.net, self.optim, self.precision, self.device = task.net, task.optim, session.precision, session.device
-        self.optimizer = build_optimizer(task.net.model, task.optim, session.device)
+        self.optimizer = build_optimizer(task.net.model, task.optim, session.device, task.lr_factor)
         self.scaler = torch.amp.GradScaler(session.device.type, enabled=session.precision == "fp16")
         if session.state is not None:
             self._restore(session, task)

@@ -11,6 +11,7 @@ MiniLM: docs/pretrain.md, Continued pretraining.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,17 @@ class Start:
         self.nsp = [n for n in self.missing if model.nsp_head_prefixes and n.startswith(model.nsp_head_prefixes)]
         self.fresh_bias = fresh_bias(model, self.mlm)
         self.other = [n for n in self.missing if n not in self.mlm and n not in self.nsp]
+        self.fresh_lr: tuple[float, str] | None = None  # the fresh heads' peak rate and whence (``lr_factor``)
+
+    def lr_factor(self, peak: float, fresh_lr: tuple[float, str]) -> Callable[[str], float] | None:
+        """The rate of each parameter as a multiple of the run's ``peak`` (``optim.build_optimizer``'s
+        ``lr_factor``): the fresh heads' ``fresh_lr`` (``recipe.fresh_head_lr``), the rest the run's; None when
+        nothing is fresh or the rates are one."""
+        if not self.missing or fresh_lr[0] == peak or peak <= 0:
+            return None
+        self.fresh_lr = fresh_lr
+        factor, fresh = fresh_lr[0] / peak, set(self.missing)
+        return lambda name: factor if name in fresh else 1.0
 
     @property
     def fresh_mlm_head(self) -> bool:
@@ -109,6 +121,8 @@ class Start:
         if self.other:  # bert.pooler.dense.weight: its layer
             said.append(f"no {', '.join(dict.fromkeys(n.rsplit('.', 1)[0] for n in self.other))}: started fresh")
         line = "its checkpoint has " + "; ".join(said)
+        if self.fresh_lr is not None:
+            line += f"; the fresh heads at peak lr {self.fresh_lr[0]:.3g} ({self.fresh_lr[1]})"
         if hold:
             line += f"; the fresh heads train alone for {hold}, the encoder held still (--no-head-warmup: not held)"
         elif self.mlm:

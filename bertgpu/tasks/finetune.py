@@ -481,6 +481,7 @@ class FineTuning:
         self.log = LogSpec(LOG_SUMS, ("window", "epoch_sums"), "example")
         self.evaluation = None  # every epoch's instead (end_epoch)
         self.warnings = plan.warnings
+        self.lr_factor = None  # one rate for all: the head of a fine-tune starts with it
         self.net = spread(session, model, self.optim.steps, seq_length=cfg.max_seq_length)
         self.balance = session.resume_loop(self.loop)
 

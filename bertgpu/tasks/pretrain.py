@@ -383,6 +383,11 @@ class Pretraining:
             if self.start is None
             else recipe.continuation_warning(self.chosen.lr, self.optim.lr, self.chosen.lr_scaling)
         )
+        # A continuation's fresh heads learn at a from-scratch rate, its pretrained encoder at the gentle one.
+        self.lr_factor = None
+        if self.start is not None:
+            fresh_lr = recipe.fresh_head_lr(cfg, plan.model_config, global_batch)
+            self.lr_factor = self.start.lr_factor(self.optim.lr, fresh_lr)
         self.steps = step_plan(cfg, session, self.optim, self.eval_set, global_batch)
         # MFU on the real tokens (padding is no work), against the card's own data-sheet peak or --peak-tflops.
         peak, peak_note = peak_flops(device, session.precision, cfg.peak_tflops)

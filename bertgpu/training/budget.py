@@ -200,8 +200,9 @@ class TimeBudget:
         """The learning-rate schedule of the run (in place of ``optim.build_schedule``'s)."""
         import torch
 
-        for group in optimizer.param_groups:
-            group["initial_lr"] = lr
+        from bertgpu.training.optim import set_initial_lr
+
+        set_initial_lr(optimizer, lr)
         return torch.optim.lr_scheduler.LambdaLR(optimizer, self.factor, last_epoch=step - 1)
 
     # -- checkpoints ----------------------------------------------------------------------------------

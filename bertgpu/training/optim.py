@@ -12,25 +12,41 @@ import torch
 from bertgpu.config import OptimConfig
 
 
-def build_optimizer(model: torch.nn.Module, cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
+def build_optimizer(
+    model: torch.nn.Module,
+    cfg: OptimConfig,
+    device: torch.device,
+    lr_factor: Callable[[str], float] | None = None,
+) -> torch.optim.Optimizer:
     """AdamW, LAMB or RMSprop with BERT's grouping: no weight decay on biases and LayerNorm weights.
 
     AdamW is fused (one kernel for all parameters) on CUDA and CPU alike: on CPU it is ~8x faster
     than the per-tensor loop, and it can skip a step on the device (``skip_if``), with no host sync.
     A fused kernel takes tensors of one kind, so parameters are grouped by kind too: plain tensors
     apart from DTensors, and DTensors by mesh (a model spread with tensor parallelism holds both).
+    ``lr_factor`` (a parameter's name -> a multiple of the rate; 1 for all by default) groups by rate too: a
+    continuation's fresh heads learn at a from-scratch rate beside the encoder's gentle one. Each group keeps its
+    multiple as ``lr_factor``, which the schedules read.
     """
     groups: dict[tuple, list[torch.nn.Parameter]] = {}
-    for p in model.parameters():
+    for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
         decay = p.ndim >= 2  # biases and norms' weights are vectors, whatever the architecture names them
-        groups.setdefault((decay, type(p).__name__, id(getattr(p, "device_mesh", None))), []).append(p)
+        factor = lr_factor(name) if lr_factor is not None else 1.0
+        groups.setdefault((decay, factor, type(p).__name__, id(getattr(p, "device_mesh", None))), []).append(p)
     param_groups = [
-        {"params": params, "weight_decay": cfg.weight_decay if decay else 0.0}
-        for (decay, *_), params in sorted(groups.items(), key=lambda kv: not kv[0][0])
+        {"params": params, "weight_decay": cfg.weight_decay if decay else 0.0, "lr": cfg.lr * factor}
+        | ({"lr_factor": factor} if factor != 1.0 else {})
+        for (decay, factor, *_), params in sorted(groups.items(), key=lambda kv: (not kv[0][0], kv[0][1]))
     ]
     return OPTIMIZERS[cfg.optimizer](param_groups, cfg, device)
+
+
+def set_initial_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Each group's peak rate for a schedule: ``lr`` times the group's ``lr_factor`` (``build_optimizer``)."""
+    for group in optimizer.param_groups:
+        group["initial_lr"] = lr * group.get("lr_factor", 1.0)
 
 
 def adamw(groups: list[dict[str, Any]], cfg: OptimConfig, device: torch.device) -> torch.optim.Optimizer:
@@ -143,8 +159,7 @@ def build_schedule(
             return (step + 1) / warmup
         return max(0.0, (total - step) / max(1, total - warmup))
 
-    for group in optimizer.param_groups:
-        group["initial_lr"] = cfg.lr
+    set_initial_lr(optimizer, cfg.lr)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor, last_epoch=step - 1)
 
 

@@ -11,8 +11,9 @@ serves (BERT by 1, ModernBERT by 2) and sets the warmup. A ``--lr`` or
 ``--warmup`` the user gives wins (as for every value of the recipe: one that differs from the BERT default).
 
 A continuation (``--model`` a directory with weights: a pretrained model trained on) takes neither recipe's rate:
-both choose ``CONTINUATION_LR`` and ``CONTINUATION_WARMUP`` (docs/pretrain.md: Continued pretraining), and a rate
-the user gives far above it is warned about (``continuation_warning``).
+both choose ``CONTINUATION_LR`` at ``CONTINUATION_BATCH`` and ``CONTINUATION_WARMUP`` (docs/pretrain.md: Continued
+pretraining), its fresh heads ``fresh_head_lr``, and a rate the user gives far above it is warned about
+(``continuation_warning``).
 
 Every decision the recipe makes is here: the data and model values it sets where a run is planned
 (``apply_fast_recipe``, which ``tasks/pretrain.run`` calls first), bf16 on CPUs that compute it (``cpu_bf16``), and
@@ -44,11 +45,15 @@ SWEPT_LR: dict[str, tuple[tuple[int, int], float]] = {
 # Continued pretraining (a pretrained start, not a --resume): the peak rate and warmup of task-adaptive pretraining
 # (Gururangan et al. 2020, "Don't Stop Pretraining": RoBERTa-base continued at 1e-4 with a 6% warmup, batch 256),
 # whatever the recipe, not a from-scratch rate: a pretrained encoder sits where a from-scratch rate throws it out
-# (issue 60: MiniLM continued at --recipe fast's 1.41e-3 fine-tuned to 0.361 where it scored 0.969 as shipped, and
-# 0.969 after 1e-4). One rate for every size: the sweep's from-scratch rates differ by 2x from tiny to base, small
-# beside the 10x a from-scratch rate is above this one, and a continuation exists not to move far. Not scaled by the
-# batch unless --lr-scaling is given (then from --reference-batch, whose default 256 is the paper's batch).
+# (issue 60: MiniLM continued at --recipe fast's 1.41e-3 fine-tuned to 0.361 where it scored 0.969 as shipped).
+# The paper's rate is for its batch: linearly scaled to the run's global batch (--lr-scaling linear from
+# CONTINUATION_BATCH), each example moves the encoder as much as in the paper. Unscaled, 1e-4 at batch 32 moved
+# MiniLM to start CKA 0.84 in 10 minutes, past where its pooler fits (a pair task lost 2.7 points; docs/
+# experiments.md); at 1.25e-5 it stays at 0.985. One rate for every size: the sweep's from-scratch rates differ by 2x
+# from tiny to base, small beside the 10x a from-scratch rate is above this one, and a continuation exists not to
+# move far. The heads the start lacks learn at a from-scratch rate (``fresh_head_lr``).
 CONTINUATION_LR = 1e-4
+CONTINUATION_BATCH = 256
 CONTINUATION_WARMUP = 0.06
 # A peak rate above this multiple of CONTINUATION_LR on a pretrained start is a from-scratch one: warned about.
 FROM_SCRATCH_FACTOR = 3
@@ -172,7 +177,9 @@ def continuation(cfg: Any, model: Any) -> tuple[Any, str]:
     optim, chose, lr_chosen = cfg.optim, [], False
     if not cfg.gave("lr", optim.lr, _default(optim, "lr")):
         optim, lr_chosen = dataclasses.replace(optim, lr=CONTINUATION_LR), True
-        chose.append(f"lr {CONTINUATION_LR:g}")
+        if not cfg.gave("lr_scaling", optim.lr_scaling, _default(optim, "lr_scaling")):
+            optim = dataclasses.replace(optim, lr_scaling="linear", reference_batch=CONTINUATION_BATCH)
+        chose.append(f"lr {CONTINUATION_LR:g} at batch {optim.reference_batch}")
     beta2 = model.fast_adam_beta2
     if (
         fast_recipe(cfg)
@@ -192,6 +199,21 @@ def continuation(cfg: Any, model: Any) -> tuple[Any, str]:
         f"(a continuation of a pretrained model: --recipe {cfg.recipe} chose {' and '.join(chose)}{why}; "
         f"{flags} override)"
     )
+
+
+def fresh_head_lr(cfg: Any, model: Any, global_batch: int) -> tuple[float, str]:
+    """The peak rate of the parameters a continued run's start lacks (its fresh heads) at ``global_batch``, and
+    whence: --fresh-head-lr, or the from-scratch rate --recipe fast takes for ``model``'s size (the sweep's,
+    times the architecture's factor, square-root scaled from SWEEP_BATCH). A random head needs a from-scratch rate
+    to learn in the run's few hundred steps; at the encoder's continuation rate it stays near its initialisation
+    and keeps feeding the encoder a random predictor's gradients."""
+    from bertgpu.training.batch import scaled_lr
+
+    if cfg.fresh_head_lr is not None:
+        return cfg.fresh_head_lr, "--fresh-head-lr"
+    lr, _ = swept_lr(model)
+    peak = scaled_lr(lr * model.fast_lr_factor, global_batch, "sqrt", SWEEP_BATCH)
+    return float(f"{peak:.3g}"), "the from-scratch rate for its size; --fresh-head-lr overrides"
 
 
 def continuation_warning(lr: float, peak: float, scaling: str) -> str | None:
