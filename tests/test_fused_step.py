@@ -41,7 +41,9 @@ def _run(optimizer: str, compile_step: bool, steps: int = 4, clip: float = 0.05,
     optim = OptimConfig(optimizer=optimizer, lr=2e-3, warmup=0.5, steps=steps, clip=clip)
     session = SimpleNamespace(precision="fp32", device=torch.device(device), state=None, start_step=0,
                               run_cfg=RunConfig(compile_step=compile_step))  # fmt: skip
-    opt = Optimization(session, SimpleNamespace(net=net, optim=optim, steps=FixedSteps(optim), balance=False))
+    opt = Optimization(
+        session, SimpleNamespace(net=net, optim=optim, steps=FixedSteps(optim), balance=False, lr_factor=None)
+    )
     assert opt.fused.enabled == compile_step and opt.fused.graphs == (compile_step and cuda)
     if not cuda:
         # The forward half's compilation is test_step's (test_compile_makes_the_whole_step_one_graph...): here it
