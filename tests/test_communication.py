@@ -129,7 +129,7 @@ BALANCE += ["--seed", "7"]
 
 def test_balance_auto_moves_work_to_the_faster_process_and_keeps_the_union_batch(tmp_path, small_english_data):
     """Process 1 is made slower from outside the product (tests/slow_rank.py: its model's forward pass
-    sleeps 10 ms per sequence first, as a slower GPU would take longer). After timing steps 2-5,
+    sleeps 30 ms per sequence first, as a slower GPU would take longer). After timing steps 2-5,
     --balance auto gives process 0 the larger share of the global batch of 8, and the run still ends
     on the weights of one process training on the whole global batch (1e-6)."""
     one, balanced = tmp_path / "one", tmp_path / "balanced"
