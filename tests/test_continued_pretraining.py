@@ -98,7 +98,9 @@ def test_the_encoder_is_held_during_the_warmup_then_moves(continued, encoder_onl
     evals = evaluations(out)
     assert sorted(evals) == [0, 4, 8]
     assert evals[0][drift.KEY] == pytest.approx(1, abs=1e-6) and evals[4][drift.KEY] == pytest.approx(1, abs=1e-6)
-    assert 0.9 < evals[8][drift.KEY] < 1 - 1e-7
+    # Unchanged weights give CKA 1 to float64's noise (1 + 4e-16 at step 4: the same fp32 features); 4 steps at the
+    # continuation's 3.1e-6 (1e-4 per 256, at batch 8) moved it by ~1e-7: far above that noise, far from a wreck.
+    assert 1e-12 < 1 - evals[8][drift.KEY] < 0.1
     # the start's own held-out loss comes first: the fresh head's, well above what 8 steps reach
     assert evals[0]["eval_mlm_loss"] > evals[8]["eval_mlm_loss"]
 
