@@ -28,6 +28,7 @@ import math
 from typing import Any
 
 from bertgpu.models import architectures
+from bertgpu.training.batch import scaled_lr
 
 # The global batch of the sweep: the table's rates are for this batch.
 SWEEP_BATCH = 32
@@ -124,6 +125,14 @@ def swept_lr(model: Any) -> tuple[float, str]:
     return float(f"{lr:.2g}"), f"between {a}'s and {b}'s by size"
 
 
+def from_scratch_lr(model: Any) -> tuple[float, str]:
+    """--recipe fast's peak rate at SWEEP_BATCH for ``model`` from scratch, and where it comes from: the sweep's
+    (``swept_lr``) times the architecture's ``fast_lr_factor``, to 2 significant figures."""
+    lr, where = swept_lr(model)
+    factor = model.fast_lr_factor
+    return (float(f"{lr * factor:.2g}"), f"{factor:g} x {where}") if factor != 1 else (lr, where)
+
+
 def _default(config: Any, name: str) -> Any:
     """The default of field ``name`` of ``config`` (a dataclass: an OptimConfig, a PretrainConfig)."""
     return next(f.default for f in dataclasses.fields(config) if f.name == name)
@@ -139,13 +148,11 @@ def choose(cfg: Any, model: Any, continued: bool = False) -> tuple[Any, str]:
         return continuation(cfg, model)
     if not fast_recipe(cfg):
         return optim, ""
-    factor, beta2 = model.fast_lr_factor, model.fast_adam_beta2  # the architecture's (its config class's)
+    beta2 = model.fast_adam_beta2  # the architecture's (its config class's)
     chose = []
     if not cfg.gave("lr", optim.lr, _default(optim, "lr")):
-        lr, where = swept_lr(model)
+        lr, where = from_scratch_lr(model)
         scaling = optim.lr_scaling if optim.lr_scaling != "none" else "sqrt"
-        if factor != 1:
-            lr, where = float(f"{lr * factor:.2g}"), f"{factor:g} x {where}"
         optim = dataclasses.replace(optim, lr=lr, lr_scaling=scaling, reference_batch=SWEEP_BATCH)
         chose.append(f"lr {lr:g}, {where} best at batch {SWEEP_BATCH} in the lr sweep of BENCHMARKS.md")
     if beta2 != optim.adam_beta2 and not cfg.gave("adam_beta2", optim.adam_beta2, _default(optim, "adam_beta2")):
@@ -207,12 +214,9 @@ def fresh_head_lr(cfg: Any, model: Any, global_batch: int) -> tuple[float, str]:
     times the architecture's factor, square-root scaled from SWEEP_BATCH). A random head needs a from-scratch rate
     to learn in the run's few hundred steps; at the encoder's continuation rate it stays near its initialisation
     and keeps feeding the encoder a random predictor's gradients."""
-    from bertgpu.training.batch import scaled_lr
-
     if cfg.fresh_head_lr is not None:
         return cfg.fresh_head_lr, "--fresh-head-lr"
-    lr, _ = swept_lr(model)
-    peak = scaled_lr(lr * model.fast_lr_factor, global_batch, "sqrt", SWEEP_BATCH)
+    peak = scaled_lr(from_scratch_lr(model)[0], global_batch, "sqrt", SWEEP_BATCH)
     return float(f"{peak:.3g}"), "the from-scratch rate for its size; --fresh-head-lr overrides"
 
 
