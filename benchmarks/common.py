@@ -61,11 +61,54 @@ def evaluate(model_dir: Path, data: Path, output: Path, *more: object, **kwargs:
     return json.loads(Path(output).read_text())
 
 
+_forked: Any = None  # the multiprocessing context of fork_phases_from, once called
+
+
+def fork_phases_from(preload: list[str]) -> None:
+    """From now on ``run_limited`` forks each Python command from a fork server that has imported ``preload``
+    (torch, transformers, bertgpu) once, instead of a fresh interpreter importing them again: on a CPU a tiny
+    phase is 4-5 s of imports and 1 s of work. Not for a GPU check, whose phases each want a fresh process (a
+    CUDA context and compile caches of their own)."""
+    global _forked
+    import multiprocessing
+
+    _forked = multiprocessing.get_context("forkserver")
+    _forked.set_forkserver_preload(preload)  # a module that is not installed is skipped
+
+
+def _run_forked(argv: list[str], log: str, env: dict) -> None:
+    """A fork server's child running ``python ARGV`` (``-m MODULE ...`` or ``SCRIPT ...``) as that interpreter
+    would: its own session, the checkout as working directory, output to ``log``, the exit code its own."""
+    import runpy
+
+    os.setsid()
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    for std in (1, 2):
+        os.dup2(fd, std)
+    os.chdir(ROOT)
+    os.environ.update(env)
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv, sys.path[0] = argv, str(Path(argv[0]).parent)
+        runpy.run_path(argv[0], run_name="__main__")
+
+
 def run_limited(cmd: list[str], log: Path, limit: float, env: dict | None = None) -> tuple[int | None, float, str]:
     """Run ``cmd`` from the checkout (its output to ``log``) for at most ``limit`` seconds: (exit code or None
     if it ran out, seconds, output). It runs in a session of its own, so that running out ends its workers
     too (pytest-xdist's, bertgpu's), which would otherwise hold the GPU for the phases after it."""
     t0 = time.perf_counter()
+    if _forked is not None and cmd[0] == PY:
+        proc = _forked.Process(target=_run_forked, args=(cmd[1:], str(log), env or {}))
+        proc.start()
+        proc.join(limit)
+        ran_out = proc.is_alive()
+        if ran_out:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.join()
+        return None if ran_out else proc.exitcode, time.perf_counter() - t0, log.read_text(errors="replace")
     with open(log, "w") as f:
         proc = subprocess.Popen(
             cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})},
