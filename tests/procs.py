@@ -26,34 +26,79 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())}
 
 
-def start(args: list, *, torchrun: bool = False, slow: dict | None = None) -> subprocess.Popen:
+def start(args: list, *, torchrun: bool = False, slow: dict | None = None) -> subprocess.Popen | Forked:
     """Start a run in a session of its own, so that killing the group kills launcher and workers. ``slow``: the
-    environment of tests/slow_rank.py (SLOW_RANK, SLOW_SECONDS), which then runs the command."""
-    cmd = (
-        [
-            str(Path(sys.executable).with_name("torchrun")),
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-            "--max-restarts",
-            "1",
-            "-m",
-            "bertgpu",
-        ]
-        if torchrun
-        else [sys.executable, str(ROOT / "tests" / "slow_rank.py")]
-        if slow
-        else [sys.executable, "-m", "bertgpu"]
-    )
+    environment of tests/slow_rank.py (SLOW_RANK, SLOW_SECONDS), which then runs the command. A launcher of
+    bertgpu's own is forked from the test worker's fork server (``Forked``); torchrun is the real command."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(slow or {})}
+    if not torchrun:
+        return Forked(["slow_rank" if slow else "bertgpu", *map(str, args)], env)
+    cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node", "2"]
     return subprocess.Popen(
-        [*cmd, *map(str, args)],
+        [*cmd, "--max-restarts", "1", "-m", "bertgpu", *map(str, args)],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1", **(slow or {})},
+        env=env,
     )
+
+
+class Forked:
+    """`python -m bertgpu ARGS` (or `python tests/slow_rank.py ARGS`) as a process of its own, forked from the
+    test worker's fork server (tests/fork_server.run_command) instead of a fresh interpreter that imports torch
+    and bertgpu again (2.5 s of CPU a launcher; the suite starts about fifteen that it kills or stops): what a
+    test does with a Popen (pid, poll, wait, communicate, send_signal, kill, returncode). Its output goes to
+    files, read when it has ended; ``output`` sends both streams to one file that a test may watch."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], output: Path | None = None):
+        import multiprocessing
+        import tempfile
+
+        from conftest import workers_from_a_fork_server
+        from fork_server import run_command
+
+        from bertgpu import cli
+
+        workers_from_a_fork_server(cli.main, ())  # the server, started with tests/ on its path, once per test worker
+        self.args, self.returncode = argv, None
+        if output is None:
+            folder = Path(tempfile.mkdtemp(prefix="bertgpu-forked-"))
+            self._out, self._err = folder / "stdout", folder / "stderr"
+        else:
+            self._out = self._err = output
+        self._process = multiprocessing.get_context("forkserver").Process(
+            target=run_command, args=(argv, env, str(self._out), str(self._err))
+        )
+        self._process.start()
+        # Not joined at the test worker's exit as multiprocessing joins its children: a test ends its runs itself.
+        multiprocessing.process._children.discard(self._process)
+        self.pid = self._process.pid
+
+    def poll(self) -> int | None:
+        if self.returncode is None and not self._process.is_alive():
+            self.returncode = self._process.exitcode
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self.poll() is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        self.wait(timeout)
+        if self._out == self._err:
+            return self._out.read_text(errors="replace"), ""
+        return self._out.read_text(errors="replace"), self._err.read_text(errors="replace")
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def live_records(run_dir: Path) -> list[dict]:

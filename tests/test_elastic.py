@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import EXACT, ROOT, TINY_RUN, run_cli
-from procs import live_records
+from procs import Forked, live_records
 from slowing import slowed
 from test_communication import free_port, weights, worst_difference
 
@@ -57,11 +57,11 @@ def one_process(tmp_path_factory, small_english_data) -> Path:
     return out
 
 
-def start_machine(data: Path, out: Path, port: int, output: Path, *extra: str) -> subprocess.Popen:
-    """One machine's `bertgpu pretrain --nnodes 1:2`, its output to a file the test can watch."""
+def start_machine(data: Path, out: Path, port: int, output: Path, *extra: str) -> Forked:
+    """One machine's `bertgpu pretrain --nnodes 1:2`, its output to a file the test can watch: a launcher of its
+    own, forked from the test worker's fork server (procs.Forked), its workers from a fork server of its own."""
     cmd = [
-        sys.executable,
-        str(ROOT / "tests" / "slow_rank.py"),
+        "slow_rank",
         "pretrain",
         "--data",
         str(data),
@@ -86,11 +86,10 @@ def start_machine(data: Path, out: Path, port: int, output: Path, *extra: str) -
         *extra,
     ]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "SLOW_RANK": "any", "SLOW_SECONDS": "0.03", "PYTHONUNBUFFERED": "1"}
-    with open(output, "w") as f:
-        return subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    return Forked(list(map(str, cmd)), env, output)
 
 
-def wait_for(what: str, check, procs: list[subprocess.Popen], timeout: float = 300) -> None:
+def wait_for(what: str, check, procs: list[Forked], timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
@@ -110,7 +109,7 @@ def logged_step(out: Path) -> int:
     return max((r["step"] for r in live_records(out)), default=0)
 
 
-def lose_a_machine(tmp_path: Path, data: Path) -> tuple[Path, int, subprocess.Popen, Path]:
+def lose_a_machine(tmp_path: Path, data: Path) -> tuple[Path, int, Forked, Path]:
     """Two machines train; after the step-4 checkpoint the second is killed whole (SIGKILL to its launcher,
     agent and worker). Return the run directory, the rendezvous port, the first machine and its output."""
     out, port = tmp_path / "run", free_port()
