@@ -46,9 +46,43 @@ def run_command(argv: list[str], env: dict[str, str], stdout: str, stderr: str) 
     os.chdir(root)
     os.environ.clear()
     os.environ.update(env)
+    serve_workers_from_here()
     if argv[0] == "slow_rank":
         sys.argv = [str(root / "tests" / "slow_rank.py"), *argv[1:]]
         runpy.run_path(sys.argv[0], run_name="__main__")
     else:
         sys.argv = ["bertgpu", *argv[1:]]
         runpy.run_module("bertgpu", run_name="__main__", alter_sys=True)
+
+
+def serve_workers_from_here() -> None:
+    """Make this process's multiprocessing fork server a fork of this process, started now, while it has one thread:
+    its workers then have torch, torch._dynamo, DCP and bertgpu imported already (the server multiprocessing execs
+    imports them again: 4.3 s of CPU for each launcher a test kills), and it lives in this process's session, so that
+    killing that kills them too. What ``ForkServer.ensure_running`` does, with os.fork instead of a new interpreter;
+    left to it where its internals differ (Python 3.14 authenticates its clients)."""
+    import os
+    import socket
+    from multiprocessing import connection, forkserver, resource_tracker, util
+
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None or hasattr(server, "_forkserver_authkey"):
+        return
+    resource_tracker.ensure_running()
+    listener = socket.socket(socket.AF_UNIX)
+    address = connection.arbitrary_address("AF_UNIX")
+    listener.bind(address)
+    if not util.is_abstract_socket_namespace(address):
+        os.chmod(address, 0o600)
+    listener.listen()
+    alive_r, alive_w = os.pipe()  # the server ends when every process holding alive_w has
+    pid = os.fork()
+    if pid == 0:
+        os.close(alive_w)
+        try:
+            forkserver.main(listener.fileno(), alive_r, [])
+        finally:
+            os._exit(0)
+    os.close(alive_r)
+    listener.close()
+    server._forkserver_address, server._forkserver_alive_fd, server._forkserver_pid = address, alive_w, pid
