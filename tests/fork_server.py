@@ -21,17 +21,25 @@ def start_method(fn, args, *extra: str) -> str:
     return "forkserver"
 
 
-def run_command(argv: list[str], env: dict[str, str], stdout: str, stderr: str) -> None:
+def run_command(argv: list[str], env: dict[str, str], stdout: str, stderr: str, file_size: int | None = None) -> None:
     """A fork server's child running `python -m bertgpu ARGV[1:]` (ARGV[0] "bertgpu"), or `python tests/slow_rank.py
     ARGV[1:]` (ARGV[0] "slow_rank"), as a fresh interpreter would: a session of its own, ``env`` as its whole
     environment, the checkout as working directory, output to the files ``stdout`` and ``stderr`` (the same path:
-    one file), its exit status its own. Only torch and bertgpu's imports are skipped, already done in the server."""
+    one file), its exit status its own. Only torch and bertgpu's imports are skipped, already done in the server.
+    ``file_size``: the most bytes it (and every process it starts) may write to a file, as a full disk would allow
+    (a write past it fails with EFBIG)."""
     import os
     import runpy
     import sys
     from pathlib import Path
 
     os.setsid()
+    if file_size is not None:
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of ending the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
     for fd, path in ((1, stdout), (2, stderr)):
         if fd == 2 and path == stdout:
             os.dup2(1, 2)  # one file, one offset: as stderr=subprocess.STDOUT

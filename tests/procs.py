@@ -53,7 +53,7 @@ class Forked:
     test does with a Popen (pid, poll, wait, communicate, send_signal, kill, returncode). Its output goes to
     files, read when it has ended; ``output`` sends both streams to one file that a test may watch."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], output: Path | None = None):
+    def __init__(self, argv: list[str], env: dict[str, str], output: Path | None = None, file_size: int | None = None):
         import multiprocessing
         import tempfile
 
@@ -70,7 +70,7 @@ class Forked:
         else:
             self._out = self._err = output
         self._process = multiprocessing.get_context("forkserver").Process(
-            target=run_command, args=(argv, env, str(self._out), str(self._err))
+            target=run_command, args=(argv, env, str(self._out), str(self._err), file_size)
         )
         self._process.start()
         # Not joined at the test worker's exit as multiprocessing joins its children: a test ends its runs itself.

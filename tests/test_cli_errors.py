@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 
@@ -313,14 +314,6 @@ def test_no_gpu_or_too_few_gpus(tmp_path, english_data, monkeypatch, capsys):
     assert launch.resolve_nproc(0, "cuda") == 2
 
 
-def _limit_file_size():
-    import resource
-    import signal
-
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
-    resource.setrlimit(resource.RLIMIT_FSIZE, (2_000_000, 2_000_000))
-
-
 @pytest.fixture(scope="module")
 def two_step_run(tmp_path_factory, english_data):
     """A finished 2-step run (its checkpoint at step 2), which each test below copies and resumes or damages."""
@@ -330,25 +323,19 @@ def two_step_run(tmp_path_factory, english_data):
 
 
 def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, english_data, two_step_run):
-    """A write that fails half-way (here: a file-size limit, as a full disk would) leaves the previous
-    checkpoint the latest, removes the partial one, and says so in one line."""
+    """A write that fails half-way (here: a file-size limit of 2 MB, as a full disk would) leaves the previous
+    checkpoint the latest, removes the partial one, and says so in one line. The run is a process of its own (the
+    limit is its), forked from the test worker's fork server (procs.Forked)."""
     import subprocess
-    import sys
 
     import transformers
-    from conftest import ROOT
+    from procs import Forked
 
     run = tmp_path / "run"
     args = ["pretrain", "--data", english_data, "--out", run, *TINY_RUN, "--batch-size", "4", "--save-every", "2"]
     shutil.copytree(two_step_run, run)  # `args` with --steps 2, run to its end
-    proc = subprocess.run(
-        [sys.executable, "-m", "bertgpu", *map(str, args), "--steps", "4", "--resume"],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        preexec_fn=_limit_file_size,
-        timeout=600,
-    )
+    forked = Forked(["bertgpu", *map(str, args), "--steps", "4", "--resume"], dict(os.environ), file_size=2_000_000)
+    proc = subprocess.CompletedProcess(forked.args, forked.wait(600), *forked.communicate())
     assert_one_line_error(proc, "could not write checkpoint", "step-0000004", "step-0000002 is intact")
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000002"]
     transformers.BertForPreTraining.from_pretrained(run / "checkpoints" / "step-0000002")
