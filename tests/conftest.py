@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -184,16 +185,28 @@ def run_cli(
 
     A command on this machine alone runs from the test process
     (``run_in_process``): the same `cli.main`, files and worker processes, without the 3-4 s a fresh
-    `python -m bertgpu` and its fork server spend importing torch. ``fresh=True`` starts
-    `python -m bertgpu` anyway, for tests about that process itself (exit status and whole stderr of a
-    new interpreter); BERTGPU_TEST_FRESH=1 does so for every command. ``env`` adds to the environment (of the
-    workers too); a variable that Python reads at start-up (PYTHON*) needs a new interpreter, and gets one."""
+    `python -m bertgpu` and its fork server spend importing torch. One that keeps a process of its own (bench,
+    which times itself; a GPU; --nnodes) is that process forked from the test worker's fork server
+    (``procs.Forked``). ``fresh=True`` starts `python -m bertgpu` anyway, for tests about that process itself
+    (exit status and whole stderr of a new interpreter); BERTGPU_TEST_FRESH=1 does so for every command. ``env``
+    adds to the environment (of the workers too); a variable that Python reads at start-up (PYTHON*) needs a new
+    interpreter, and gets one."""
     args = tuple(map(str, args))
-    in_process = not fresh and _this_machine(args) and os.environ.get("BERTGPU_TEST_FRESH") != "1"
-    if in_process and not any(name.startswith("PYTHON") for name in env or {}):
+    fresh = fresh or os.environ.get("BERTGPU_TEST_FRESH") == "1" or any(name.startswith("PYTHON") for name in env or {})
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
+    if not fresh and _this_machine(args):
         proc = run_in_process(*args, timeout=timeout, env=env)
+    elif not fresh:
+        from procs import Forked
+
+        forked = Forked(["bertgpu", *args], full_env)
+        try:
+            code = forked.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(forked.pid, signal.SIGKILL)  # as subprocess.run's timeout ends the command
+            raise
+        proc = subprocess.CompletedProcess(["bertgpu", *args], code, *forked.communicate())
     else:
-        full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1", **(env or {})}
         proc = subprocess.run(
             [sys.executable, "-m", "bertgpu", *args],
             capture_output=True,
