@@ -22,12 +22,12 @@ def start_method(fn, args, *extra: str) -> str:
 
 
 def run_command(argv: list[str], env: dict[str, str], stdout: str, stderr: str, file_size: int | None = None) -> None:
-    """A fork server's child running `python -m bertgpu ARGV[1:]` (ARGV[0] "bertgpu"), or `python tests/slow_rank.py
-    ARGV[1:]` (ARGV[0] "slow_rank"), as a fresh interpreter would: a session of its own, ``env`` as its whole
-    environment, the checkout as working directory, output to the files ``stdout`` and ``stderr`` (the same path:
-    one file), its exit status its own. Only torch and bertgpu's imports are skipped, already done in the server.
-    ``file_size``: the most bytes it (and every process it starts) may write to a file, as a full disk would allow
-    (a write past it fails with EFBIG)."""
+    """A fork server's child running `python -m bertgpu ARGV[1:]` (ARGV[0] "bertgpu"), `python tests/slow_rank.py
+    ARGV[1:]` (ARGV[0] "slow_rank") or `python -c CODE ARGS` (ARGV "-c", CODE, ARGS), as a fresh interpreter would:
+    a session of its own, ``env`` as its whole environment, the checkout as working directory, output to the files
+    ``stdout`` and ``stderr`` (the same path: one file), its exit status its own. Only torch and bertgpu's imports
+    are skipped, already done in the server. ``file_size``: the most bytes it (and every process it starts) may
+    write to a file, as a full disk would allow (a write past it fails with EFBIG)."""
     import os
     import runpy
     import sys
@@ -55,7 +55,10 @@ def run_command(argv: list[str], env: dict[str, str], stdout: str, stderr: str, 
     os.environ.clear()
     os.environ.update(env)
     serve_workers_from_here()
-    if argv[0] == "slow_rank":
+    if argv[0] == "-c":
+        sys.argv = ["-c", *argv[2:]]
+        exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__"})
+    elif argv[0] == "slow_rank":
         sys.argv = [str(root / "tests" / "slow_rank.py"), *argv[1:]]
         runpy.run_path(sys.argv[0], run_name="__main__")
     else:

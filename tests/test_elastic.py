@@ -13,13 +13,11 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import EXACT, ROOT, TINY_RUN, run_cli
+from conftest import EXACT, TINY_RUN, run_cli
 from procs import Forked, live_records
 from slowing import slowed
 from test_communication import free_port, weights, worst_difference
@@ -260,11 +258,7 @@ def test_a_background_save_keeps_its_steps_state_and_a_kill_midway_keeps_the_pre
     from bertgpu.checkpoints.checkpoint import latest_checkpoint
 
     run, marker = tmp_path / "run", tmp_path / "writing"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", BACKGROUND_WRITER, str(run), str(uncased_vocab), str(marker)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    proc = Forked(["-c", BACKGROUND_WRITER, str(run), str(uncased_vocab), str(marker)], dict(os.environ))
     deadline = time.monotonic() + 300
     while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)

@@ -11,15 +11,13 @@ import os
 import random
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, TINY_RUN, run_cli, write_tiny_bert
-from procs import assert_bitwise_equal, kill_torchrun_worker, losses, start, wait_for_step
+from conftest import TINY_RUN, run_cli, write_tiny_bert
+from procs import Forked, assert_bitwise_equal, kill_torchrun_worker, losses, start, wait_for_step
 from safetensors.torch import load_file
 
 from bertgpu.checkpoints import checkpoint
@@ -156,7 +154,7 @@ def test_sigkill_during_a_checkpoint_write_keeps_the_previous_one_latest(tmp_pat
     from bertgpu.checkpoints.checkpoint import latest_checkpoint
 
     run, marker = tmp_path / "run", tmp_path / "writing"
-    proc = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(run), str(uncased_vocab), str(marker)], cwd=ROOT)
+    proc = Forked(["-c", SLOW_WRITER, str(run), str(uncased_vocab), str(marker)], dict(os.environ))
     deadline = time.monotonic() + 120
     while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
