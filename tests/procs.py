@@ -51,7 +51,8 @@ class Forked:
     and bertgpu again (2.5 s of CPU a launcher; the suite starts about fifteen that it kills or stops), its own
     workers' fork server a fork of it (fork_server.serve_workers_from_here: 4.3 s more of imports saved): what a
     test does with a Popen (pid, poll, wait, communicate, send_signal, kill, returncode). Its output goes to
-    files, read when it has ended; ``output`` sends both streams to one file that a test may watch."""
+    files, read when it has ended; ``output`` sends both streams to one file that a test may watch. With
+    BERTGPU_TEST_FRESH=1 it is that fresh interpreter, as every command of the suite then is."""
 
     def __init__(self, argv: list[str], env: dict[str, str], output: Path | None = None, file_size: int | None = None):
         import multiprocessing
@@ -62,13 +63,17 @@ class Forked:
 
         from bertgpu import cli
 
-        workers_from_a_fork_server(cli.main, ())  # the server, started with tests/ on its path, once per test worker
-        self.args, self.returncode = argv, None
+        self.args, self.returncode, self._popen = argv, None, None
         if output is None:
             folder = Path(tempfile.mkdtemp(prefix="bertgpu-forked-"))
             self._out, self._err = folder / "stdout", folder / "stderr"
         else:
             self._out = self._err = output
+        if os.environ.get("BERTGPU_TEST_FRESH") == "1":
+            self._popen = _fresh(argv, env, self._out, self._err, file_size)
+            self.pid = self._popen.pid
+            return
+        workers_from_a_fork_server(cli.main, ())  # the server, started with tests/ on its path, once per test worker
         self._process = multiprocessing.get_context("forkserver").Process(
             target=run_command, args=(argv, env, str(self._out), str(self._err), file_size)
         )
@@ -78,11 +83,15 @@ class Forked:
         self.pid = self._process.pid
 
     def poll(self) -> int | None:
-        if self.returncode is None and not self._process.is_alive():
+        if self._popen is not None:
+            self.returncode = self._popen.poll()
+        elif self.returncode is None and not self._process.is_alive():
             self.returncode = self._process.exitcode
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
+        if self._popen is not None:
+            return self._popen.wait(timeout)
         self._process.join(timeout)
         if self.poll() is None:
             raise subprocess.TimeoutExpired(self.args, timeout)
@@ -100,6 +109,30 @@ class Forked:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+def _fresh(argv: list[str], env: dict[str, str], out: Path, err: Path, file_size: int | None) -> subprocess.Popen:
+    """Forked's command as a fresh interpreter (BERTGPU_TEST_FRESH=1), in a session of its own."""
+    main = {"bertgpu": ["-m", "bertgpu"], "slow_rank": [str(ROOT / "tests" / "slow_rank.py")]}.get(argv[0], argv[:2])
+    rest = argv[2:] if argv[0] == "-c" else argv[1:]
+
+    def limit() -> None:
+        if file_size is not None:
+            import resource
+
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+
+    with open(out, "w") as stdout, open(err, "w" if err != out else "a") as stderr:
+        return subprocess.Popen(
+            [sys.executable, *main, *rest],
+            cwd=ROOT,
+            stdout=stdout,
+            stderr=subprocess.STDOUT if out == err else stderr,
+            env={**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))},
+            start_new_session=True,
+            preexec_fn=limit,
+        )
 
 
 def live_records(run_dir: Path) -> list[dict]:
