@@ -34,12 +34,7 @@ def run_command(argv: list[str], env: dict[str, str], stdout: str, stderr: str, 
     from pathlib import Path
 
     os.setsid()
-    if file_size is not None:
-        import resource
-        import signal
-
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of ending the process
-        resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
+    limit_file_size(file_size)
     for fd, path in ((1, stdout), (2, stderr)):
         if fd == 2 and path == stdout:
             os.dup2(1, 2)  # one file, one offset: as stderr=subprocess.STDOUT
@@ -64,6 +59,17 @@ def run_command(argv: list[str], env: dict[str, str], stdout: str, stderr: str, 
     else:
         sys.argv = ["bertgpu", *argv[1:]]
         runpy.run_module("bertgpu", run_name="__main__", alter_sys=True)
+
+
+def limit_file_size(size: int | None) -> None:
+    """At most ``size`` bytes to a file for this process and every one it starts (None: no limit), as a full disk
+    would allow: a write past it fails with EFBIG instead of ending the process with SIGXFSZ."""
+    if size is not None:
+        import resource
+        import signal
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
 
 
 def serve_workers_from_here() -> None:

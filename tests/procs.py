@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import torch
 from conftest import ROOT
+from fork_server import limit_file_size
 
 from bertgpu.training.runlog import read_records
 
@@ -115,14 +117,6 @@ def _fresh(argv: list[str], env: dict[str, str], out: Path, err: Path, file_size
     """Forked's command as a fresh interpreter (BERTGPU_TEST_FRESH=1), in a session of its own."""
     main = {"bertgpu": ["-m", "bertgpu"], "slow_rank": [str(ROOT / "tests" / "slow_rank.py")]}.get(argv[0], argv[:2])
     rest = argv[2:] if argv[0] == "-c" else argv[1:]
-
-    def limit() -> None:
-        if file_size is not None:
-            import resource
-
-            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-            resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
-
     with open(out, "w") as stdout, open(err, "w" if err != out else "a") as stderr:
         return subprocess.Popen(
             [sys.executable, *main, *rest],
@@ -131,7 +125,7 @@ def _fresh(argv: list[str], env: dict[str, str], out: Path, err: Path, file_size
             stderr=subprocess.STDOUT if out == err else stderr,
             env={**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))},
             start_new_session=True,
-            preexec_fn=limit,
+            preexec_fn=functools.partial(limit_file_size, file_size),
         )
 
 
