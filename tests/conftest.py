@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -199,13 +198,7 @@ def run_cli(
     elif not fresh:
         from procs import Forked
 
-        forked = Forked(["bertgpu", *args], full_env)
-        try:
-            code = forked.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(forked.pid, signal.SIGKILL)  # as subprocess.run's timeout ends the command
-            raise
-        proc = subprocess.CompletedProcess(["bertgpu", *args], code, *forked.communicate())
+        proc = Forked(["bertgpu", *args], full_env).completed(timeout)
     else:
         proc = subprocess.run(
             [sys.executable, "-m", "bertgpu", *args],

@@ -99,6 +99,15 @@ class Forked:
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
+    def completed(self, timeout: float) -> subprocess.CompletedProcess:
+        """Wait for it to end, as subprocess.run does: its session killed and TimeoutExpired after ``timeout``."""
+        try:
+            code = self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.pid, signal.SIGKILL)
+            raise
+        return subprocess.CompletedProcess(self.args, code, *self.communicate())
+
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         self.wait(timeout)
         if self._out == self._err:

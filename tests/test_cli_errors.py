@@ -326,16 +326,14 @@ def test_disk_full_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, e
     """A write that fails half-way (here: a file-size limit of 2 MB, as a full disk would) leaves the previous
     checkpoint the latest, removes the partial one, and says so in one line. The run is a process of its own (the
     limit is its), forked from the test worker's fork server (procs.Forked)."""
-    import subprocess
-
     import transformers
     from procs import Forked
 
     run = tmp_path / "run"
     args = ["pretrain", "--data", english_data, "--out", run, *TINY_RUN, "--batch-size", "4", "--save-every", "2"]
     shutil.copytree(two_step_run, run)  # `args` with --steps 2, run to its end
-    forked = Forked(["bertgpu", *map(str, args), "--steps", "4", "--resume"], dict(os.environ), file_size=2_000_000)
-    proc = subprocess.CompletedProcess(forked.args, forked.wait(600), *forked.communicate())
+    argv = ["bertgpu", *map(str, args), "--steps", "4", "--resume"]
+    proc = Forked(argv, dict(os.environ), file_size=2_000_000).completed(600)
     assert_one_line_error(proc, "could not write checkpoint", "step-0000004", "step-0000002 is intact")
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-0000002"]
     transformers.BertForPreTraining.from_pretrained(run / "checkpoints" / "step-0000002")
