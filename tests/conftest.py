@@ -159,9 +159,6 @@ def at_real_tokens(tensor, attention_mask):
     return tensor[attention_mask.bool()]
 
 
-TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
-
-
 def run_balanced_with_a_slow_rank(*args) -> tuple[subprocess.CompletedProcess, str, list[int]]:
     """`bertgpu ARGS --nproc 2` (with --balance auto), process 1 made slower from outside the product
     (tests/slow_rank.py: 30 ms per sequence before each forward pass, as a slower GPU would take): the finished

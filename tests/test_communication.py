@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import EXACT, ROOT, TINY_RUN, TORCHRUN, run_balanced_with_a_slow_rank, run_cli
+from conftest import EXACT, ROOT, TINY_RUN, run_balanced_with_a_slow_rank, run_cli
 from procs import assert_bitwise_equal, start, wait_for_step
 from safetensors.torch import load_file
 
@@ -217,89 +217,17 @@ NODES = [*TINY_RUN, *EXACT, "--batch-size", "4", "--steps", "6", "--lr", "1e-4",
 NODES += ["--save-every", "2", "--seed", "3"]
 
 
-def start_nodes(data: Path, out: Path, *extra: str) -> list[subprocess.Popen]:
-    """Two torchrun agents, one process each, meeting through c10d rendezvous on this machine: what
-    `torchrun --nnodes 2` does on two machines, here with the run directory shared."""
-    port = free_port()
-    cmd = [
-        TORCHRUN,
-        "--nnodes",
-        "2",
-        "--nproc_per_node",
-        "1",
-        "--rdzv-backend",
-        "c10d",
-        "--rdzv-endpoint",
-        f"localhost:{port}",
-        "--rdzv-id",
-        f"nodes-{port}",
-        *extra,
-        "-m",
-        "bertgpu",
-        "pretrain",
-        "--data",
-        str(data),
-        "--out",
-        str(out),
-        *NODES,
-    ]
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return [
-        subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
-        )
-        for _ in range(2)
-    ]
-
-
-@pytest.fixture(scope="module")
-def two_processes(tmp_path_factory, small_english_data) -> Path:
-    out = tmp_path_factory.mktemp("nodes") / "nproc2"
-    run_cli("pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", *NODES)
-    return out
-
-
-def test_two_torchrun_nodes_end_on_the_weights_of_two_local_processes_even_when_a_worker_dies(
-    tmp_path, small_english_data, two_processes
-):
-    """Two torchrun nodes train as two local processes do: the summation order is the same (one gloo
-    all-reduce of two ranks); only each process's thread count differs (a node's one process takes both
-    cores), which moves results by ~1e-7. The steps before and after a failure are both on two nodes, so
-    one run proves that and the restart: the worker of one node is killed mid-run under --max-restarts 1,
-    that node restarts it, the other node's group restarts too (a membership change, which torchrun does
-    not count as a restart: the workers count their starts in the job's store to know they must resume),
-    and the run resumes from its latest checkpoint and ends where the uninterrupted run does."""
-    out = tmp_path / "run"
-    nodes = start_nodes(small_english_data, out, "--max-restarts", "1")
-    wait_for_step(out, 3, nodes[0])  # past the step-2 checkpoint
-    from procs import env_of, parent_chain_has
-
-    workers = [
-        int(p)
-        for p in os.listdir("/proc")
-        if p.isdigit()
-        and env_of(int(p)).get("TORCHELASTIC_RUN_ID")
-        and parent_chain_has(int(p), nodes[1].pid)
-        and int(p) != nodes[1].pid
-    ]
-    assert workers, "no worker of the second node found"
-    os.kill(min(workers), signal.SIGKILL)
-    outputs = [node.communicate(timeout=600) for node in nodes]
-    assert all(node.returncode == 0 for node in nodes), [o[1][-2000:] for o in outputs]
-    assert any("resuming from" in o[0] for o in outputs), outputs[0][0]
-    worst = worst_difference(weights(two_processes, 6), weights(out, 6))
-    assert worst <= 1e-6, f"max abs parameter difference {worst:.3g}"
-
-
-def test_the_slurm_script_runs_as_submitted(tmp_path, small_english_data):
-    """examples/slurm/pretrain.sbatch, its paths set as a user sets them, run by bash with stand-ins for
-    SLURM's srun (which starts the command once per node, here as two local processes) and scontrol
-    (which names the nodes): two torchrun nodes train and write a checkpoint transformers loads."""
+def submit_the_slurm_script(tmp_path: Path, data: Path, out: Path, *flags: str) -> subprocess.Popen:
+    """examples/slurm/pretrain.sbatch, its paths set as a user sets them and BERTGPU_ARGS's flags after its own
+    (the last one given wins), run by bash with stand-ins for SLURM's srun (which starts the command once per node,
+    here twice on this machine, and fails when one does) and scontrol (which names the nodes): two torchrun agents,
+    one process each, meeting through c10d rendezvous, the run directory shared. A session of its own, so that
+    the test can tell its workers from others'."""
     import textwrap
 
     script = (ROOT / "examples" / "slurm" / "pretrain.sbatch").read_text()
     venv = Path(sys.executable).parents[1]
-    for name, value in (("DATA", small_english_data), ("OUT", tmp_path / "run"), ("VENV", venv), ("MODEL", "tiny")):
+    for name, value in (("DATA", data), ("OUT", out), ("VENV", venv), ("MODEL", "tiny")):
         script = script.replace(
             next(line for line in script.splitlines() if line.startswith(f"{name}=")), f"{name}={value}"
         )
@@ -310,8 +238,11 @@ def test_the_slurm_script_runs_as_submitted(tmp_path, small_english_data):
         textwrap.dedent("""\
         #!/bin/bash
         [ "$1" = --kill-on-bad-exit=0 ] && shift
-        for node in $(seq 1 "$SLURM_NNODES"); do "$@" & done
-        wait
+        pids=()
+        for node in $(seq 1 "$SLURM_NNODES"); do "$@" & pids+=($!); done
+        status=0
+        for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+        exit $status
         """)
     )
     (bin_dir / "scontrol").write_text("#!/bin/bash\necho localhost\necho localhost\n")
@@ -319,6 +250,7 @@ def test_the_slurm_script_runs_as_submitted(tmp_path, small_english_data):
         (bin_dir / tool).chmod(0o755)
     env = {
         **os.environ,
+        "HF_HUB_OFFLINE": "1",
         "PATH": f"{bin_dir}:{venv / 'bin'}:{os.environ['PATH']}",
         "SLURM_NNODES": "2",
         "SLURM_JOB_NODELIST": "node[1-2]",
@@ -326,13 +258,53 @@ def test_the_slurm_script_runs_as_submitted(tmp_path, small_english_data):
         "SLURM_CPUS_PER_TASK": "1",
         "SLURM_JOB_ID": "4242",
         "RDZV_PORT": str(free_port()),
-        "BERTGPU_ARGS": "--device cpu --precision fp32 --steps 2 --batch-size 4 --loader-workers 0 --save-every 2",
+        "BERTGPU_ARGS": " ".join(flags),
     }
-    proc = subprocess.run(
-        ["bash", str(tmp_path / "pretrain.sbatch")], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "2 processes = dp 2, ddp" in proc.stdout and "global batch 8" in proc.stdout, proc.stdout
+    return subprocess.Popen(
+        ["bash", str(tmp_path / "pretrain.sbatch")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path, start_new_session=True,
+    )  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory, small_english_data) -> Path:
+    out = tmp_path_factory.mktemp("nodes") / "nproc2"
+    run_cli("pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", *NODES)
+    return out
+
+
+def test_the_slurm_script_trains_on_two_torchrun_nodes_as_two_local_processes_even_when_a_worker_dies(
+    tmp_path, small_english_data, two_processes
+):
+    """The SLURM script as submitted (its paths set, the test's flags in BERTGPU_ARGS) trains on two torchrun
+    nodes as two local processes do: the summation order is the same (one gloo all-reduce of two ranks), and so
+    is each process's thread count (the script's OMP_NUM_THREADS, 1 here). One run proves that and the
+    restart: the worker of one node is killed mid-run under the script's --max-restarts, that node restarts it,
+    the other node's group restarts too (a membership change), and the run resumes from its latest checkpoint
+    (the script's --resume; without it, test_elastic's lost machine), ends where the uninterrupted run does and
+    writes a checkpoint that transformers loads."""
+    out = tmp_path / "run"
+    flags = ["--device", "cpu", "--precision", "fp32", "--loader-workers", "0", *NODES]
+    job = submit_the_slurm_script(tmp_path, small_english_data, out, *flags, "--lr-scaling", "none")
+    wait_for_step(out, 3, job)  # past the step-2 checkpoint
+    from procs import env_of, parent_chain_has
+
+    workers = [  # the agents' workers: an agent's own environment has no LOCAL_RANK
+        int(p)
+        for p in os.listdir("/proc")
+        if p.isdigit()
+        and env_of(int(p)).get("TORCHELASTIC_RUN_ID") == "4242"
+        and "LOCAL_RANK" in env_of(int(p))
+        and parent_chain_has(int(p), job.pid)
+    ]
+    assert len(workers) == 2, f"expected one worker on each node, found {workers}"
+    os.kill(min(workers), signal.SIGKILL)
+    stdout, stderr = job.communicate(timeout=600)
+    assert job.returncode == 0, stderr[-3000:]
+    assert "2 processes = dp 2, ddp" in stdout and "global batch 8" in stdout, stdout
+    assert "resuming from" in stdout, stdout
+    worst = worst_difference(weights(two_processes, 6), weights(out, 6))
+    assert worst <= 1e-6, f"max abs parameter difference {worst:.3g}"
     import transformers
 
-    transformers.BertForPreTraining.from_pretrained(tmp_path / "run" / "checkpoints" / "step-0000002")
+    transformers.BertForPreTraining.from_pretrained(out / "checkpoints" / "step-0000006")
