@@ -74,10 +74,10 @@ def start_machine(data: Path, out: Path, port: int, output: Path, *extra: str) -
         f"localhost:{port}",
         "--max-restarts",
         "3",
-        # A second machine started with the first joins within 5 s (one that comes later is taken in at a
-        # restart); torch's 30 s would only be waited out at each restart on one machine.
+        # A second machine started with the first joins within 2 s (one that comes later is taken in at a
+        # restart, as the third is); torch's 30 s would be waited out at each restart on one machine.
         "--rdzv-last-call",
-        "5",
+        "2",
         # A killed machine is noticed after 3 missed heartbeats: 3 s instead of torch's 15.
         "--rdzv-heartbeat",
         "1",
