@@ -225,9 +225,11 @@ def test_a_bare_number_of_seconds_is_refused_before_anything_runs(tmp_path, smal
 ARGS = [*TINY_RUN, "--recipe", "fast", "--no-nsp", "--batch-size", "8", "--eval-fraction", "0.1"]
 ARGS += ["--eval-instances", "32", "--log-every", "1", "--max-seq-length", "64"]
 # Steps that wait instead of computing (tests/slowing.py: 50 ms a sequence before each forward pass, against about
-# 8 ms of one core's computing at 64 tokens, 240 sequences a second on 2 threads): a budget of 15 s is still 15 s
-# of steps, but it leaves the cores to the rest of the suite.
+# 8 ms of one core's computing at 64 tokens, 240 sequences a second on 2 threads): a budget of 8 s is still 8 s
+# of steps (about 18 of 0.4 s), but it leaves the cores to the rest of the suite.
 SLOW = {"SLOW_RANK": "any", "SLOW_SECONDS": "0.05"}
+BUDGET = 8  # seconds: the one-process run's
+SPLIT_BUDGET, STOP_AT = 9, 3  # the two-process run's, and when it is stopped
 
 
 @pytest.fixture
@@ -243,12 +245,23 @@ def _finished(out: Path) -> tuple[dict, list[dict]]:
 
 
 @pytest.fixture(scope="module")
-def budget_run_15s(tmp_path_factory, small_english_data):
-    """`pretrain --time-budget 15s` on one process, started in the background (a process of its own, its steps
-    slowed by tests/slow_rank.py) by the first test that asks for it, so that its 15 s of sleeping steps pass while
+def budget_run(tmp_path_factory, small_english_data):
+    """`pretrain --time-budget 8s` on one process, started in the background (a process of its own, its steps
+    slowed by tests/slow_rank.py) by the first test that asks for it, so that its 8 s of sleeping steps pass while
     that test runs: (the process, its --out, when it started)."""
     out = tmp_path_factory.mktemp("budget") / "run"
-    args = ["pretrain", "--data", small_english_data, "--out", out, "--nproc", "1", "--time-budget", "15s", *ARGS]
+    args = [
+        "pretrain",
+        "--data",
+        small_english_data,
+        "--out",
+        out,
+        "--nproc",
+        "1",
+        "--time-budget",
+        f"{BUDGET}s",
+        *ARGS,
+    ]
     started = time.monotonic()
     proc = start(args, slow=SLOW)
     yield proc, out, started
@@ -257,18 +270,29 @@ def budget_run_15s(tmp_path_factory, small_english_data):
         proc.wait()
 
 
-def test_a_budget_run_stopped_half_way_resumes_to_the_same_end(tmp_path, small_english_data, budget_run_15s):
-    # budget_run_15s: the next test's 15 s run starts now, beside this one's two (all sleep more than they compute)
+def test_a_budget_run_stopped_half_way_resumes_to_the_same_end(tmp_path, small_english_data, budget_run):
+    # budget_run: the next test's 8 s run starts now, beside this one's two (all sleep more than they compute)
     out = tmp_path / "run"
-    args = ["pretrain", "--data", small_english_data, "--out", out, "--nproc", "2", "--time-budget", "16s", *ARGS]
+    args = [
+        "pretrain",
+        "--data",
+        small_english_data,
+        "--out",
+        out,
+        "--nproc",
+        "2",
+        "--time-budget",
+        f"{SPLIT_BUDGET}s",
+        *ARGS,
+    ]
     proc = start(args, slow=SLOW)
-    while proc.poll() is None and not any(r.get("train_seconds", 0) >= 6 for r in live_records(out)):
+    while proc.poll() is None and not any(r.get("train_seconds", 0) >= STOP_AT for r in live_records(out)):
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode != 0 and "stopped by SIGTERM" in stderr, stderr
     half = checkpoint.load_training_state(checkpoint.latest_checkpoint(out))["budget"]
-    assert not half["done"] and 6 <= half["elapsed"] < 13, half
+    assert not half["done"] and STOP_AT <= half["elapsed"] < SPLIT_BUDGET - 2, half
 
     done = run_cli(*args, "--resume", env=SLOW)
     first = next(line for line in done.stdout.splitlines() if line.startswith("bertgpu pretrain:"))
@@ -276,28 +300,30 @@ def test_a_budget_run_stopped_half_way_resumes_to_the_same_end(tmp_path, small_e
     state, records = _finished(out)
     assert state["done"] and records[-1]["lr"] == 0.0
     assert (
-        16 - 2 * state["step_s"] - (state["eval_s"] or 2 * state["step_s"]) <= state["elapsed"] <= 16 + state["step_s"]
+        SPLIT_BUDGET - 2 * state["step_s"] - (state["eval_s"] or 2 * state["step_s"])
+        <= state["elapsed"]
+        <= SPLIT_BUDGET + state["step_s"]
     ), state
     # Resumed once more, the run is finished: nothing to train.
     again = run_cli(*args, "--resume")
     assert "is finished" in again.stdout, again.stdout
 
 
-def test_a_budget_run_ends_at_the_budget_with_the_rate_at_zero(budget_run_15s):
-    proc, out, t0 = budget_run_15s
+def test_a_budget_run_ends_at_the_budget_with_the_rate_at_zero(budget_run):
+    proc, out, t0 = budget_run
     stdout, stderr = proc.communicate(timeout=600)
     assert proc.returncode == 0, stderr[-3000:]
     done = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     wall = time.monotonic() - t0
     state, log = _finished(out)
-    assert "time budget 15s" in done.stdout.splitlines()[0]
+    assert f"time budget {BUDGET}s" in done.stdout.splitlines()[0]
     assert state["done"] and log[-1]["lr"] == 0.0 and log[-1]["step"] == len(log) >= 5
     step_s = state["step_s"]
     # The training clock ends within a step of the budget less the final evaluation (timed, or estimated as at
     # most 2 steps of these 32 instances); then the save.
-    assert 15 - 2 * step_s - (state["eval_s"] or 2 * step_s) <= state["elapsed"] <= 15 + step_s, state
-    assert log[-1]["train_seconds"] <= 15 + step_s
-    assert wall < 15 + 30, wall  # setup, a step and the save: never a second budget
+    assert BUDGET - 2 * step_s - (state["eval_s"] or 2 * step_s) <= state["elapsed"] <= BUDGET + step_s, state
+    assert log[-1]["train_seconds"] <= BUDGET + step_s
+    assert wall < BUDGET + 30, wall  # setup, a step and the save: never a second budget
 
 
 @pytest.mark.parametrize("steps", ["50", "1000"])  # 1000: the default value, still given
