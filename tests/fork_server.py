@@ -23,7 +23,8 @@ def start_method(fn, args, *extra: str) -> str:
 
 def run_command(argv: list[str], env: dict[str, str], stdout: str, stderr: str, file_size: int | None = None) -> None:
     """A fork server's child running `python -m bertgpu ARGV[1:]` (ARGV[0] "bertgpu"), `python tests/slow_rank.py
-    ARGV[1:]` (ARGV[0] "slow_rank") or `python -c CODE ARGS` (ARGV "-c", CODE, ARGS), as a fresh interpreter would:
+    ARGV[1:]` (ARGV[0] "slow_rank"), `torchrun ARGV[1:]` (ARGV[0] "torchrun") or `python -c CODE ARGS` (ARGV "-c",
+    CODE, ARGS), as a fresh interpreter would:
     a session of its own, ``env`` as its whole environment, the checkout as working directory, output to the files
     ``stdout`` and ``stderr`` (the same path: one file), its exit status its own. Only torch and bertgpu's imports
     are skipped, already done in the server. ``file_size``: the most bytes it (and every process it starts) may
@@ -49,6 +50,10 @@ def run_command(argv: list[str], env: dict[str, str], stdout: str, stderr: str, 
     os.chdir(root)
     os.environ.clear()
     os.environ.update(env)
+    if argv[0] == "torchrun":  # its agent starts each worker as a fresh interpreter
+        sys.argv = ["torchrun", *argv[1:]]
+        runpy.run_module("torch.distributed.run", run_name="__main__", alter_sys=True)
+        return
     serve_workers_from_here()
     if argv[0] == "-c":
         sys.argv = ["-c", *argv[2:]]

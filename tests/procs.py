@@ -28,31 +28,24 @@ def losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())}
 
 
-def start(args: list, *, torchrun: bool = False, slow: dict | None = None) -> subprocess.Popen | Forked:
+def start(args: list, *, torchrun: bool = False, slow: dict | None = None) -> Forked:
     """Start a run in a session of its own, so that killing the group kills launcher and workers. ``slow``: the
-    environment of tests/slow_rank.py (SLOW_RANK, SLOW_SECONDS), which then runs the command. A launcher of
-    bertgpu's own is forked from the test worker's fork server (``Forked``); torchrun is the real command."""
+    environment of tests/slow_rank.py (SLOW_RANK, SLOW_SECONDS), which then runs the command. The launcher, bertgpu's
+    own or torchrun's agent (``torchrun=True``: 2 processes, --max-restarts 1), is forked from the test worker's
+    fork server (``Forked``); torchrun's workers are the fresh interpreters it starts."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(slow or {})}
     if not torchrun:
         return Forked(["slow_rank" if slow else "bertgpu", *map(str, args)], env)
-    cmd = [str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc_per_node", "2"]
-    return subprocess.Popen(
-        [*cmd, "--max-restarts", "1", "-m", "bertgpu", *map(str, args)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env=env,
-    )
+    agent = ["torchrun", "--standalone", "--nproc_per_node", "2", "--max-restarts", "1"]
+    return Forked([*agent, "-m", "bertgpu", *map(str, args)], env)
 
 
 class Forked:
-    """`python -m bertgpu ARGS` (or `python tests/slow_rank.py ARGS`) as a process of its own, forked from the
-    test worker's fork server (tests/fork_server.run_command) instead of a fresh interpreter that imports torch
-    and bertgpu again (2.5 s of CPU a launcher; the suite starts about fifteen that it kills or stops), its own
-    workers' fork server a fork of it (fork_server.serve_workers_from_here: 4.3 s more of imports saved): what a
-    test does with a Popen (pid, poll, wait, communicate, send_signal, kill, returncode). Its output goes to
+    """`python -m bertgpu ARGS` (or `python tests/slow_rank.py ARGS`, `torchrun ARGS`) as a process of its own,
+    forked from the test worker's fork server (tests/fork_server.run_command) instead of a fresh interpreter that
+    imports torch and bertgpu again (2.5 s of CPU a launcher; the suite starts about fifteen that it kills or stops),
+    its own workers' fork server a fork of it (fork_server.serve_workers_from_here: 4.3 s more of imports saved):
+    what a test does with a Popen (pid, poll, wait, communicate, send_signal, kill, returncode). Its output goes to
     files, read when it has ended; ``output`` sends both streams to one file that a test may watch. With
     BERTGPU_TEST_FRESH=1 it is that fresh interpreter, as every command of the suite then is."""
 
@@ -93,7 +86,8 @@ class Forked:
 
     def wait(self, timeout: float | None = None) -> int:
         if self._popen is not None:
-            return self._popen.wait(timeout)
+            self.returncode = self._popen.wait(timeout)
+            return self.returncode
         self._process.join(timeout)
         if self.poll() is None:
             raise subprocess.TimeoutExpired(self.args, timeout)
@@ -124,7 +118,11 @@ class Forked:
 
 def _fresh(argv: list[str], env: dict[str, str], out: Path, err: Path, file_size: int | None) -> subprocess.Popen:
     """Forked's command as a fresh interpreter (BERTGPU_TEST_FRESH=1), in a session of its own."""
-    main = {"bertgpu": ["-m", "bertgpu"], "slow_rank": [str(ROOT / "tests" / "slow_rank.py")]}.get(argv[0], argv[:2])
+    main = {
+        "bertgpu": ["-m", "bertgpu"],
+        "slow_rank": [str(ROOT / "tests" / "slow_rank.py")],
+        "torchrun": ["-m", "torch.distributed.run"],
+    }.get(argv[0], argv[:2])
     rest = argv[2:] if argv[0] == "-c" else argv[1:]
     with open(out, "w") as stdout, open(err, "w" if err != out else "a") as stderr:
         return subprocess.Popen(
@@ -144,7 +142,7 @@ def live_records(run_dir: Path) -> list[dict]:
     return read_records(log) if log.exists() else []
 
 
-def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout: float = 300) -> None:
+def wait_for_step(run_dir: Path, step: int, proc: subprocess.Popen | Forked, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if any(r["step"] >= step for r in live_records(run_dir)):
@@ -174,7 +172,7 @@ def parent_chain_has(pid: int, ancestor: int) -> bool:
     return False
 
 
-def kill_torchrun_worker(proc: subprocess.Popen, local_rank: int = 1) -> None:
+def kill_torchrun_worker(proc: Forked, local_rank: int = 1) -> None:
     """SIGKILL one worker (by LOCAL_RANK) of the torchrun started as ``proc``."""
     workers = [
         int(p)
