@@ -250,18 +250,8 @@ def budget_run(tmp_path_factory, small_english_data):
     slowed by tests/slow_rank.py) by the first test that asks for it, so that its 8 s of sleeping steps pass while
     that test runs: (the process, its --out, when it started)."""
     out = tmp_path_factory.mktemp("budget") / "run"
-    args = [
-        "pretrain",
-        "--data",
-        small_english_data,
-        "--out",
-        out,
-        "--nproc",
-        "1",
-        "--time-budget",
-        f"{BUDGET}s",
-        *ARGS,
-    ]
+    args = ["pretrain", "--data", small_english_data, "--out", out, "--nproc", "1"]
+    args += ["--time-budget", f"{BUDGET}s", *ARGS]
     started = time.monotonic()
     proc = start(args, slow=SLOW)
     yield proc, out, started
@@ -273,18 +263,8 @@ def budget_run(tmp_path_factory, small_english_data):
 def test_a_budget_run_stopped_half_way_resumes_to_the_same_end(tmp_path, small_english_data, budget_run):
     # budget_run: the next test's 8 s run starts now, beside this one's two (all sleep more than they compute)
     out = tmp_path / "run"
-    args = [
-        "pretrain",
-        "--data",
-        small_english_data,
-        "--out",
-        out,
-        "--nproc",
-        "2",
-        "--time-budget",
-        f"{SPLIT_BUDGET}s",
-        *ARGS,
-    ]
+    args = ["pretrain", "--data", small_english_data, "--out", out, "--nproc", "2"]
+    args += ["--time-budget", f"{SPLIT_BUDGET}s", *ARGS]
     proc = start(args, slow=SLOW)
     while proc.poll() is None and not any(r.get("train_seconds", 0) >= STOP_AT for r in live_records(out)):
         time.sleep(0.2)
