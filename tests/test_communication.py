@@ -289,7 +289,7 @@ def test_the_slurm_script_trains_on_two_torchrun_nodes_as_two_local_processes_ev
     wait_for_step(out, 3, job)  # past the step-2 checkpoint
     from procs import env_of, parent_chain_has
 
-    workers = [  # the agents' workers: an agent's own environment has no LOCAL_RANK
+    ranks = [  # the workers and what they start: an agent's own environment has no LOCAL_RANK
         int(p)
         for p in os.listdir("/proc")
         if p.isdigit()
@@ -297,6 +297,7 @@ def test_the_slurm_script_trains_on_two_torchrun_nodes_as_two_local_processes_ev
         and "LOCAL_RANK" in env_of(int(p))
         and parent_chain_has(int(p), job.pid)
     ]
+    workers = [p for p in ranks if not any(parent_chain_has(p, q) for q in ranks if q != p)]
     assert len(workers) == 2, f"expected one worker on each node, found {workers}"
     os.kill(min(workers), signal.SIGKILL)
     stdout, stderr = job.communicate(timeout=600)
