@@ -172,15 +172,22 @@ def parent_chain_has(pid: int, ancestor: int) -> bool:
     return False
 
 
-def kill_torchrun_worker(proc: Forked, local_rank: int = 1) -> None:
-    """SIGKILL one worker (by LOCAL_RANK) of the torchrun started as ``proc``."""
-    workers = [
-        int(p)
+def torchrun_workers(root: int) -> dict[int, int]:
+    """The workers that elastic agents under process ``root`` started, by pid: their LOCAL_RANK. An agent's own
+    environment has none; a process a worker started (a data loader's) inherits it, and is left out."""
+    ranked = {
+        int(p): int(env["LOCAL_RANK"])
         for p in os.listdir("/proc")
         if p.isdigit()
-        and env_of(int(p)).get("TORCHELASTIC_RUN_ID")
-        and env_of(int(p)).get("LOCAL_RANK") == str(local_rank)
-        and parent_chain_has(int(p), proc.pid)
-    ]
+        and (env := env_of(int(p))).get("TORCHELASTIC_RUN_ID")
+        and "LOCAL_RANK" in env
+        and parent_chain_has(int(p), root)
+    }
+    return {p: rank for p, rank in ranked.items() if not any(q != p and parent_chain_has(p, q) for q in ranked)}
+
+
+def kill_torchrun_worker(proc: Forked, local_rank: int = 1) -> None:
+    """SIGKILL one worker (by LOCAL_RANK) of the torchrun started as ``proc``."""
+    workers = [p for p, rank in torchrun_workers(proc.pid).items() if rank == local_rank]
     assert workers, f"no worker of local rank {local_rank} found"
     os.kill(min(workers), signal.SIGKILL)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import EXACT, ROOT, TINY_RUN, run_balanced_with_a_slow_rank, run_cli
-from procs import assert_bitwise_equal, start, wait_for_step
+from procs import assert_bitwise_equal, start, torchrun_workers, wait_for_step
 from safetensors.torch import load_file
 
 
@@ -287,17 +287,7 @@ def test_the_slurm_script_trains_on_two_torchrun_nodes_as_two_local_processes_ev
     flags = ["--device", "cpu", "--precision", "fp32", "--loader-workers", "0", *NODES]
     job = submit_the_slurm_script(tmp_path, small_english_data, out, *flags, "--lr-scaling", "none")
     wait_for_step(out, 3, job)  # past the step-2 checkpoint
-    from procs import env_of, parent_chain_has
-
-    ranks = [  # the workers and what they start: an agent's own environment has no LOCAL_RANK
-        int(p)
-        for p in os.listdir("/proc")
-        if p.isdigit()
-        and env_of(int(p)).get("TORCHELASTIC_RUN_ID") == "4242"
-        and "LOCAL_RANK" in env_of(int(p))
-        and parent_chain_has(int(p), job.pid)
-    ]
-    workers = [p for p in ranks if not any(parent_chain_has(p, q) for q in ranks if q != p)]
+    workers = list(torchrun_workers(job.pid))  # the agents' workers, not what they start
     assert len(workers) == 2, f"expected one worker on each node, found {workers}"
     os.kill(min(workers), signal.SIGKILL)
     stdout, stderr = job.communicate(timeout=600)
