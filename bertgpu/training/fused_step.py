@@ -59,12 +59,12 @@ class FusedStep:
         compiled = torch.compile(update, dynamic=False)  # one compilation: dynamo caches by the function's code
         with self._lr_tensors():
             if not self.graphs:
-                return forward_backward(micro), compiled()
+                return forward_backward(micro), self._update(compiled)
             key = signature(micro)
             if key not in self._captured:
                 self._seen[key] = self._seen.get(key, 0) + 1
                 if self._seen[key] <= WARMUP:
-                    return self._on_side_stream(lambda: (forward_backward(micro), compiled()))
+                    return self._on_side_stream(lambda: (forward_backward(micro), self._update(compiled)))
                 self._capture(key, forward_backward, compiled, micro)
             graph, static, outputs = self._captured[key]
             for mine, new in zip(static, micro):
@@ -73,6 +73,13 @@ class FusedStep:
                         mine[k].copy_(v, non_blocking=True)
             graph.replay()
             return tuple(t.clone() for t in outputs)
+
+    def _update(self, compiled: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The compiled update, after the gradients exist: LAMB's lazy state is made here, outside it, or the first
+        step's trace (no state yet) would not be its last."""
+        if hasattr(self.optimizer, "init_state"):
+            self.optimizer.init_state()
+        return compiled()
 
     def _on_side_stream(self, fn):
         """Warm-up steps on a side stream, as torch's CUDA-graph notes ask (the capture follows on one)."""

@@ -85,10 +85,12 @@ class Lamb(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
 
     @torch.no_grad()
-    def step(self, closure=None):
-        bad = getattr(self, "found_inf", None)
+    def init_state(self) -> None:
+        """Each parameter with a gradient gets its moments and step count where it has none yet, and a loaded step
+        count moves to its parameter's device. ``step`` does this first; --compile-step calls it before the compiled
+        update (``fused_step``), so that the update is traced once with the state it keeps, not again at the second
+        step because the first one created it."""
         for group in self.param_groups:
-            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
             for p in group["params"]:
                 if p.grad is None:
                     continue
@@ -99,6 +101,17 @@ class Lamb(torch.optim.Optimizer):
                     state["exp_avg_sq"] = torch.zeros_like(p)
                 if state["step"].device != p.device:  # a loaded state keeps the step where it was saved
                     state["step"] = state["step"].to(p.device)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        bad = getattr(self, "found_inf", None)
+        self.init_state()
+        for group in self.param_groups:
+            lr, (beta1, beta2), eps, wd = group["lr"], group["betas"], group["eps"], group["weight_decay"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
                 step, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
                 grad = p.grad
                 if bad is None:
