@@ -238,3 +238,27 @@ def test_autotune_hands_inductor_max_autotune_with_epilogue_fusion_in_both_compi
     parallelize(BertForPreTraining(_tiny()), ParallelDims(1), torch.device("cpu"),
                 SpreadOptions(compile=True, autotune=True, activation_checkpointing=True))  # fmt: skip
     assert layers == [{"dynamic": False, "options": tuned}]
+
+
+def test_lamb_update_is_compiled_at_the_first_step_only(monkeypatch):
+    """--compile-step with LAMB: four steps compile no more graphs than one (its lazy state is made before the
+    compiled update, so the first step's trace is its last; before, the second step recompiled on an empty state)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.backends.debugging import boxed_nop
+
+    graphs = []
+
+    def counting(gm, inputs):
+        graphs.append(gm)
+        return aot_autograd(fw_compiler=boxed_nop)(gm, inputs)
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real_compile(fn, **kw, backend=counting))
+    counts = []
+    for steps in (1, 4):
+        torch._dynamo.reset()
+        graphs.clear()
+        _run("lamb", True, steps=steps)
+        counts.append(len(graphs))
+    torch._dynamo.reset()
+    assert counts[0] > 0 and counts[1] == counts[0], counts
