@@ -32,12 +32,17 @@ def start(args: list, *, torchrun: bool = False, slow: dict | None = None) -> Fo
     """Start a run in a session of its own, so that killing the group kills launcher and workers. ``slow``: the
     environment of tests/slow_rank.py (SLOW_RANK, SLOW_SECONDS), which then runs the command. The launcher, bertgpu's
     own or torchrun's agent (``torchrun=True``: 2 processes, --max-restarts 1), is forked from the test worker's
-    fork server (``Forked``); torchrun's workers are the fresh interpreters it starts."""
+    fork server (``Forked``); so are torchrun's workers, from the agent's (fork_server.fork_torchruns_workers)."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", **(slow or {})}
     if not torchrun:
         return Forked(["slow_rank" if slow else "bertgpu", *map(str, args)], env)
+    import tempfile
+
+    pids = Path(tempfile.mkdtemp(prefix="bertgpu-torchrun-")) / "workers"
     agent = ["torchrun", "--standalone", "--nproc_per_node", "2", "--max-restarts", "1"]
-    return Forked([*agent, "-m", "bertgpu", *map(str, args)], env)
+    proc = Forked([*agent, "-m", "bertgpu", *map(str, args)], {**env, "BERTGPU_TEST_WORKER_PIDS": str(pids)})
+    proc.worker_pids = pids
+    return proc
 
 
 class Forked:
@@ -54,7 +59,7 @@ class Forked:
         import tempfile
 
         from conftest import workers_from_a_fork_server
-        from fork_server import run_command
+        from fork_server import ForkedProcess, run_command
 
         from bertgpu import cli
 
@@ -69,28 +74,19 @@ class Forked:
             self.pid = self._popen.pid
             return
         workers_from_a_fork_server(cli.main, ())  # the server, started with tests/ on its path, once per test worker
-        self._process = multiprocessing.get_context("forkserver").Process(
-            target=run_command, args=(argv, env, str(self._out), str(self._err), file_size)
+        self._popen = ForkedProcess(
+            multiprocessing.get_context("forkserver").Process(
+                target=run_command, args=(argv, env, str(self._out), str(self._err), file_size)
+            )
         )
-        self._process.start()
-        # Not joined at the test worker's exit as multiprocessing joins its children: a test ends its runs itself.
-        multiprocessing.process._children.discard(self._process)
-        self.pid = self._process.pid
+        self.pid = self._popen.pid
 
     def poll(self) -> int | None:
-        if self._popen is not None:
-            self.returncode = self._popen.poll()
-        elif self.returncode is None and not self._process.is_alive():
-            self.returncode = self._process.exitcode
+        self.returncode = self._popen.poll()
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
-        if self._popen is not None:
-            self.returncode = self._popen.wait(timeout)
-            return self.returncode
-        self._process.join(timeout)
-        if self.poll() is None:
-            raise subprocess.TimeoutExpired(self.args, timeout)
+        self.returncode = self._popen.wait(timeout)
         return self.returncode
 
     def completed(self, timeout: float) -> subprocess.CompletedProcess:
@@ -187,7 +183,11 @@ def torchrun_workers(root: int) -> dict[int, int]:
 
 
 def kill_torchrun_worker(proc: Forked, local_rank: int = 1) -> None:
-    """SIGKILL one worker (by LOCAL_RANK) of the torchrun started as ``proc``."""
-    workers = [p for p, rank in torchrun_workers(proc.pid).items() if rank == local_rank]
+    """SIGKILL one worker (by LOCAL_RANK) of the torchrun started as ``proc`` (``start(torchrun=True)``): one its
+    agent forked, as the file it lists them in says, or one of the fresh interpreters it started
+    (BERTGPU_TEST_FRESH=1), found in /proc."""
+    listed = proc.worker_pids.read_text().split() if proc.worker_pids.exists() else []
+    found = dict(zip(map(int, listed[::2]), map(int, listed[1::2]))) or torchrun_workers(proc.pid)
+    workers = [p for p, rank in found.items() if rank == local_rank]
     assert workers, f"no worker of local rank {local_rank} found"
     os.kill(min(workers), signal.SIGKILL)
