@@ -40,36 +40,38 @@ EXACT = ["--precision", "fp32", "--dropout", "0"]
 TINY_FINETUNE = ["--max-seq-length", "32", "--device", "cpu", "--precision", "fp32", "--seed", "3"]
 
 
-# The modules that take most of the suite's time, heaviest first (the sums of their --durations=0 lines on a
-# fresh clone, 2026-11-28, less what issue 57 took off test_finetune, test_end_to_end, test_zh_wwm and test_bench,
-# 2026-12-02: the longest first is what balances two workers); the others follow in their own order. pytest-xdist
+# The modules that take most of the suite's time, heaviest first (their seconds in a serial run through
+# benchmarks/pytest_plugins/cpu_per_test.py on a fresh clone, 2026-12-03, after torchrun's restart workers were
+# forked: the longest first is what balances two workers); the others follow in their own order. pytest-xdist
 # (--dist loadscope, pyproject.toml) hands out whole modules in this order, so that their module-scoped runs are
-# made once and the two workers finish close together. test_elastic leads: it waits on torch's rendezvous more
-# than it computes, and those waits overlap the other worker's heaviest module instead of ending the suite.
+# made once and the two workers finish close together. test_elastic leads, and test_time_budget comes early: they
+# wait (on torch's rendezvous, on a budget's clock) more than they compute, and those waits overlap the other
+# worker's heaviest modules instead of ending the suite.
 HEAVY_FIRST = [
     "test_elastic.py",
-    "test_resume.py",
-    "test_communication.py",
-    "test_finetune.py",
-    "test_gpu_script.py",
-    "test_time_budget.py",
-    "test_finetune_resume.py",
-    "test_parallel.py",
-    "test_lora.py",
-    "test_pipeline.py",
     "test_modernbert_parallel.py",
+    "test_parallel.py",
+    "test_time_budget.py",
+    "test_pipeline.py",
+    "test_finetune.py",
+    "test_communication.py",
+    "test_resume.py",
     "test_zh_wwm.py",
-    "test_cli_errors.py",
+    "test_finetune_resume.py",
+    "test_gpu_script.py",
+    "test_lora.py",
     "test_modernbert.py",
+    "test_cli_errors.py",
     "test_new_user.py",
-    "test_end_to_end.py",
-    "test_bench.py",
-    "test_packing.py",
     "test_metrics_and_warnings.py",
-    "test_worker_imports.py",
+    "test_packing.py",
+    "test_bench.py",
+    "test_fused_step.py",
+    "test_end_to_end.py",
     "test_prepare_formats.py",
-    "test_prepare.py",
     "test_tokenizer.py",
+    "test_prepare.py",
+    "test_worker_imports.py",
 ]
 
 
