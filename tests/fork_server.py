@@ -123,15 +123,16 @@ def serve_workers_from_here() -> None:
 
 class ForkedProcess:
     """A multiprocessing Process (forked from a fork server) as the part of subprocess.Popen that tests and torch's
-    elastic agent use: pid, poll, wait (TimeoutExpired past ``timeout``), returncode (negative: the signal)."""
+    elastic agent use: args (the command it stands for), pid, poll, wait (TimeoutExpired past ``timeout``),
+    returncode (negative: the signal)."""
 
-    def __init__(self, process) -> None:
+    def __init__(self, process, args) -> None:
         import multiprocessing
 
         process.start()
         # Not joined at its parent's exit as multiprocessing joins its children: whoever started it ends it.
         multiprocessing.process._children.discard(process)
-        self._process, self.pid, self.returncode = process, process.pid, None
+        self._process, self.args, self.pid, self.returncode = process, args, process.pid, None
 
     def poll(self) -> int | None:
         if self.returncode is None and not self._process.is_alive():
@@ -143,7 +144,7 @@ class ForkedProcess:
 
         self._process.join(timeout)
         if self.poll() is None:
-            raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
 
 
@@ -172,7 +173,8 @@ def fork_torchruns_workers() -> None:
         worker = ForkedProcess(
             multiprocessing.get_context("forkserver").Process(
                 target=run_command, args=(["bertgpu", *flags[2:]], env, *streams, None, unbuffered)
-            )
+            ),
+            args,
         )
         if os.environ.get("BERTGPU_TEST_WORKER_PIDS"):
             with open(os.environ["BERTGPU_TEST_WORKER_PIDS"], "a") as pids:

@@ -77,7 +77,8 @@ class Forked:
         self._popen = ForkedProcess(
             multiprocessing.get_context("forkserver").Process(
                 target=run_command, args=(argv, env, str(self._out), str(self._err), file_size)
-            )
+            ),
+            argv,
         )
         self.pid = self._popen.pid
 
